@@ -1,0 +1,145 @@
+// Package guestmem is a VM's guest RAM: one memfd, mapped once into the VMM,
+// exposed to KVM as one or two memory slots (below and above the 32-bit
+// MMIO hole).
+//
+// Ownership: the VM that created a Memory owns it and closes it after all
+// vCPUs have stopped. The guest writes it concurrently through KVM; the VMM
+// reads and writes it only through bounds-checked accessors (Slice, ReadAt,
+// WriteAt), never by raw pointer arithmetic on guest-supplied addresses.
+// The memfd is the unit that later snapshots and forks share.
+package guestmem
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// PageSize is the guest and host page size.
+const PageSize = 4096
+
+// MMIOHoleStart and MMIOHoleEnd bound the 32-bit hole left for the LAPIC,
+// IOAPIC and MMIO devices. RAM beyond MMIOHoleStart continues at 4 GiB.
+const (
+	MMIOHoleStart = 0xC000_0000
+	MMIOHoleEnd   = 0x1_0000_0000
+)
+
+// Region maps guest physical addresses [GPA, GPA+Size) to memfd offsets
+// [Offset, Offset+Size).
+type Region struct {
+	GPA    uint64
+	Size   uint64
+	Offset uint64
+}
+
+// End returns the first guest physical address after the region.
+func (r Region) End() uint64 { return r.GPA + r.Size }
+
+// Memory is guest RAM backed by a memfd.
+type Memory struct {
+	fd      int
+	mem     []byte // MAP_SHARED mapping of the whole memfd
+	regions []Region
+}
+
+// ErrOutOfRange is wrapped by accessors given an address outside RAM.
+var ErrOutOfRange = errors.New("guest address outside RAM")
+
+// Layout returns the regions for size bytes of RAM: one region from 0, or
+// two when RAM would reach into the MMIO hole.
+func Layout(size uint64) []Region {
+	if size <= MMIOHoleStart {
+		return []Region{{GPA: 0, Size: size}}
+	}
+	return []Region{
+		{GPA: 0, Size: MMIOHoleStart},
+		{GPA: MMIOHoleEnd, Size: size - MMIOHoleStart, Offset: MMIOHoleStart},
+	}
+}
+
+// New creates size bytes (a multiple of PageSize, > 0) of zeroed guest RAM.
+func New(size uint64) (*Memory, error) {
+	if size == 0 || size%PageSize != 0 {
+		return nil, fmt.Errorf("guestmem: size %d is not a positive multiple of %d", size, PageSize)
+	}
+	fd, err := unix.MemfdCreate("warren-guest-ram", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("guestmem: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("guestmem: ftruncate %d bytes: %w", size, err)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("guestmem: mmap %d bytes: %w", size, err)
+	}
+	return &Memory{fd: fd, mem: mem, regions: Layout(size)}, nil
+}
+
+// FD returns the memfd.
+func (m *Memory) FD() int { return m.fd }
+
+// Size is the total RAM in bytes.
+func (m *Memory) Size() uint64 { return uint64(len(m.mem)) }
+
+// Regions returns the guest physical layout (do not modify).
+func (m *Memory) Regions() []Region { return m.regions }
+
+// Host returns the VMM mapping of a region, for KVM_SET_USER_MEMORY_REGION.
+func (m *Memory) Host(r Region) []byte { return m.mem[r.Offset : r.Offset+r.Size] }
+
+// Slice returns the host bytes backing guest [gpa, gpa+n). The range must lie
+// inside one region.
+func (m *Memory) Slice(gpa, n uint64) ([]byte, error) {
+	for _, r := range m.regions {
+		if gpa >= r.GPA && gpa < r.End() {
+			if n > r.End()-gpa {
+				break
+			}
+			off := r.Offset + (gpa - r.GPA)
+			return m.mem[off : off+n : off+n], nil
+		}
+	}
+	return nil, fmt.Errorf("guestmem: [%#x, +%#x): %w", gpa, n, ErrOutOfRange)
+}
+
+// ReadAt copies guest memory at gpa into p.
+func (m *Memory) ReadAt(p []byte, gpa int64) (int, error) {
+	if gpa < 0 {
+		return 0, fmt.Errorf("guestmem: negative address: %w", ErrOutOfRange)
+	}
+	s, err := m.Slice(uint64(gpa), uint64(len(p)))
+	if err != nil {
+		return 0, err
+	}
+	return copy(p, s), nil
+}
+
+// WriteAt copies p into guest memory at gpa.
+func (m *Memory) WriteAt(p []byte, gpa int64) (int, error) {
+	if gpa < 0 {
+		return 0, fmt.Errorf("guestmem: negative address: %w", ErrOutOfRange)
+	}
+	s, err := m.Slice(uint64(gpa), uint64(len(p)))
+	if err != nil {
+		return 0, err
+	}
+	return copy(s, p), nil
+}
+
+// Close unmaps and closes the memfd. Only after every vCPU has stopped.
+func (m *Memory) Close() error {
+	var err error
+	if m.mem != nil {
+		err = unix.Munmap(m.mem)
+		m.mem = nil
+	}
+	if cerr := unix.Close(m.fd); err == nil {
+		err = cerr
+	}
+	return err
+}
