@@ -1,0 +1,119 @@
+// Package cli is the warren command's flag parsing and wiring; behaviour
+// lives in the vmm packages.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/warrenvm/warren/vmm"
+	"github.com/warrenvm/warren/vmm/hostprofile"
+)
+
+const usage = `usage: warren <command> [flags]
+
+commands:
+  run      boot a microVM and stream its console until it powers off
+`
+
+// Main runs the warren command with args (without the program name) and
+// returns the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "run":
+		return run(args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "warren: unknown command %q\n%s", args[0], usage)
+		return 2
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("warren run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	kernel := fs.String("kernel", "", "guest kernel: an ELF vmlinux with a PVH note, or a bzImage (required)")
+	initramfs := fs.String("initramfs", "", "initramfs (cpio) to pass to the guest")
+	memMiB := fs.Int("mem", 256, "guest memory in MiB")
+	cpus := fs.Int("cpus", 1, "number of vCPUs")
+	cmdline := fs.String("cmdline", "", "extra kernel command-line arguments")
+	console := fs.String("console", "", "write the guest console to FILE instead of stdout")
+	kvmPath := fs.String("kvm", "/dev/kvm", "KVM device")
+	verbose := fs.Bool("v", false, "log VMM diagnostics to stderr")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "warren run: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "warren run: "+format+"\n", a...)
+		return 1
+	}
+	if *kernel == "" {
+		return fail("--kernel is required")
+	}
+	if *memMiB <= 0 {
+		return fail("--mem must be a positive number of MiB, got %d", *memMiB)
+	}
+	k, err := os.ReadFile(*kernel)
+	if err != nil {
+		return fail("read kernel: %v", err)
+	}
+	var rd []byte
+	if *initramfs != "" {
+		if rd, err = os.ReadFile(*initramfs); err != nil {
+			return fail("read initramfs: %v", err)
+		}
+	}
+	out := stdout
+	if *console != "" {
+		f, err := os.Create(*console)
+		if err != nil {
+			return fail("console: %v", err)
+		}
+		defer f.Close()
+		out = f
+	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	profile := hostprofile.Detect("/sys/module")
+	log.Debug("host profile", "profile", profile.String())
+
+	vm, err := vmm.New(vmm.Config{
+		MemBytes: uint64(*memMiB) << 20, CPUs: *cpus, Kernel: k, Initramfs: rd,
+		Cmdline: *cmdline, Console: out, Profile: profile, KVMPath: *kvmPath, Log: log,
+	})
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer vm.Close()
+	log.Debug("booting", "format", vm.Format().String(), "cmdline", vm.Cmdline())
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := vm.Run(ctx); err != nil {
+		if errors.Is(err, context.Canceled) {
+			return fail("interrupted")
+		}
+		return fail("%v", err)
+	}
+	return 0
+}

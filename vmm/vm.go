@@ -1,0 +1,321 @@
+// Package vmm runs a microVM on KVM: guest RAM in a memfd, one OS thread per
+// vCPU, KVM's in-kernel irqchip (PIC, IOAPIC, LAPICs) and PIT, a 16550A
+// UART on COM1 for the console, and an i8042 whose reset line ends the VM.
+//
+// Threads: New and Close run on the caller's goroutine. Run starts one
+// goroutine per vCPU, each locked to its own OS thread for its whole life;
+// only that thread touches its kvm.VCPU. Devices are called from whichever
+// vCPU thread exits to them. Stop may be called from any goroutine: it marks
+// the VM stopping and kicks every vCPU out of KVM_RUN with immediate_exit and
+// a signal.
+//
+// Guest memory is owned by the VM (see guestmem); the boot loader writes it
+// before any vCPU runs, devices afterwards through bounds-checked accessors.
+package vmm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenvm/warren/vmm/boot"
+	"github.com/warrenvm/warren/vmm/guestmem"
+	"github.com/warrenvm/warren/vmm/hostprofile"
+	"github.com/warrenvm/warren/vmm/kvm"
+	"github.com/warrenvm/warren/vmm/serial"
+)
+
+// BaseCmdline is always on the guest kernel command line: the console on
+// COM1, reboot through the i8042 (which Warren treats as power-off), and a
+// panic that reboots after a second instead of hanging.
+const BaseCmdline = "console=ttyS0 reboot=k panic=1"
+
+// Addresses KVM needs on Intel hosts, just below the 4 GiB boundary and
+// above the IOAPIC/LAPIC pages.
+const (
+	tssAddr         = 0xfffbd000
+	identityMapAddr = 0xfffbc000
+)
+
+// MaxCPUs is the most vCPUs a Warren VM may have.
+const MaxCPUs = 32
+
+// Config describes a VM.
+type Config struct {
+	MemBytes  uint64 // guest RAM, a positive multiple of 4 KiB, at least 16 MiB
+	CPUs      int    // 1..MaxCPUs
+	Kernel    []byte // vmlinux (PVH) or bzImage
+	Initramfs []byte // optional
+	// Cmdline is appended to BaseCmdline and the host profile's arguments.
+	Cmdline string
+	// Console receives the guest's COM1 output; nil discards it.
+	Console io.Writer
+	// Profile adapts CPUID and the command line to the host.
+	Profile hostprofile.Profile
+	// KVMPath is the KVM device; "" means /dev/kvm.
+	KVMPath string
+	// Log receives diagnostics; nil means slog.Default().
+	Log *slog.Logger
+}
+
+// ErrPanic is wrapped by Run's error when the guest kernel panicked.
+var ErrPanic = errors.New("guest kernel panicked")
+
+// VM is a configured virtual machine. Create with New, start with Run.
+type VM struct {
+	cfg     Config
+	log     *slog.Logger
+	sys     *kvm.System
+	vm      *kvm.VM
+	mem     *guestmem.Memory
+	entry   boot.EntryState
+	format  boot.Format
+	cmdline string
+	cpuid   []kvm.CPUIDEntry
+
+	// PIO and MMIO are the port and memory-mapped device buses. Add devices
+	// before Run.
+	PIO, MMIO Bus
+
+	uart    *serial.UART
+	console *panicWatcher
+
+	stopping atomic.Bool
+	stopOnce sync.Once
+	stopErr  error         // why the VM stopped; written once, before done closes
+	done     chan struct{} // closed by Stop
+	vcpuMu   sync.Mutex
+	tids     map[int]int // vCPU id -> OS thread id, while running
+	vcpus    map[int]*kvm.VCPU
+}
+
+// New validates cfg, creates the KVM VM, its memory and devices, and loads
+// the kernel. Nothing runs until Run.
+func New(cfg Config) (_ *VM, err error) {
+	if cfg.CPUs < 1 || cfg.CPUs > MaxCPUs {
+		return nil, fmt.Errorf("vmm: %d vCPUs requested; between 1 and %d are supported", cfg.CPUs, MaxCPUs)
+	}
+	if cfg.MemBytes < 16<<20 || cfg.MemBytes%guestmem.PageSize != 0 {
+		return nil, fmt.Errorf("vmm: %d MiB of memory requested; at least 16 MiB, in whole pages, is needed", cfg.MemBytes>>20)
+	}
+	if len(cfg.Kernel) == 0 {
+		return nil, fmt.Errorf("vmm: no kernel image")
+	}
+	if cfg.Console == nil {
+		cfg.Console = io.Discard
+	}
+	if cfg.KVMPath == "" {
+		cfg.KVMPath = kvm.DevicePath
+	}
+	v := &VM{cfg: cfg, log: cfg.Log, done: make(chan struct{}), tids: map[int]int{}, vcpus: map[int]*kvm.VCPU{}}
+	if v.log == nil {
+		v.log = slog.Default()
+	}
+	var cmd boot.Cmdline
+	cmd.Add(BaseCmdline)
+	cmd.Add(cfg.Profile.KernelArgs()...)
+	cmd.Add(cfg.Cmdline)
+	if err := cmd.Validate(); err != nil {
+		return nil, err
+	}
+	v.cmdline = cmd.String()
+
+	defer func() {
+		if err != nil {
+			v.Close()
+		}
+	}()
+	// Guest memory and the kernel first: bad input is reported before KVM
+	// is touched (and on hosts without it).
+	if v.mem, err = guestmem.New(cfg.MemBytes); err != nil {
+		return nil, err
+	}
+	if v.entry, v.format, err = boot.Load(v.mem, boot.Params{
+		Kernel: cfg.Kernel, Initramfs: cfg.Initramfs, Cmdline: v.cmdline, CPUs: cfg.CPUs,
+	}); err != nil {
+		return nil, err
+	}
+	if v.sys, err = kvm.Open(cfg.KVMPath); err != nil {
+		return nil, err
+	}
+	for _, c := range []struct {
+		cap  int
+		name string
+	}{{kvm.CapIRQChip, "IRQCHIP"}, {kvm.CapUserMemory, "USER_MEMORY"}, {kvm.CapPIT2, "PIT2"}, {kvm.CapImmediateExit, "IMMEDIATE_EXIT"}} {
+		if n, err := v.sys.CheckExtension(c.cap); err != nil || n == 0 {
+			return nil, fmt.Errorf("vmm: this KVM lacks KVM_CAP_%s, which Warren needs", c.name)
+		}
+	}
+	if v.vm, err = v.sys.CreateVM(); err != nil {
+		return nil, err
+	}
+	// Intel VMX needs these; elsewhere they may be refused, which is harmless.
+	if err := v.vm.SetTSSAddr(tssAddr); err != nil {
+		v.log.Debug("KVM_SET_TSS_ADDR refused", "err", err)
+	}
+	if err := v.vm.SetIdentityMapAddr(identityMapAddr); err != nil {
+		v.log.Debug("KVM_SET_IDENTITY_MAP_ADDR refused", "err", err)
+	}
+	if err := v.vm.CreateIRQChip(); err != nil {
+		return nil, err
+	}
+	if err := v.vm.CreatePIT2(kvm.PITSpeakerDummy); err != nil {
+		return nil, err
+	}
+	for i, r := range v.mem.Regions() {
+		host := v.mem.Host(r)
+		if err := v.vm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{
+			Slot: uint32(i), GuestPhysAddr: r.GPA, MemorySize: r.Size,
+			UserspaceAddr: uint64(uintptrOf(host)),
+		}); err != nil {
+			return nil, err
+		}
+	}
+	supported, err := v.sys.SupportedCPUID()
+	if err != nil {
+		return nil, err
+	}
+	v.cpuid = cfg.Profile.FilterCPUID(supported)
+
+	v.console = &panicWatcher{w: cfg.Console}
+	v.uart = serial.New(v.console, func() { v.pulseIRQ(serial.COM1IRQ) })
+	for _, d := range []struct {
+		base, size uint64
+		dev        Device
+	}{
+		{serial.COM1Port, 8, uartPorts{v.uart}},
+		{i8042DataPort, 5, i8042{reset: func() { v.Stop(nil) }}},
+		{0x80, 1, sink{}}, // POST codes
+	} {
+		if err := v.PIO.Add(d.base, d.size, d.dev); err != nil {
+			return nil, err
+		}
+	}
+
+	return v, nil
+}
+
+// Cmdline returns the full kernel command line the guest boots with.
+func (v *VM) Cmdline() string { return v.cmdline }
+
+// Format returns the kind of kernel image loaded.
+func (v *VM) Format() boot.Format { return v.format }
+
+// Memory returns guest RAM.
+func (v *VM) Memory() *guestmem.Memory { return v.mem }
+
+// KVM returns the KVM VM, for device setup (irqfd, ioeventfd) and tests.
+func (v *VM) KVM() *kvm.VM { return v.vm }
+
+// InjectIRQ raises an edge on an ISA interrupt line (GSI) of the in-kernel
+// irqchip.
+func (v *VM) InjectIRQ(gsi uint32) error {
+	if err := v.vm.IRQLine(gsi, true); err != nil {
+		return err
+	}
+	return v.vm.IRQLine(gsi, false)
+}
+
+func (v *VM) pulseIRQ(gsi uint32) {
+	if err := v.InjectIRQ(gsi); err != nil {
+		v.log.Warn("irq injection failed", "gsi", gsi, "err", err)
+	}
+}
+
+// SerialInput queues bytes for the guest's COM1.
+func (v *VM) SerialInput(b []byte) { v.uart.Input(b) }
+
+// Run starts the vCPUs and blocks until the guest powers off (nil), an
+// error stops it, or ctx is done. The VM cannot be run twice.
+func (v *VM) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	ready := make(chan error, v.cfg.CPUs)
+	for id := 0; id < v.cfg.CPUs; id++ {
+		wg.Add(1)
+		go func(id int) {
+			defer wg.Done()
+			v.vcpuThread(id, ready, start)
+		}(id)
+	}
+	var setupErr error
+	for i := 0; i < v.cfg.CPUs; i++ {
+		if err := <-ready; err != nil && setupErr == nil {
+			setupErr = err
+		}
+	}
+	if setupErr != nil {
+		v.Stop(setupErr)
+	}
+	close(start)
+	select {
+	case <-v.done:
+	case <-ctx.Done():
+		v.Stop(fmt.Errorf("vmm: stopped: %w", ctx.Err()))
+	}
+	// Kick until every vCPU thread has left KVM_RUN.
+	exited := make(chan struct{})
+	go func() { wg.Wait(); close(exited) }()
+	for {
+		v.kick()
+		select {
+		case <-exited:
+			err := v.stopErr
+			if err == nil {
+				if p := v.console.Panic(); p != "" {
+					err = fmt.Errorf("vmm: %w: %s", ErrPanic, p)
+				} else if werr := v.uart.WriteErr(); werr != nil {
+					err = fmt.Errorf("vmm: console: %w", werr)
+				}
+			}
+			return err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Stop asks the VM to stop with reason (nil: a clean power-off). The first
+// call wins; it returns at once, and Run returns once the vCPUs are out.
+func (v *VM) Stop(reason error) {
+	v.stopOnce.Do(func() {
+		v.stopErr = reason
+		v.stopping.Store(true)
+		close(v.done)
+		v.kick()
+	})
+}
+
+// kick makes every running vCPU leave KVM_RUN.
+func (v *VM) kick() {
+	v.vcpuMu.Lock()
+	defer v.vcpuMu.Unlock()
+	pid := unix.Getpid()
+	for id, c := range v.vcpus {
+		c.SetImmediateExit(true)
+		unix.Tgkill(pid, v.tids[id], unix.SIGURG) // Go tolerates stray SIGURG
+	}
+}
+
+// Close releases the VM's KVM objects and memory. Call after Run returns.
+func (v *VM) Close() error {
+	if v.vm != nil {
+		v.vm.Close()
+		v.vm = nil
+	}
+	if v.sys != nil {
+		v.sys.Close()
+		v.sys = nil
+	}
+	if v.mem != nil {
+		v.mem.Close()
+		v.mem = nil
+	}
+	return nil
+}
