@@ -63,6 +63,9 @@ type Config struct {
 	KVMPath string
 	// Log receives diagnostics; nil means slog.Default().
 	Log *slog.Logger
+	// TrackDirty turns on KVM dirty-page logging for guest RAM (with manual
+	// re-protection where KVM offers it), read with DirtyPages.
+	TrackDirty bool
 }
 
 // ErrPanic is wrapped by Run's error when the guest kernel panicked.
@@ -86,6 +89,8 @@ type VM struct {
 
 	uart    *serial.UART
 	console *panicWatcher
+
+	manualProtect bool // dirty pages stay logged until DirtyPages clears them
 
 	stopping atomic.Bool
 	stopOnce sync.Once
@@ -169,10 +174,20 @@ func New(cfg Config) (_ *VM, err error) {
 	if err := v.vm.CreatePIT2(kvm.PITSpeakerDummy); err != nil {
 		return nil, err
 	}
+	var slotFlags uint32
+	if cfg.TrackDirty {
+		slotFlags = kvm.MemLogDirtyPages
+		if n, _ := v.sys.CheckExtension(kvm.CapManualDirtyLogProtect2); n&1 != 0 {
+			if err := v.vm.EnableCap(kvm.CapManualDirtyLogProtect2, 1); err != nil {
+				return nil, err
+			}
+			v.manualProtect = true
+		}
+	}
 	for i, r := range v.mem.Regions() {
 		host := v.mem.Host(r)
 		if err := v.vm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{
-			Slot: uint32(i), GuestPhysAddr: r.GPA, MemorySize: r.Size,
+			Slot: uint32(i), Flags: slotFlags, GuestPhysAddr: r.GPA, MemorySize: r.Size,
 			UserspaceAddr: uint64(uintptrOf(host)),
 		}); err != nil {
 			return nil, err
@@ -227,6 +242,31 @@ func (v *VM) pulseIRQ(gsi uint32) {
 	if err := v.InjectIRQ(gsi); err != nil {
 		v.log.Warn("irq injection failed", "gsi", gsi, "err", err)
 	}
+}
+
+// DirtyPages returns a bitmap (bit i of word i/64 is page i of the region)
+// of the pages of memory region i (see Memory().Regions()) that the guest
+// wrote since the previous call, and starts a new logging round. It needs
+// Config.TrackDirty. Pages written by the VMM itself are not included.
+func (v *VM) DirtyPages(region int) ([]uint64, error) {
+	if !v.cfg.TrackDirty {
+		return nil, fmt.Errorf("vmm: dirty-page logging is off (Config.TrackDirty)")
+	}
+	rs := v.mem.Regions()
+	if region < 0 || region >= len(rs) {
+		return nil, fmt.Errorf("vmm: no memory region %d", region)
+	}
+	pages := rs[region].Size / guestmem.PageSize
+	bitmap := make([]uint64, (pages+63)/64)
+	if err := v.vm.GetDirtyLog(uint32(region), bitmap); err != nil {
+		return nil, err
+	}
+	if v.manualProtect {
+		if err := v.vm.ClearDirtyLog(uint32(region), 0, uint32(pages), bitmap); err != nil {
+			return nil, err
+		}
+	}
+	return bitmap, nil
 }
 
 // SerialInput queues bytes for the guest's COM1.

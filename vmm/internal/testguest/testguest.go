@@ -1,0 +1,78 @@
+// Package testguest builds the freestanding test guests in
+// vmm/testdata/guests (32-bit code in a PVH-bootable ELF) with the machine's
+// gcc and ld, for tests that run real KVM VMs in seconds.
+//
+// When WARREN_TESTGUESTS names a directory holding NAME.elf, that prebuilt
+// file is used instead (how the tests run inside the nested KVM host, which
+// has no compiler); `make testguests` fills build/testguests.
+package testguest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+)
+
+// Dir is the directory of the guest sources.
+func Dir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "testdata", "guests")
+}
+
+// Build returns the ELF image of guest name (e.g. "hello").
+func Build(t testing.TB, name string) []byte {
+	t.Helper()
+	if dir := os.Getenv("WARREN_TESTGUESTS"); dir != "" {
+		if b, err := os.ReadFile(filepath.Join(dir, name+".elf")); err == nil {
+			return b
+		}
+	}
+	src := filepath.Join(Dir(), name+".S")
+	tmp := t.TempDir()
+	obj, elf := filepath.Join(tmp, name+".o"), filepath.Join(tmp, name+".elf")
+	for _, args := range [][]string{
+		{"gcc", "-c", "-I", Dir(), "-o", obj, src},
+		{"ld", "-T", filepath.Join(Dir(), "guest.ld"), "--no-warn-rwx-segments", "-o", elf, obj},
+	} {
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("build test guest %s: %v: %v\n%s", name, args, err, out)
+		}
+	}
+	b, err := os.ReadFile(elf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// BuildFlat returns guest name assembled as a flat binary to be placed at
+// guest physical address addr (for raw KVM tests that set up no paging or
+// boot protocol).
+func BuildFlat(t testing.TB, name string, addr uint64) []byte {
+	t.Helper()
+	if dir := os.Getenv("WARREN_TESTGUESTS"); dir != "" {
+		if b, err := os.ReadFile(filepath.Join(dir, name+".bin")); err == nil {
+			return b
+		}
+	}
+	tmp := t.TempDir()
+	obj, bin := filepath.Join(tmp, name+".o"), filepath.Join(tmp, name+".bin")
+	for _, args := range [][]string{
+		{"gcc", "-c", "-I", Dir(), "-o", obj, filepath.Join(Dir(), name+".S")},
+		{"ld", "-Ttext", fmt.Sprintf("%#x", addr), "--oformat", "binary", "-o", bin, obj},
+	} {
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("build test guest %s: %v: %v\n%s", name, args, err, out)
+		}
+	}
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

@@ -1,0 +1,5 @@
+package kvm_test
+
+import "unsafe"
+
+func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
