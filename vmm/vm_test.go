@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/vmm/hostprofile"
-	"github.com/warrenvm/warren/vmm/internal/testguest"
+	"github.com/warrenvm/warren/vmm/testguest"
 )
 
 // requireKVM skips a test on hosts without /dev/kvm. `make test` runs these

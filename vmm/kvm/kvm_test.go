@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/warrenvm/warren/vmm/internal/testguest"
+	"github.com/warrenvm/warren/vmm/testguest"
 	"github.com/warrenvm/warren/vmm/kvm"
 )
 

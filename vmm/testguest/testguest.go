@@ -19,7 +19,7 @@ import (
 // Dir is the directory of the guest sources.
 func Dir() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "testdata", "guests")
+	return filepath.Join(filepath.Dir(file), "..", "testdata", "guests")
 }
 
 // Build returns the ELF image of guest name (e.g. "hello").
