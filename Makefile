@@ -1,0 +1,77 @@
+# Warren: build, run and test. `make run` and `make test` are the two commands
+# in README.md. On a host without /dev/kvm (these machines: the host is itself
+# a PVM guest) the KVM parts run inside a nested KVM host, see .ci/kvmhost.
+SHELL := /bin/bash
+GO ?= go
+BUILD := build
+KERNEL := $(BUILD)/vmlinux
+BZIMAGE := $(BUILD)/bzImage
+INITRAMFS := $(BUILD)/initramfs.cpio
+TESTGUESTS := $(BUILD)/testguests
+GUEST_SRC := vmm/testdata/guests
+# Packages whose tests need /dev/kvm.
+KVM_PKGS := vmm/kvm vmm cmd/warren/cli
+HAVE_KVM := $(shell test -c /dev/kvm && echo yes)
+KVMHOST := bash .ci/kvmhost/run.sh
+RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"
+
+.PHONY: all warren run test unit vet kernel initramfs testguests test-kvm bench clean
+
+all: warren
+
+warren:
+	CGO_ENABLED=0 $(GO) build -o bin/warren ./cmd/warren
+
+kernel:
+	bash kernel/build.sh $(BUILD)
+
+initramfs:
+	bash guestinit/mkinitramfs.sh $(INITRAMFS)
+
+# Freestanding test guests, prebuilt so the nested KVM host needs no compiler.
+testguests:
+	@mkdir -p $(TESTGUESTS)
+	@for s in $(GUEST_SRC)/*.S; do \
+		n=$$(basename $$s .S); \
+		gcc -c -I $(GUEST_SRC) -o $(TESTGUESTS)/$$n.o $$s || exit 1; \
+		ld -T $(GUEST_SRC)/guest.ld --no-warn-rwx-segments -o $(TESTGUESTS)/$$n.elf $(TESTGUESTS)/$$n.o || exit 1; \
+		ld -Ttext 0x1000 --oformat binary -o $(TESTGUESTS)/$$n.bin $(TESTGUESTS)/$$n.o || exit 1; \
+	done
+
+# Boot the guest to its ready line and power it off.
+run: warren kernel initramfs
+ifeq ($(HAVE_KVM),yes)
+	./bin/warren run --kernel $(KERNEL) --initramfs $(INITRAMFS) $(RUN_ARGS)
+else
+	@echo "make run: /dev/kvm is absent here; running warren inside a nested KVM host (.ci/kvmhost, slow: emulated)"
+	$(KVMHOST) $(CURDIR) -- ./bin/warren run --kernel $(KERNEL) --initramfs $(INITRAMFS) $(RUN_ARGS)
+endif
+
+vet:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	$(GO) vet ./...
+
+# Unit tests everywhere; the KVM tests run here when /dev/kvm exists,
+# otherwise test-kvm runs them in the nested KVM host.
+test: vet kernel initramfs testguests
+	WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) $(GO) test -count=1 ./...
+ifneq ($(HAVE_KVM),yes)
+	$(MAKE) test-kvm
+endif
+
+unit: testguests
+	WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) $(GO) test -short -count=1 ./...
+
+test-kvm: testguests
+	@mkdir -p $(BUILD)/tests
+	@for p in $(KVM_PKGS); do \
+		CGO_ENABLED=0 $(GO) test -c -o $(BUILD)/tests/$$(echo $$p | tr / _).test ./$$p || exit 1; \
+	done
+	$(KVMHOST) --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) $(CURDIR) -- \
+		'for p in $(KVM_PKGS); do echo "=== package $$p (nested KVM)"; (cd $$p && $(CURDIR)/$(BUILD)/tests/$$(echo $$p | tr / _).test -test.count=1 -test.v) || exit 1; done'
+
+bench: warren kernel initramfs
+	$(GO) run ./bench/boot --kernel $(KERNEL) --initramfs $(INITRAMFS)
+
+clean:
+	rm -rf bin $(BUILD)
