@@ -1,0 +1,151 @@
+// Command boot measures time from process start to the guest init's ready
+// line, for Warren and for QEMU's microvm machine on the same kernel,
+// initramfs and command line, run side by side (alternating) in one run.
+//
+//	go run ./bench/boot --kernel build/vmlinux --initramfs build/initramfs.cpio [--runs 3]
+//
+// It prints both systems' median/p50/p90/p99 and the Warren/QEMU ratio, and
+// with --json writes the samples for the record.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/warrenvm/warren/bench/stats"
+	"github.com/warrenvm/warren/vmm"
+	"github.com/warrenvm/warren/vmm/boot"
+	"github.com/warrenvm/warren/vmm/hostprofile"
+)
+
+var readyLine = regexp.MustCompile(`warren-init: ready uptime=([0-9.]+)`)
+
+func main() {
+	kernel := flag.String("kernel", "build/vmlinux", "guest kernel (vmlinux with PVH note)")
+	initramfs := flag.String("initramfs", "build/initramfs.cpio", "initramfs")
+	runs := flag.Int("runs", 3, "boots per system")
+	mem := flag.Int("mem", 256, "guest memory, MiB")
+	cpus := flag.Int("cpus", 1, "vCPUs")
+	warren := flag.String("warren", "bin/warren", "warren binary")
+	qemu := flag.String("qemu", "qemu-system-x86_64", "QEMU binary")
+	timeout := flag.Duration("timeout", 10*time.Minute, "limit for one boot")
+	jsonOut := flag.String("json", "", "also write results as JSON to this file")
+	flag.Parse()
+	if err := run(*kernel, *initramfs, *runs, *mem, *cpus, *warren, *qemu, *timeout, *jsonOut); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/boot:", err)
+		os.Exit(1)
+	}
+}
+
+func run(kernel, initramfs string, runs, mem, cpus int, warren, qemu string, timeout time.Duration, jsonOut string) error {
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		return errors.New("/dev/kvm is absent: run `make bench`, which runs this inside the nested KVM host")
+	}
+	if _, err := exec.LookPath(qemu); err != nil {
+		return fmt.Errorf("%s not found: install the peer with `apt-get install qemu-system-x86`", qemu)
+	}
+	for _, f := range []string{kernel, initramfs, warren} {
+		if _, err := os.Stat(f); err != nil {
+			return err
+		}
+	}
+	profile := hostprofile.Detect("/sys/module")
+	const userArgs = "warren.poweroff=1"
+	var full boot.Cmdline // exactly what warren boots with
+	full.Add(vmm.BaseCmdline)
+	full.Add(profile.KernelArgs()...)
+	full.Add(userArgs)
+
+	m, c := strconv.Itoa(mem), strconv.Itoa(cpus)
+	systems := []struct {
+		name string
+		argv []string
+	}{
+		{"warren", []string{warren, "run", "--kernel", kernel, "--initramfs", initramfs, "--mem", m, "--cpus", c, "--cmdline", userArgs}},
+		{"qemu", []string{qemu, "-M", "microvm", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", m, "-smp", c,
+			"-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio",
+			"-kernel", kernel, "-initrd", initramfs, "-append", full.String()}},
+	}
+	fmt.Printf("host profile: %s\nkernel: %s\ninitramfs: %s\ncmdline: %s\n\n", profile, kernel, initramfs, full.String())
+	samples := make([][]time.Duration, len(systems))
+	guest := make([][]float64, len(systems))
+	for r := 0; r < runs; r++ {
+		for i, s := range systems { // alternate, so drift hits both alike
+			d, up, err := timeToReady(s.argv, timeout)
+			if err != nil {
+				return fmt.Errorf("%s run %d: %w", s.name, r+1, err)
+			}
+			fmt.Printf("run %d %-6s ready after %8s (guest uptime %.2fs)\n", r+1, s.name, d.Round(time.Millisecond), up)
+			samples[i] = append(samples[i], d)
+			guest[i] = append(guest[i], up)
+		}
+	}
+	ours, peer := stats.Summarise("warren", samples[0]), stats.Summarise("qemu", samples[1])
+	fmt.Println()
+	stats.Table(os.Stdout, "time from process start to 'warren-init: ready'", ours, peer)
+	fmt.Printf("\nmedian warren %s, median qemu %s, ratio warren/qemu %.2f\n",
+		ours.Median.Round(time.Millisecond), peer.Median.Round(time.Millisecond), stats.Ratio(ours.Median, peer.Median))
+	if jsonOut != "" {
+		b, _ := json.MarshalIndent(map[string]any{
+			"benchmark": "boot-to-ready", "host_profile": profile.String(), "cmdline": full.String(),
+			"warren": ours, "qemu": peer, "guest_uptime_s": map[string][]float64{"warren": guest[0], "qemu": guest[1]},
+			"ratio_median": stats.Ratio(ours.Median, peer.Median),
+		}, "", "  ")
+		if err := os.WriteFile(jsonOut, b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// timeToReady starts argv and returns the time until its output shows the
+// ready line, and the guest uptime the line reports. It then waits briefly
+// for the guest to power off and kills it otherwise.
+func timeToReady(argv []string, timeout time.Duration) (time.Duration, float64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, 0, err
+	}
+	cmd.Stderr = os.Stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return 0, 0, err
+	}
+	var (
+		d     time.Duration
+		up    float64
+		found bool
+		tail  []string
+	)
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		line := sc.Text()
+		if m := readyLine.FindStringSubmatch(line); m != nil && !found {
+			d, found = time.Since(start), true
+			up, _ = strconv.ParseFloat(m[1], 64)
+			go func() { time.Sleep(30 * time.Second); cancel() }() // power-off grace
+		}
+		if tail = append(tail, line); len(tail) > 20 {
+			tail = tail[1:]
+		}
+	}
+	io.Copy(io.Discard, out)
+	cmd.Wait()
+	if !found {
+		return 0, 0, fmt.Errorf("no ready line (last output: %q)", tail)
+	}
+	return d, up, nil
+}
