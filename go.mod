@@ -2,4 +2,39 @@ module github.com/warrenvm/warren
 
 go 1.26.8
 
-require golang.org/x/sys v0.50.0 // indirect
+require (
+	github.com/atotto/clipboard v0.1.4 // indirect
+	github.com/aymanbagabas/go-osc52/v2 v2.0.1 // indirect
+	github.com/charmbracelet/bubbles v0.15.1-0.20230123181021-a6a12c4a31eb // indirect
+	github.com/charmbracelet/bubbletea v0.24.1 // indirect
+	github.com/charmbracelet/lipgloss v0.7.1 // indirect
+	github.com/containerd/console v1.0.4-0.20230706203907-8f6c4e4faef5 // indirect
+	github.com/dustin/go-humanize v1.0.1 // indirect
+	github.com/knz/bubbline v0.0.0-20230717192058-486954f9953f // indirect
+	github.com/lucasb-eyer/go-colorful v1.2.0 // indirect
+	github.com/mattn/go-isatty v0.0.20 // indirect
+	github.com/mattn/go-localereader v0.0.1 // indirect
+	github.com/mattn/go-runewidth v0.0.14 // indirect
+	github.com/muesli/ansi v0.0.0-20230316100256-276c6243b2f6 // indirect
+	github.com/muesli/cancelreader v0.2.2 // indirect
+	github.com/muesli/reflow v0.3.0 // indirect
+	github.com/muesli/termenv v0.15.1 // indirect
+	github.com/peterh/liner v1.2.2 // indirect
+	github.com/rivo/uniseg v0.4.4 // indirect
+	github.com/sahilm/fuzzy v0.1.0 // indirect
+	github.com/u-root/u-root v0.16.0 // indirect
+	golang.org/x/sync v0.18.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+	golang.org/x/term v0.37.0 // indirect
+	golang.org/x/text v0.31.0 // indirect
+	mvdan.cc/sh/v3 v3.11.0 // indirect
+)
+
+tool (
+	github.com/u-root/u-root/cmds/core/cat
+	github.com/u-root/u-root/cmds/core/dmesg
+	github.com/u-root/u-root/cmds/core/gosh
+	github.com/u-root/u-root/cmds/core/ls
+	github.com/u-root/u-root/cmds/core/mount
+	github.com/u-root/u-root/cmds/core/ps
+)
