@@ -2,6 +2,8 @@ module github.com/warrenvm/warren
 
 go 1.26.8
 
+require golang.org/x/sys v0.50.0
+
 require (
 	github.com/atotto/clipboard v0.1.4 // indirect
 	github.com/aymanbagabas/go-osc52/v2 v2.0.1 // indirect
@@ -24,7 +26,6 @@ require (
 	github.com/sahilm/fuzzy v0.1.0 // indirect
 	github.com/u-root/u-root v0.16.0 // indirect
 	golang.org/x/sync v0.18.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/term v0.37.0 // indirect
 	golang.org/x/text v0.31.0 // indirect
 	mvdan.cc/sh/v3 v3.11.0 // indirect

@@ -1,0 +1,12 @@
+// Package guestinit is the guest's PID 1: it mounts the pseudo file systems,
+// sets the hostname from the kernel command line, announces readiness on the
+// console with one line, optionally powers the VM off, and otherwise reaps
+// orphaned children forever.
+//
+// Everything that can be checked without a VM (command-line parsing, uptime
+// parsing, the ready line) lives in small pure functions with tests; the
+// system calls live in the linux-only files.
+//
+// Cost note: inside a Warren guest every page fault and syscall is emulated
+// (see docs), so PID 1 keeps its work and its memory footprint minimal.
+package guestinit
