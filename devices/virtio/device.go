@@ -1,0 +1,64 @@
+package virtio
+
+// Virtio device IDs.
+const (
+	TypeNet   = 1
+	TypeBlock = 2
+	TypeRNG   = 4
+	TypeVsock = 19
+)
+
+// Feature bits common to all devices.
+const (
+	FeatureIndirectDesc = 1 << 28
+	FeatureEventIdx     = 1 << 29
+	FeatureVersion1     = 1 << 32
+)
+
+// Device status bits.
+const (
+	StatusAcknowledge = 1
+	StatusDriver      = 2
+	StatusDriverOK    = 4
+	StatusFeaturesOK  = 8
+	StatusNeedsReset  = 64
+	StatusFailed      = 128
+)
+
+// Device is a virtio device model behind a transport.
+//
+// The transport calls Features, QueueSizes and the config accessors from
+// vCPU threads; Activate once the driver sets DRIVER_OK; Reset when the
+// driver resets the device (or it must be reset), after which the device
+// must have stopped touching its queues and guest memory.
+type Device interface {
+	// Type is the virtio device ID.
+	Type() uint32
+	// Features are the feature bits offered (FeatureVersion1 is added by the
+	// transport).
+	Features() uint64
+	// QueueSizes gives the maximum size of each queue.
+	QueueSizes() []uint16
+	// ReadConfig and WriteConfig access device-specific configuration space.
+	ReadConfig(off uint64, data []byte)
+	WriteConfig(off uint64, data []byte)
+	// Activate hands the device its queues. It must return quickly; work
+	// happens on the device's own goroutines.
+	Activate(a *Activation) error
+	// Reset stops the device's goroutines and forgets its queues.
+	Reset()
+}
+
+// Activation is what a device gets when the driver is ready.
+type Activation struct {
+	Mem      Memory
+	Features uint64   // negotiated
+	Queues   []*Queue // configured and validated; owned by the device until Reset
+	// Kicks[i] receives a value whenever the driver notifies queue i.
+	Kicks []<-chan struct{}
+	// Interrupt tells the driver that used buffers are ready.
+	Interrupt func()
+	// Broken reports a driver fault found by the device (ErrBroken): the
+	// transport sets NEEDS_RESET and stops the device.
+	Broken func(error)
+}

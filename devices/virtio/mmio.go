@@ -1,0 +1,364 @@
+package virtio
+
+import (
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"sync"
+)
+
+// MMIO register offsets (virtio 1.x, MMIO version 2).
+const (
+	regMagic            = 0x000
+	regVersion          = 0x004
+	regDeviceID         = 0x008
+	regVendorID         = 0x00c
+	regDeviceFeatures   = 0x010
+	regDeviceFeatSel    = 0x014
+	regDriverFeatures   = 0x020
+	regDriverFeatSel    = 0x024
+	regQueueSel         = 0x030
+	regQueueNumMax      = 0x034
+	regQueueNum         = 0x038
+	regQueueReady       = 0x044
+	regQueueNotify      = 0x050
+	regInterruptStatus  = 0x060
+	regInterruptACK     = 0x064
+	regStatus           = 0x070
+	regQueueDescLow     = 0x080
+	regQueueDescHigh    = 0x084
+	regQueueDriverLow   = 0x090
+	regQueueDriverHigh  = 0x094
+	regQueueDeviceLow   = 0x0a0
+	regQueueDeviceHigh  = 0x0a4
+	regConfigGeneration = 0x0fc
+	regConfig           = 0x100
+
+	mmioMagic   = 0x74726976 // "virt"
+	mmioVersion = 2
+	vendorID    = 0x5741_5252 // "WARR"
+
+	// MMIOSize is the size of one device's register window.
+	MMIOSize = 0x1000
+
+	// NotifyOffset is the QueueNotify register offset, for ioeventfd.
+	NotifyOffset = regQueueNotify
+
+	intUsedBuffer   = 1
+	intConfigChange = 2
+)
+
+// Signaller raises the device's interrupt line (an irqfd or an IRQ pulse).
+type Signaller interface {
+	Signal() error
+}
+
+// MMIO is the virtio-mmio transport for one device. Its Read and Write are
+// called from vCPU threads; mu serialises them with device callbacks.
+type MMIO struct {
+	mu   sync.Mutex
+	dev  Device
+	mem  Memory
+	irq  Signaller
+	log  *slog.Logger
+	name string
+
+	status       uint32
+	devFeatSel   uint32
+	drvFeatSel   uint32
+	drvFeatures  uint64
+	queueSel     uint32
+	queues       []*Queue
+	kicks        []chan struct{}
+	intStatus    uint32
+	configGen    uint32
+	activated    bool
+	brokenLogged bool
+}
+
+// NewMMIO wraps dev in a transport. irq raises its interrupt; mem is guest
+// RAM.
+func NewMMIO(name string, dev Device, mem Memory, irq Signaller, log *slog.Logger) *MMIO {
+	if log == nil {
+		log = slog.Default()
+	}
+	t := &MMIO{dev: dev, mem: mem, irq: irq, log: log, name: name}
+	for _, n := range dev.QueueSizes() {
+		t.queues = append(t.queues, &Queue{MaxSize: n, Size: n})
+		t.kicks = append(t.kicks, make(chan struct{}, 1))
+	}
+	return t
+}
+
+// Device returns the wrapped device.
+func (t *MMIO) Device() Device { return t.dev }
+
+// Status returns the device status register.
+func (t *MMIO) Status() uint32 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.status
+}
+
+func (t *MMIO) features() uint64 { return t.dev.Features() | FeatureVersion1 }
+
+// Notify delivers a driver notification for queue q (from an ioeventfd
+// reader or a QueueNotify write). Never blocks.
+func (t *MMIO) Notify(q uint32) {
+	if int(q) < len(t.kicks) {
+		select {
+		case t.kicks[q] <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Read handles a guest read of the register window.
+func (t *MMIO) Read(off uint64, data []byte) {
+	clear(data)
+	if off >= regConfig {
+		t.mu.Lock()
+		t.dev.ReadConfig(off-regConfig, data)
+		t.mu.Unlock()
+		return
+	}
+	if len(data) != 4 || off%4 != 0 {
+		return // registers are 32-bit; other accesses read as zero
+	}
+	t.mu.Lock()
+	v := t.readReg(off)
+	t.mu.Unlock()
+	binary.LittleEndian.PutUint32(data, v)
+}
+
+func (t *MMIO) readReg(off uint64) uint32 {
+	q := t.selected()
+	switch off {
+	case regMagic:
+		return mmioMagic
+	case regVersion:
+		return mmioVersion
+	case regDeviceID:
+		return t.dev.Type()
+	case regVendorID:
+		return vendorID
+	case regDeviceFeatures:
+		if t.devFeatSel > 1 {
+			return 0
+		}
+		return uint32(t.features() >> (32 * t.devFeatSel))
+	case regQueueNumMax:
+		if q == nil {
+			return 0
+		}
+		return uint32(q.MaxSize)
+	case regQueueReady:
+		if q != nil && q.Ready {
+			return 1
+		}
+		return 0
+	case regInterruptStatus:
+		return t.intStatus
+	case regStatus:
+		return t.status
+	case regConfigGeneration:
+		return t.configGen
+	}
+	return 0
+}
+
+// Write handles a guest write to the register window.
+func (t *MMIO) Write(off uint64, data []byte) {
+	if off >= regConfig {
+		t.mu.Lock()
+		t.dev.WriteConfig(off-regConfig, data)
+		t.mu.Unlock()
+		return
+	}
+	if len(data) != 4 || off%4 != 0 {
+		return
+	}
+	v := binary.LittleEndian.Uint32(data)
+	if off == regQueueNotify {
+		t.Notify(v)
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	q := t.selected()
+	configurable := q != nil && !q.Ready && t.status&StatusDriverOK == 0
+	switch off {
+	case regDeviceFeatSel:
+		t.devFeatSel = v
+	case regDriverFeatSel:
+		t.drvFeatSel = v
+	case regDriverFeatures:
+		if t.status&StatusFeaturesOK == 0 && t.drvFeatSel <= 1 {
+			shift := 32 * t.drvFeatSel
+			t.drvFeatures = t.drvFeatures&^(0xffffffff<<shift) | uint64(v)<<shift
+		}
+	case regQueueSel:
+		t.queueSel = v
+	case regQueueNum:
+		if configurable {
+			q.Size = uint16(min(v, 0xffff))
+		}
+	case regQueueReady:
+		if q == nil {
+			return
+		}
+		if v == 0 {
+			q.Ready = false
+		} else if configurable {
+			if err := q.Validate(t.mem); err != nil {
+				t.broken(err)
+				return
+			}
+			q.Ready = true
+		}
+	case regQueueDescLow, regQueueDescHigh, regQueueDriverLow, regQueueDriverHigh, regQueueDeviceLow, regQueueDeviceHigh:
+		if configurable {
+			setHalf(queueAddr(q, off), off, v)
+		}
+	case regInterruptACK:
+		t.intStatus &^= v
+	case regStatus:
+		t.setStatus(v)
+	}
+}
+
+func queueAddr(q *Queue, off uint64) *uint64 {
+	switch off {
+	case regQueueDescLow, regQueueDescHigh:
+		return &q.Desc
+	case regQueueDriverLow, regQueueDriverHigh:
+		return &q.Avail
+	}
+	return &q.Used
+}
+
+func setHalf(p *uint64, off uint64, v uint32) {
+	if off%8 == 0 { // the Low registers sit at multiples of 16, High at +4
+		*p = *p&^0xffffffff | uint64(v)
+	} else {
+		*p = *p&0xffffffff | uint64(v)<<32
+	}
+}
+
+func (t *MMIO) selected() *Queue {
+	if int(t.queueSel) < len(t.queues) {
+		return t.queues[t.queueSel]
+	}
+	return nil
+}
+
+// setStatus implements the device status state machine (mu held).
+func (t *MMIO) setStatus(v uint32) {
+	if v == 0 {
+		t.reset()
+		return
+	}
+	if v&^t.status&StatusFeaturesOK != 0 {
+		// The driver may accept only what we offered, and must speak 1.x.
+		if t.drvFeatures&^t.features() != 0 || t.drvFeatures&FeatureVersion1 == 0 {
+			v &^= StatusFeaturesOK
+		}
+	}
+	if v&^t.status&StatusDriverOK != 0 && !t.activated {
+		t.status = v
+		if err := t.activate(); err != nil {
+			t.broken(err)
+		}
+		return
+	}
+	t.status = v | t.status&StatusNeedsReset
+}
+
+func (t *MMIO) activate() error {
+	if t.status&StatusFeaturesOK == 0 {
+		return fmt.Errorf("%w: DRIVER_OK without FEATURES_OK", ErrBroken)
+	}
+	a := &Activation{
+		Mem:      t.mem,
+		Features: t.drvFeatures,
+		Queues:   t.queues,
+		Interrupt: func() {
+			t.mu.Lock()
+			t.intStatus |= intUsedBuffer
+			t.mu.Unlock()
+			t.signal()
+		},
+		Broken: func(err error) {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			t.broken(err)
+		},
+	}
+	for i, q := range t.queues {
+		q.EventIdx = t.drvFeatures&FeatureEventIdx != 0
+		if q.Ready {
+			if err := q.Validate(t.mem); err != nil {
+				return err
+			}
+		}
+		_ = i
+	}
+	for _, k := range t.kicks {
+		a.Kicks = append(a.Kicks, k)
+	}
+	t.activated = true
+	return t.dev.Activate(a)
+}
+
+// broken marks the device as needing a reset after a driver fault and
+// tells the driver with a configuration-change interrupt (mu held).
+func (t *MMIO) broken(err error) {
+	if !t.brokenLogged {
+		t.log.Warn("virtio device needs reset", "device", t.name, "err", err)
+		t.brokenLogged = true
+	}
+	if t.status&StatusNeedsReset != 0 {
+		return
+	}
+	t.status |= StatusNeedsReset
+	if t.activated {
+		go t.dev.Reset() // stop the workers; they may be waiting on mu
+		t.activated = false
+	}
+	if t.status&StatusDriverOK != 0 {
+		t.intStatus |= intConfigChange
+		go t.signal()
+	}
+}
+
+func (t *MMIO) reset() {
+	if t.activated {
+		t.mu.Unlock()
+		t.dev.Reset()
+		t.mu.Lock()
+		t.activated = false
+	}
+	for _, q := range t.queues {
+		q.Reset()
+	}
+	t.status, t.devFeatSel, t.drvFeatSel, t.drvFeatures, t.queueSel, t.intStatus = 0, 0, 0, 0, 0, 0
+	t.brokenLogged = false
+}
+
+// ConfigChanged tells the driver the device configuration changed.
+func (t *MMIO) ConfigChanged() {
+	t.mu.Lock()
+	t.configGen++
+	t.intStatus |= intConfigChange
+	t.mu.Unlock()
+	t.signal()
+}
+
+func (t *MMIO) signal() {
+	if t.irq == nil {
+		return
+	}
+	if err := t.irq.Signal(); err != nil {
+		t.log.Warn("virtio interrupt failed", "device", t.name, "err", err)
+	}
+}

@@ -1,0 +1,130 @@
+// Package virtiotest is a fake guest for virtio device tests: a flat guest
+// memory and a driver that lays out split virtqueues in it, offers
+// descriptor chains, and reads back used entries. No KVM is involved.
+package virtiotest
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/warrenvm/warren/devices/virtio"
+)
+
+// Memory is guest RAM as one byte slice starting at guest address 0.
+type Memory []byte
+
+// Slice implements virtio.Memory.
+func (m Memory) Slice(gpa, n uint64) ([]byte, error) {
+	if gpa > uint64(len(m)) || n > uint64(len(m))-gpa {
+		return nil, fmt.Errorf("fake memory: [%#x, +%#x) out of range", gpa, n)
+	}
+	return m[gpa : gpa+n : gpa+n], nil
+}
+
+// Layout addresses used by Driver: per queue q, the descriptor table at
+// QueueBase+q*QueueStride, the available ring 4 KiB later, the used ring
+// 8 KiB later; buffers from BufBase up.
+const (
+	QueueBase   = 0x10000
+	QueueStride = 0x4000
+	BufBase     = 0x100000
+	MemSize     = 0x400000
+)
+
+// Driver plays the guest driver for one queue.
+type Driver struct {
+	Mem      Memory
+	Q        *virtio.Queue
+	next     uint16 // next free descriptor
+	avail    uint16
+	used     uint16
+	bufNext  uint64
+	EventIdx bool
+}
+
+// NewDriver lays out queue index qi of the given size in mem and returns the
+// ready queue (as the transport would configure it) and its driver.
+func NewDriver(mem Memory, qi int, size uint16) *Driver {
+	base := uint64(QueueBase + qi*QueueStride)
+	q := &virtio.Queue{MaxSize: size, Size: size, Ready: true,
+		Desc: base, Avail: base + 0x1000, Used: base + 0x2000}
+	return &Driver{Mem: mem, Q: q, bufNext: BufBase + uint64(qi)*0x40000}
+}
+
+// Buf is one buffer of a chain the driver offers.
+type Buf struct {
+	Data     []byte // contents for a readable buffer
+	Len      int    // size for a writable buffer
+	Writable bool
+}
+
+// Alloc copies b into fresh guest memory and returns its address.
+func (d *Driver) Alloc(n int) uint64 {
+	a := d.bufNext
+	d.bufNext += uint64(n+15) &^ 15
+	return a
+}
+
+// Offer writes a chain of buffers into the descriptor table and makes it
+// available. It returns the head index and the guest addresses.
+func (d *Driver) Offer(bufs ...Buf) (uint16, []uint64) {
+	head := d.next
+	var addrs []uint64
+	for i, b := range bufs {
+		n := len(b.Data)
+		if b.Writable {
+			n = b.Len
+		}
+		a := d.Alloc(n)
+		copy(d.Mem[a:], b.Data)
+		flags := uint16(0)
+		if b.Writable {
+			flags |= 2
+		}
+		next := uint16(0)
+		if i < len(bufs)-1 {
+			flags |= 1
+			next = (d.next + 1) % d.Q.Size
+		}
+		d.PutDesc(d.next, a, uint32(n), flags, next)
+		addrs = append(addrs, a)
+		d.next = (d.next + 1) % d.Q.Size
+	}
+	d.Publish(head)
+	return head, addrs
+}
+
+// PutDesc writes descriptor i directly (for malformed-chain tests).
+func (d *Driver) PutDesc(i uint16, addr uint64, n uint32, flags, next uint16) {
+	PutDescAt(d.Mem, d.Q.Desc+16*uint64(i), addr, n, flags, next)
+}
+
+// PutDescAt writes a descriptor at an arbitrary guest address.
+func PutDescAt(mem Memory, at, addr uint64, n uint32, flags, next uint16) {
+	b := mem[at : at+16]
+	binary.LittleEndian.PutUint64(b, addr)
+	binary.LittleEndian.PutUint32(b[8:], n)
+	binary.LittleEndian.PutUint16(b[12:], flags)
+	binary.LittleEndian.PutUint16(b[14:], next)
+}
+
+// Publish puts head in the available ring and bumps its index.
+func (d *Driver) Publish(head uint16) {
+	binary.LittleEndian.PutUint16(d.Mem[d.Q.Avail+4+2*uint64(d.avail%d.Q.Size):], head)
+	d.avail++
+	binary.LittleEndian.PutUint16(d.Mem[d.Q.Avail+2:], d.avail)
+}
+
+// SetAvailIdx overwrites the available index (for hostile-driver tests).
+func (d *Driver) SetAvailIdx(v uint16) { binary.LittleEndian.PutUint16(d.Mem[d.Q.Avail+2:], v) }
+
+// Used returns the used entries the device added since the last call.
+func (d *Driver) Used() (out [][2]uint32) {
+	idx := binary.LittleEndian.Uint16(d.Mem[d.Q.Used+2:])
+	for d.used != idx {
+		e := d.Mem[d.Q.Used+4+8*uint64(d.used%d.Q.Size):]
+		out = append(out, [2]uint32{binary.LittleEndian.Uint32(e), binary.LittleEndian.Uint32(e[4:])})
+		d.used++
+	}
+	return out
+}
