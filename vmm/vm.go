@@ -63,6 +63,9 @@ type Config struct {
 	KVMPath string
 	// Log receives diagnostics; nil means slog.Default().
 	Log *slog.Logger
+	// Virtio lists the virtio-mmio devices, in order (their addresses and
+	// interrupt lines follow from their position).
+	Virtio []VirtioSpec
 	// TrackDirty turns on KVM dirty-page logging for guest RAM (with manual
 	// re-protection where KVM offers it), read with DirtyPages.
 	TrackDirty bool
@@ -90,7 +93,8 @@ type VM struct {
 	uart    *serial.UART
 	console *panicWatcher
 
-	manualProtect bool // dirty pages stay logged until DirtyPages clears them
+	manualProtect bool     // dirty pages stay logged until DirtyPages clears them
+	closers       []func() // run by Close, last first
 
 	stopping atomic.Bool
 	stopOnce sync.Once
@@ -126,6 +130,12 @@ func New(cfg Config) (_ *VM, err error) {
 	var cmd boot.Cmdline
 	cmd.Add(BaseCmdline)
 	cmd.Add(cfg.Profile.KernelArgs()...)
+	if len(cfg.Virtio) > MaxVirtioDevices {
+		return nil, fmt.Errorf("vmm: %d virtio devices; at most %d are supported", len(cfg.Virtio), MaxVirtioDevices)
+	}
+	for i := range cfg.Virtio {
+		cmd.Add(virtioCmdline(i))
+	}
 	cmd.Add(cfg.Cmdline)
 	if err := cmd.Validate(); err != nil {
 		return nil, err
@@ -199,6 +209,9 @@ func New(cfg Config) (_ *VM, err error) {
 	}
 	v.cpuid = cfg.Profile.FilterCPUID(supported)
 
+	if err := v.attachVirtio(); err != nil {
+		return nil, err
+	}
 	v.console = &panicWatcher{w: cfg.Console}
 	v.uart = serial.New(v.console, func() { v.pulseIRQ(serial.COM1IRQ) })
 	for _, d := range []struct {
@@ -345,6 +358,10 @@ func (v *VM) kick() {
 
 // Close releases the VM's KVM objects and memory. Call after Run returns.
 func (v *VM) Close() error {
+	for i := len(v.closers) - 1; i >= 0; i-- {
+		v.closers[i]()
+	}
+	v.closers = nil
 	if v.vm != nil {
 		v.vm.Close()
 		v.vm = nil

@@ -294,14 +294,13 @@ func (t *MMIO) activate() error {
 			t.broken(err)
 		},
 	}
-	for i, q := range t.queues {
+	for _, q := range t.queues {
 		q.EventIdx = t.drvFeatures&FeatureEventIdx != 0
 		if q.Ready {
 			if err := q.Validate(t.mem); err != nil {
 				return err
 			}
 		}
-		_ = i
 	}
 	for _, k := range t.kicks {
 		a.Kicks = append(a.Kicks, k)
@@ -360,5 +359,16 @@ func (t *MMIO) signal() {
 	}
 	if err := t.irq.Signal(); err != nil {
 		t.log.Warn("virtio interrupt failed", "device", t.name, "err", err)
+	}
+}
+
+// Shutdown stops the device's workers if it is active (VM teardown).
+func (t *MMIO) Shutdown() {
+	t.mu.Lock()
+	active := t.activated
+	t.activated = false
+	t.mu.Unlock()
+	if active {
+		t.dev.Reset()
 	}
 }

@@ -17,6 +17,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
+	"unsafe"
 )
 
 // Memory is the guest memory a queue reads: guestmem.Memory implements it,
@@ -142,6 +144,35 @@ func (q *Queue) put16(mem Memory, gpa uint64, v uint16) error {
 	return nil
 }
 
+// loadRingHeader reads the (flags, idx) pair at the start of a ring with
+// one atomic 32-bit load when the ring is 4-byte aligned (always, for the
+// used ring; in practice, for the available ring), which orders the reads of
+// the entries the index covers after it.
+func loadRingHeader(mem Memory, ring uint64) (flags, idx uint16, err error) {
+	b, err := mem.Slice(ring, 4)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w: ring header at %#x: %v", ErrBroken, ring, err)
+	}
+	var v uint32
+	if ring%4 == 0 {
+		v = atomic.LoadUint32((*uint32)(unsafe.Pointer(&b[0])))
+	} else {
+		v = binary.LittleEndian.Uint32(b)
+	}
+	return uint16(v), uint16(v >> 16), nil
+}
+
+// storeRingHeader writes (flags, idx) with one atomic 32-bit store, which
+// publishes the entries written before it. ring must be 4-byte aligned.
+func storeRingHeader(mem Memory, ring uint64, flags, idx uint16) error {
+	b, err := mem.Slice(ring, 4)
+	if err != nil {
+		return fmt.Errorf("%w: ring header at %#x: %v", ErrBroken, ring, err)
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&b[0])), uint32(flags)|uint32(idx)<<16)
+	return nil
+}
+
 // descriptor is one decoded descriptor.
 type descriptor struct {
 	addr  uint64
@@ -161,7 +192,7 @@ func readDesc(mem Memory, table uint64, i uint16) (descriptor, error) {
 
 // Pending reports whether the driver has made buffers available.
 func (q *Queue) Pending(mem Memory) (bool, error) {
-	idx, err := q.u16(mem, q.Avail+2)
+	_, idx, err := loadRingHeader(mem, q.Avail)
 	if err != nil {
 		return false, err
 	}
@@ -174,7 +205,7 @@ func (q *Queue) Pop(mem Memory) (*Chain, error) {
 	if !q.Ready {
 		return nil, fmt.Errorf("%w: queue not ready", ErrBroken)
 	}
-	availIdx, err := q.u16(mem, q.Avail+2)
+	_, availIdx, err := loadRingHeader(mem, q.Avail)
 	if err != nil {
 		return nil, err
 	}
@@ -268,8 +299,11 @@ func (q *Queue) Push(mem Memory, head uint16, written uint32) error {
 	binary.LittleEndian.PutUint32(b, uint32(head))
 	binary.LittleEndian.PutUint32(b[4:], written)
 	q.NextUsed++
-	// The entry is visible before the index (x86 keeps stores in order).
-	return q.put16(mem, q.Used+2, q.NextUsed)
+	flags, _, err := loadRingHeader(mem, q.Used)
+	if err != nil {
+		return err
+	}
+	return storeRingHeader(mem, q.Used, flags, q.NextUsed)
 }
 
 // NeedsInterrupt reports whether the driver wants an interrupt for the
@@ -287,7 +321,7 @@ func (q *Queue) NeedsInterrupt(mem Memory) (bool, error) {
 		}
 		need = uint16(nw-ev-1) < uint16(nw-old)
 	} else {
-		flags, err := q.u16(mem, q.Avail)
+		flags, _, err := loadRingHeader(mem, q.Avail)
 		if err != nil {
 			return false, err
 		}
@@ -305,5 +339,5 @@ func (q *Queue) EnableNotify(mem Memory) error {
 	if q.EventIdx {
 		return q.put16(mem, q.Used+4+8*uint64(q.Size), q.NextAvail)
 	}
-	return q.put16(mem, q.Used, 0)
+	return storeRingHeader(mem, q.Used, 0, q.NextUsed)
 }

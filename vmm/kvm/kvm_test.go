@@ -7,8 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/warrenvm/warren/vmm/testguest"
 	"github.com/warrenvm/warren/vmm/kvm"
+	"github.com/warrenvm/warren/vmm/testguest"
 )
 
 func openKVM(t *testing.T) *kvm.System {

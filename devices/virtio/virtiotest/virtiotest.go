@@ -6,6 +6,8 @@ package virtiotest
 import (
 	"encoding/binary"
 	"fmt"
+	"sync/atomic"
+	"unsafe"
 
 	"github.com/warrenvm/warren/devices/virtio"
 )
@@ -112,19 +114,90 @@ func PutDescAt(mem Memory, at, addr uint64, n uint32, flags, next uint16) {
 func (d *Driver) Publish(head uint16) {
 	binary.LittleEndian.PutUint16(d.Mem[d.Q.Avail+4+2*uint64(d.avail%d.Q.Size):], head)
 	d.avail++
-	binary.LittleEndian.PutUint16(d.Mem[d.Q.Avail+2:], d.avail)
+	d.SetAvailIdx(d.avail)
 }
 
+// header returns the ring's (flags, idx) word for atomic access.
+func (d *Driver) header(ring uint64) *uint32 { return (*uint32)(unsafe.Pointer(&d.Mem[ring])) }
+
 // SetAvailIdx overwrites the available index (for hostile-driver tests).
-func (d *Driver) SetAvailIdx(v uint16) { binary.LittleEndian.PutUint16(d.Mem[d.Q.Avail+2:], v) }
+func (d *Driver) SetAvailIdx(v uint16) {
+	h := d.header(d.Q.Avail)
+	atomic.StoreUint32(h, atomic.LoadUint32(h)&0xffff|uint32(v)<<16)
+}
 
 // Used returns the used entries the device added since the last call.
 func (d *Driver) Used() (out [][2]uint32) {
-	idx := binary.LittleEndian.Uint16(d.Mem[d.Q.Used+2:])
+	idx := uint16(atomic.LoadUint32(d.header(d.Q.Used)) >> 16)
 	for d.used != idx {
 		e := d.Mem[d.Q.Used+4+8*uint64(d.used%d.Q.Size):]
 		out = append(out, [2]uint32{binary.LittleEndian.Uint32(e), binary.LittleEndian.Uint32(e[4:])})
 		d.used++
 	}
 	return out
+}
+
+// Registers is the register window of a transport (virtio.MMIO).
+type Registers interface {
+	Read(off uint64, data []byte)
+	Write(off uint64, data []byte)
+}
+
+// Write32 writes a 32-bit register.
+func Write32(r Registers, off uint64, v uint32) {
+	b := make([]byte, 4)
+	binary.LittleEndian.PutUint32(b, v)
+	r.Write(off, b)
+}
+
+// Read32 reads a 32-bit register.
+func Read32(r Registers, off uint64) uint32 {
+	b := make([]byte, 4)
+	r.Read(off, b)
+	return binary.LittleEndian.Uint32(b)
+}
+
+// Bring walks the driver side of device initialisation through the MMIO
+// registers, as Linux's virtio_mmio does: reset, ACKNOWLEDGE, DRIVER,
+// features, FEATURES_OK, each queue's size and rings, DRIVER_OK. It returns
+// the final status register.
+func Bring(r Registers, features uint64, drivers ...*Driver) uint32 {
+	Write32(r, 0x070, 0)
+	Write32(r, 0x070, 1|2)
+	Write32(r, 0x024, 0)
+	Write32(r, 0x020, uint32(features))
+	Write32(r, 0x024, 1)
+	Write32(r, 0x020, uint32(features>>32))
+	Write32(r, 0x070, 1|2|8)
+	if Read32(r, 0x070)&8 == 0 {
+		return Read32(r, 0x070)
+	}
+	for i, d := range drivers {
+		Write32(r, 0x030, uint32(i))
+		Write32(r, 0x038, uint32(d.Q.Size))
+		Write32(r, 0x080, uint32(d.Q.Desc))
+		Write32(r, 0x084, uint32(d.Q.Desc>>32))
+		Write32(r, 0x090, uint32(d.Q.Avail))
+		Write32(r, 0x094, uint32(d.Q.Avail>>32))
+		Write32(r, 0x0a0, uint32(d.Q.Used))
+		Write32(r, 0x0a4, uint32(d.Q.Used>>32))
+		Write32(r, 0x044, 1)
+	}
+	Write32(r, 0x070, 1|2|8|4)
+	return Read32(r, 0x070)
+}
+
+// Signals counts interrupts (a virtio.Signaller).
+type Signals struct{ C chan struct{} }
+
+// NewSignals returns a Signals with room for many pending interrupts.
+func NewSignals() *Signals { return &Signals{C: make(chan struct{}, 1024)} }
+
+// Signal implements virtio.Signaller.
+func (s *Signals) Signal() error {
+	select {
+	case s.C <- struct{}{}:
+	default:
+	}
+	return nil
 }
