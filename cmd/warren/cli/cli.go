@@ -12,9 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-
-	"github.com/warrenvm/warren/vmm"
-	"github.com/warrenvm/warren/vmm/hostprofile"
 )
 
 const usage = `usage: warren <command> [flags]
@@ -53,6 +50,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	console := fs.String("console", "", "write the guest console to FILE instead of stdout")
 	kvmPath := fs.String("kvm", "/dev/kvm", "KVM device")
 	verbose := fs.Bool("v", false, "log VMM diagnostics to stderr")
+	noRNG := fs.Bool("no-rng", false, "do not give the guest a virtio-rng entropy device")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -94,12 +92,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	profile := hostprofile.Detect("/sys/module")
-	log.Debug("host profile", "profile", profile.String())
-
-	vm, err := vmm.New(vmm.Config{
-		MemBytes: uint64(*memMiB) << 20, CPUs: *cpus, Kernel: k, Initramfs: rd,
-		Cmdline: *cmdline, Console: out, Profile: profile, KVMPath: *kvmPath, Log: log,
+	vm, err := buildVM(vmOptions{
+		memMiB: *memMiB, cpus: *cpus, kernel: k, initramfs: rd, cmdline: *cmdline,
+		console: out, kvmPath: *kvmPath, log: log, rng: !*noRNG,
 	})
 	if err != nil {
 		return fail("%v", err)
