@@ -44,6 +44,8 @@ func Run() {
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		report(fmt.Errorf("sethostname %q: %w", cfg.Hostname, err))
 	}
+	configureNetwork(ParseCmdline(string(cmdline)))
+	mountData(ParseCmdline(string(cmdline)))
 
 	console(ReadyLine(uptime()))
 

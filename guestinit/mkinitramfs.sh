@@ -7,8 +7,9 @@
 #
 # Contents: one u-root busybox binary (bbin/bb) holding our PID 1
 # (guestinit/cmd/warren-init, linked as /init) and a few u-root commands for
-# debugging (gosh as /bin/sh, ls, cat, mount, dmesg, ps), on top of a tiny
-# base archive with dev/console, proc, sys and tmp.
+# debugging (gosh as /bin/sh, ls, cat, mount, dmesg, ps) and wget for
+# network tests, on top of a tiny base archive with dev/console, proc, sys
+# and tmp.
 #
 # Reproducible: two builds from the same tree with the same Go version give
 # byte-identical output. u-root zeroes mtimes, inodes and owners of every
@@ -29,7 +30,7 @@ fi
 
 GO=${GO:-go}
 # Commands built into the busybox binary besides our init.
-UROOT_CMDS=(gosh ls cat mount dmesg ps)
+UROOT_CMDS=(gosh ls cat mount dmesg ps wget)
 
 log() { echo "mkinitramfs: $*" >&2; }
 start=$(date +%s%N)

@@ -74,6 +74,9 @@ type MMIO struct {
 	configGen    uint32
 	activated    bool
 	brokenLogged bool
+	// resetting is closed when an asynchronous device Reset started by
+	// broken has finished; activate and reset wait for it.
+	resetting chan struct{}
 }
 
 // NewMMIO wraps dev in a transport. irq raises its interrupt; mem is guest
@@ -275,6 +278,7 @@ func (t *MMIO) setStatus(v uint32) {
 }
 
 func (t *MMIO) activate() error {
+	t.waitReset()
 	if t.status&StatusFeaturesOK == 0 {
 		return fmt.Errorf("%w: DRIVER_OK without FEATURES_OK", ErrBroken)
 	}
@@ -321,7 +325,12 @@ func (t *MMIO) broken(err error) {
 	}
 	t.status |= StatusNeedsReset
 	if t.activated {
-		go t.dev.Reset() // stop the workers; they may be waiting on mu
+		// The caller may be one of the device's own workers, so the
+		// device is reset on another goroutine; activate and reset wait
+		// for it before the device is used again.
+		done := make(chan struct{})
+		t.resetting = done
+		go func() { t.dev.Reset(); close(done) }()
 		t.activated = false
 	}
 	if t.status&StatusDriverOK != 0 {
@@ -330,7 +339,18 @@ func (t *MMIO) broken(err error) {
 	}
 }
 
+// waitReset waits, with mu released, for a reset started by broken (mu held).
+func (t *MMIO) waitReset() {
+	if done := t.resetting; done != nil {
+		t.mu.Unlock()
+		<-done
+		t.mu.Lock()
+		t.resetting = nil
+	}
+}
+
 func (t *MMIO) reset() {
+	t.waitReset()
 	if t.activated {
 		t.mu.Unlock()
 		t.dev.Reset()
@@ -365,6 +385,7 @@ func (t *MMIO) signal() {
 // Shutdown stops the device's workers if it is active (VM teardown).
 func (t *MMIO) Shutdown() {
 	t.mu.Lock()
+	t.waitReset()
 	active := t.activated
 	t.activated = false
 	t.mu.Unlock()

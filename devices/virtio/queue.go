@@ -70,6 +70,7 @@ type Queue struct {
 	NextUsed  uint16 // next used-ring entry to fill
 	// signalledUsed is NextUsed when the driver was last notified.
 	signalledUsed uint16
+	fence         uint32 // target of the atomic store used as a full memory barrier
 }
 
 // Chain is one descriptor chain taken from the available ring: the
@@ -210,7 +211,21 @@ func (q *Queue) Pop(mem Memory) (*Chain, error) {
 		return nil, err
 	}
 	if availIdx == q.NextAvail {
-		return nil, nil
+		if !q.EventIdx {
+			return nil, nil
+		}
+		// Ask for a notification on the next buffer, then look again: the
+		// driver may have added one before it could see our request.
+		if err := q.put16(mem, q.Used+4+8*uint64(q.Size), q.NextAvail); err != nil {
+			return nil, err
+		}
+		atomic.StoreUint32(&q.fence, 0) // full barrier: our store before the next load
+		if _, availIdx, err = loadRingHeader(mem, q.Avail); err != nil {
+			return nil, err
+		}
+		if availIdx == q.NextAvail {
+			return nil, nil
+		}
 	}
 	if uint16(availIdx-q.NextAvail) > q.Size {
 		return nil, fmt.Errorf("%w: available index jumped from %d to %d (queue size %d)", ErrBroken, q.NextAvail, availIdx, q.Size)

@@ -170,3 +170,22 @@ func FuzzQueuePop(f *testing.F) {
 		}
 	})
 }
+
+// With event-idx, an empty ring asks the driver to notify on its next buffer.
+func TestEventIdxRequestsNotification(t *testing.T) {
+	d := newDriver(8)
+	d.Q.EventIdx = true
+	for i := 0; i < 3; i++ {
+		d.Offer(vt.Buf{Data: []byte("x")})
+		if c, err := d.Q.Pop(d.Mem); c == nil || err != nil {
+			t.Fatal(c, err)
+		}
+	}
+	if c, err := d.Q.Pop(d.Mem); c != nil || err != nil {
+		t.Fatal(c, err)
+	}
+	at := d.Q.Used + 4 + 8*uint64(d.Q.Size)
+	if ev := uint16(d.Mem[at]) | uint16(d.Mem[at+1])<<8; ev != 3 {
+		t.Errorf("avail_event = %d, want 3", ev)
+	}
+}

@@ -51,6 +51,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	kvmPath := fs.String("kvm", "/dev/kvm", "KVM device")
 	verbose := fs.Bool("v", false, "log VMM diagnostics to stderr")
 	noRNG := fs.Bool("no-rng", false, "do not give the guest a virtio-rng entropy device")
+	var disks diskFlag
+	fs.Var(&disks, "disk", "attach a raw disk image as virtio-blk: PATH[,ro] (repeatable; the first is /dev/vda)")
+	tap := fs.String("tap", "", "attach virtio-net on this tap device (created if missing)")
+	macFlag := fs.String("mac", "", "guest MAC address for --tap (default: random, locally administered)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -92,15 +96,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	vm, err := buildVM(vmOptions{
+	mac, err := parseMAC(*macFlag)
+	if err != nil {
+		return fail("%v", err)
+	}
+	if *macFlag != "" && *tap == "" {
+		return fail("--mac needs --tap")
+	}
+	vm, closeAll, err := buildVM(vmOptions{
 		memMiB: *memMiB, cpus: *cpus, kernel: k, initramfs: rd, cmdline: *cmdline,
 		console: out, kvmPath: *kvmPath, log: log, rng: !*noRNG,
+		disks: disks, tap: *tap, mac: mac,
 	})
 	if err != nil {
 		return fail("%v", err)
 	}
-	defer vm.Close()
-	log.Debug("booting", "format", vm.Format().String(), "cmdline", vm.Cmdline())
+	defer closeAll()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -1,10 +1,14 @@
 package cli
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 
 	"github.com/warrenvm/warren/devices/virtio"
+	"github.com/warrenvm/warren/devices/virtio/blk"
+	vnet "github.com/warrenvm/warren/devices/virtio/net"
 	"github.com/warrenvm/warren/devices/virtio/rng"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
@@ -21,13 +25,47 @@ type vmOptions struct {
 	kvmPath      string
 	log          *slog.Logger
 	rng          bool // attach a virtio-rng device
+	disks        []diskSpec
+	tap          string // virtio-net on this tap device, when set
+	mac          net.HardwareAddr
 }
 
-// buildVM wires the VM and its devices. The caller closes the VM.
-func buildVM(o vmOptions) (*vmm.VM, error) {
+// buildVM wires the VM and its devices: disks first (vda, vdb, ... in
+// order), then the network device, then the entropy device. The returned
+// close function closes the VM and then the device backends.
+func buildVM(o vmOptions) (_ *vmm.VM, closeAll func(), err error) {
 	profile := hostprofile.Detect("/sys/module")
 	o.log.Debug("host profile", "profile", profile.String())
-	var devs []vmm.VirtioSpec
+	var (
+		devs    []vmm.VirtioSpec
+		closers []func() error
+	)
+	closeDevs := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeDevs()
+		}
+	}()
+	for i, d := range o.disks {
+		dev, err := blk.New(d.path, blk.Options{ReadOnly: d.readOnly, ID: fmt.Sprintf("warren%d", i)})
+		if err != nil {
+			return nil, nil, fmt.Errorf("--disk %s: %w", d.path, err)
+		}
+		closers = append(closers, dev.Close)
+		devs = append(devs, virtioSpec(fmt.Sprintf("blk%d", i), 1, dev, o.log))
+	}
+	if o.tap != "" {
+		dev, err := vnet.New(o.tap, o.mac, vnet.Options{})
+		if err != nil {
+			return nil, nil, fmt.Errorf("--tap %s: %w", o.tap, err)
+		}
+		closers = append(closers, dev.Close)
+		devs = append(devs, virtioSpec("net0", 2, dev, o.log))
+	}
 	if o.rng {
 		devs = append(devs, virtioSpec("rng", 1, rng.New(), o.log))
 	}
@@ -37,10 +75,10 @@ func buildVM(o vmOptions) (*vmm.VM, error) {
 		Virtio: devs,
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	o.log.Debug("booting", "format", vm.Format().String(), "cmdline", vm.Cmdline())
-	return vm, nil
+	return vm, func() { vm.Close(); closeDevs() }, nil
 }
 
 // virtioSpec puts dev behind a virtio-mmio transport.

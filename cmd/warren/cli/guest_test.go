@@ -1,0 +1,158 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warrenvm/warren/vmm"
+)
+
+// console collects guest output and lets a test wait for a pattern.
+type console struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	cond *sync.Cond
+}
+
+func newConsole() *console {
+	c := &console{}
+	c.cond = sync.NewCond(&c.mu)
+	return c
+}
+
+func (c *console) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	c.buf.Write(p)
+	c.mu.Unlock()
+	c.cond.Broadcast()
+	return len(p), nil
+}
+
+func (c *console) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf.String()
+}
+
+// guest is a Linux guest booted in-process for end-to-end tests, driven
+// through its serial console (the init's debug shell, warren.shell=1).
+type guest struct {
+	t    *testing.T
+	vm   *vmm.VM
+	con  *console
+	done chan error
+	from int // console offset searched by the next wait
+}
+
+// bootGuest boots the project kernel and initramfs with opts and waits for
+// the init's ready line.
+func bootGuest(t *testing.T, o vmOptions) *guest {
+	t.Helper()
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
+	}
+	var err error
+	if o.kernel, err = os.ReadFile(artifact(t, "WARREN_KERNEL", "vmlinux")); err != nil {
+		t.Fatal(err)
+	}
+	if o.initramfs, err = os.ReadFile(artifact(t, "WARREN_INITRAMFS", "initramfs.cpio")); err != nil {
+		t.Fatal(err)
+	}
+	if o.memMiB == 0 {
+		o.memMiB = 256
+	}
+	if o.cpus == 0 {
+		o.cpus = 1
+	}
+	g := &guest{t: t, con: newConsole(), done: make(chan error, 1)}
+	o.console = g.con
+	o.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var closeAll func()
+	if g.vm, closeAll, err = buildVM(o); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { g.done <- g.vm.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-g.done
+		closeAll()
+		if t.Failed() {
+			t.Logf("guest console:\n%s", tail([]byte(g.con.String())))
+		}
+	})
+	g.wait(readyLine, 10*time.Minute)
+	return g
+}
+
+// wait blocks until re matches console output after the previous match and
+// returns the match.
+func (g *guest) wait(re *regexp.Regexp, timeout time.Duration) string {
+	g.t.Helper()
+	deadline := time.Now().Add(timeout)
+	stop := time.AfterFunc(timeout, g.con.cond.Broadcast)
+	defer stop.Stop()
+	g.con.mu.Lock()
+	defer g.con.mu.Unlock()
+	for {
+		out := g.con.buf.Bytes()[g.from:]
+		if loc := re.FindIndex(out); loc != nil {
+			m := string(out[loc[0]:loc[1]])
+			g.from += loc[1]
+			return m
+		}
+		if time.Now().After(deadline) {
+			g.t.Fatalf("timed out after %s waiting for %q", timeout, re)
+		}
+		select {
+		case err := <-g.done:
+			g.done <- err
+			g.t.Fatalf("guest stopped (%v) while waiting for %q", err, re)
+		default:
+		}
+		g.con.cond.Wait()
+	}
+}
+
+var cmdSeq int
+
+// sh runs a shell command in the guest and returns its output, using a
+// marker the shell computes (so the echoed input never matches it).
+func (g *guest) sh(cmd string, timeout time.Duration) string {
+	g.t.Helper()
+	cmdSeq++
+	n := cmdSeq
+	g.vm.SerialInput([]byte(fmt.Sprintf("%s; echo END-$((%d+1))-$?\n", cmd, n*1000)))
+	re := regexp.MustCompile(fmt.Sprintf(`(?s)^(.*?)END-%d-(\d+)`, n*1000+1))
+	m := g.wait(re, timeout)
+	sub := re.FindStringSubmatch(m)
+	out := sub[1]
+	// Drop the terminal's echo of the command line itself.
+	if i := strings.Index(out, "\n"); i >= 0 && strings.Contains(out[:i], "END-$((") {
+		out = out[i+1:]
+	}
+	if sub[2] != "0" {
+		g.t.Fatalf("guest command %q failed (status %s): %s", cmd, sub[2], out)
+	}
+	return strings.ReplaceAll(out, "\r", "")
+}
+
+// stop waits for the guest to power off by itself and returns Run's error.
+func (g *guest) stopped(timeout time.Duration) error {
+	select {
+	case err := <-g.done:
+		g.done <- err
+		return err
+	case <-time.After(timeout):
+		g.t.Fatal("guest did not power off")
+		return nil
+	}
+}
