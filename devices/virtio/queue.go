@@ -304,8 +304,18 @@ func (q *Queue) walk(mem Memory, head uint16) (*Chain, error) {
 }
 
 // Push returns chain head to the driver with written bytes of the writable
-// buffers used.
+// buffers used, and publishes it.
 func (q *Queue) Push(mem Memory, head uint16, written uint32) error {
+	if err := q.Stage(mem, head, written); err != nil {
+		return err
+	}
+	return q.Publish(mem)
+}
+
+// Stage writes a used entry without making it visible to the driver; the
+// next Publish (or Push) publishes all staged entries at once. Devices use
+// it for one packet spread over several chains.
+func (q *Queue) Stage(mem Memory, head uint16, written uint32) error {
 	slot := q.Used + 4 + 8*uint64(q.NextUsed%q.Size)
 	b, err := mem.Slice(slot, 8)
 	if err != nil {
@@ -314,6 +324,11 @@ func (q *Queue) Push(mem Memory, head uint16, written uint32) error {
 	binary.LittleEndian.PutUint32(b, uint32(head))
 	binary.LittleEndian.PutUint32(b[4:], written)
 	q.NextUsed++
+	return nil
+}
+
+// Publish makes the staged used entries visible to the driver.
+func (q *Queue) Publish(mem Memory) error {
 	flags, _, err := loadRingHeader(mem, q.Used)
 	if err != nil {
 		return err

@@ -432,3 +432,22 @@ func TestVecIOManyBuffers(t *testing.T) {
 		t.Error("read past EOF succeeded")
 	}
 }
+
+func TestBatchOneKick(t *testing.T) {
+	e := newEnv(t, newImage(t, 64), Options{})
+	heads := map[uint32]uint64{}
+	for i := range 20 { // 60 descriptors of the 64-entry table
+		h, addrs := e.drv.Offer(out(hdr(TypeIn, uint64(i))), in(SectorSize), in(1))
+		heads[uint32(h)] = addrs[1]
+	}
+	e.tr.Notify(0)
+	for _, u := range waitUsed(t, e.drv, 20) {
+		if u[1] != SectorSize+1 {
+			t.Fatalf("used %v", u)
+		}
+		delete(heads, u[0])
+	}
+	if len(heads) != 0 {
+		t.Errorf("heads never completed: %v", heads)
+	}
+}

@@ -122,9 +122,12 @@ func (d *Device) deliver(mem virtio.Memory, q *virtio.Queue, pkt []byte, mergeab
 			rest = rest[k:]
 			written += k
 		}
+		// A frame spread over several chains becomes visible to the
+		// driver all at once: Linux misreads a merged frame whose later
+		// buffers it cannot see yet.
 		push := q.Push
 		if i < len(chains)-1 {
-			push = stageUsed(q)
+			push = q.Stage
 		}
 		if err := push(mem, c.Head, uint32(written)); err != nil {
 			return 0, err
@@ -133,26 +136,6 @@ func (d *Device) deliver(mem virtio.Memory, q *virtio.Queue, pkt []byte, mergeab
 	d.Metrics.RxPackets.Add(1)
 	d.Metrics.RxBytes.Add(uint64(len(pkt) - HeaderLen))
 	return rxDone, nil
-}
-
-// stageUsed writes a used-ring entry like Queue.Push but does not publish
-// it: the next Push publishes it together with its own entry. A frame
-// spread over several chains must become visible to the driver all at
-// once; Linux drops a merged frame whose later buffers it cannot find yet
-// and then misreads those buffers as frames of their own. (Layout: virtio
-// 1.2, 2.7.8; a Queue method for this would be better.)
-func stageUsed(q *virtio.Queue) func(mem virtio.Memory, head uint16, written uint32) error {
-	return func(mem virtio.Memory, head uint16, written uint32) error {
-		slot := q.Used + 4 + 8*uint64(q.NextUsed%q.Size)
-		b, err := mem.Slice(slot, 8)
-		if err != nil {
-			return fmt.Errorf("%w: used ring entry: %v", virtio.ErrBroken, err)
-		}
-		binary.LittleEndian.PutUint32(b, uint32(head))
-		binary.LittleEndian.PutUint32(b[4:], written)
-		q.NextUsed++
-		return nil
-	}
 }
 
 // waitBuffers is deliver running out of buffers with the ring consumed up
