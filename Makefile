@@ -8,6 +8,8 @@ KERNEL := $(BUILD)/vmlinux
 BZIMAGE := $(BUILD)/bzImage
 INITRAMFS := $(BUILD)/initramfs.cpio
 TESTGUESTS := $(BUILD)/testguests
+TESTDISK := $(BUILD)/testdisk.img
+TEST_ENV := WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) WARREN_TESTDISK=$(CURDIR)/$(TESTDISK)
 GUEST_SRC := vmm/testdata/guests
 # Packages whose tests need /dev/kvm.
 KVM_PKGS := vmm/kvm vmm cmd/warren/cli
@@ -15,7 +17,7 @@ HAVE_KVM := $(shell test -c /dev/kvm && echo yes)
 KVMHOST := bash .ci/kvmhost/run.sh
 RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"
 
-.PHONY: all warren run test unit vet kernel initramfs testguests test-kvm bench clean
+.PHONY: all warren run test unit vet kernel initramfs testguests testdisk test-kvm bench clean
 
 all: warren
 
@@ -38,6 +40,11 @@ testguests:
 		ld -Ttext 0x1000 --oformat binary -o $(TESTGUESTS)/$$n.bin $(TESTGUESTS)/$$n.o || exit 1; \
 	done
 
+# An empty ext4 data disk for the end-to-end tests.
+testdisk:
+	@mkdir -p $(BUILD)
+	bash guestinit/mkdisk.sh $(TESTDISK) 16
+
 # Boot the guest to its ready line and power it off.
 run: warren kernel initramfs
 ifeq ($(HAVE_KVM),yes)
@@ -53,8 +60,8 @@ vet:
 
 # Unit tests everywhere; the KVM tests run here when /dev/kvm exists,
 # otherwise test-kvm runs them in the nested KVM host.
-test: vet kernel initramfs testguests
-	WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) $(GO) test -count=1 ./...
+test: vet kernel initramfs testguests testdisk
+	$(TEST_ENV) $(GO) test -count=1 ./...
 ifneq ($(HAVE_KVM),yes)
 	$(MAKE) test-kvm
 endif
@@ -62,12 +69,12 @@ endif
 unit: testguests
 	WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) $(GO) test -short -count=1 ./...
 
-test-kvm: testguests
+test-kvm: testguests testdisk
 	@mkdir -p $(BUILD)/tests
 	@for p in $(KVM_PKGS); do \
 		CGO_ENABLED=0 $(GO) test -c -o $(BUILD)/tests/$$(echo $$p | tr / _).test ./$$p || exit 1; \
 	done
-	$(KVMHOST) --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) $(CURDIR) -- \
+	$(KVMHOST) --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) --env WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) $(CURDIR) -- \
 		'for p in $(KVM_PKGS); do echo "=== package $$p (nested KVM)"; (cd $$p && $(CURDIR)/$(BUILD)/tests/$$(echo $$p | tr / _).test -test.count=1 -test.v) || exit 1; done'
 
 bench: warren kernel initramfs

@@ -43,5 +43,7 @@ tool (
 	github.com/u-root/u-root/cmds/core/ls
 	github.com/u-root/u-root/cmds/core/mount
 	github.com/u-root/u-root/cmds/core/ps
+	github.com/u-root/u-root/cmds/core/shutdown
+	github.com/u-root/u-root/cmds/core/sync
 	github.com/u-root/u-root/cmds/core/wget
 )

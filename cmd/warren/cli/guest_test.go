@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenvm/warren/devices/virtio/rng"
 	"github.com/warrenvm/warren/vmm"
 )
 
@@ -50,21 +51,33 @@ type guest struct {
 	con  *console
 	done chan error
 	from int // console offset searched by the next wait
+	rng  *rng.Device
 }
 
 // bootGuest boots the project kernel and initramfs with opts and waits for
 // the init's ready line.
 func bootGuest(t *testing.T, o vmOptions) *guest {
 	t.Helper()
+	g, err := startGuest(t, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.wait(readyLine, 10*time.Minute)
+	return g
+}
+
+// startGuest builds and starts the guest without waiting for it. It may run
+// on a thread in another network namespace (the tap is created there).
+func startGuest(t *testing.T, o vmOptions) (*guest, error) {
 	if _, err := os.Stat("/dev/kvm"); err != nil {
 		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
 	}
 	var err error
 	if o.kernel, err = os.ReadFile(artifact(t, "WARREN_KERNEL", "vmlinux")); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if o.initramfs, err = os.ReadFile(artifact(t, "WARREN_INITRAMFS", "initramfs.cpio")); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if o.memMiB == 0 {
 		o.memMiB = 256
@@ -76,8 +89,8 @@ func bootGuest(t *testing.T, o vmOptions) *guest {
 	o.console = g.con
 	o.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var closeAll func()
-	if g.vm, closeAll, err = buildVM(o); err != nil {
-		t.Fatal(err)
+	if g.vm, g.rng, closeAll, err = buildVMWithRNG(o); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { g.done <- g.vm.Run(ctx) }()
@@ -89,8 +102,7 @@ func bootGuest(t *testing.T, o vmOptions) *guest {
 			t.Logf("guest console:\n%s", tail([]byte(g.con.String())))
 		}
 	})
-	g.wait(readyLine, 10*time.Minute)
-	return g
+	return g, nil
 }
 
 // wait blocks until re matches console output after the previous match and

@@ -33,7 +33,14 @@ type vmOptions struct {
 // buildVM wires the VM and its devices: disks first (vda, vdb, ... in
 // order), then the network device, then the entropy device. The returned
 // close function closes the VM and then the device backends.
-func buildVM(o vmOptions) (_ *vmm.VM, closeAll func(), err error) {
+func buildVM(o vmOptions) (*vmm.VM, func(), error) {
+	vm, _, closeAll, err := buildVMWithRNG(o)
+	return vm, closeAll, err
+}
+
+// buildVMWithRNG is buildVM that also returns the entropy device (nil
+// without o.rng), whose counters tests read.
+func buildVMWithRNG(o vmOptions) (_ *vmm.VM, entropy *rng.Device, closeAll func(), err error) {
 	profile := hostprofile.Detect("/sys/module")
 	o.log.Debug("host profile", "profile", profile.String())
 	var (
@@ -53,7 +60,7 @@ func buildVM(o vmOptions) (_ *vmm.VM, closeAll func(), err error) {
 	for i, d := range o.disks {
 		dev, err := blk.New(d.path, blk.Options{ReadOnly: d.readOnly, ID: fmt.Sprintf("warren%d", i)})
 		if err != nil {
-			return nil, nil, fmt.Errorf("--disk %s: %w", d.path, err)
+			return nil, nil, nil, fmt.Errorf("--disk %s: %w", d.path, err)
 		}
 		closers = append(closers, dev.Close)
 		devs = append(devs, virtioSpec(fmt.Sprintf("blk%d", i), 1, dev, o.log))
@@ -61,13 +68,14 @@ func buildVM(o vmOptions) (_ *vmm.VM, closeAll func(), err error) {
 	if o.tap != "" {
 		dev, err := vnet.New(o.tap, o.mac, vnet.Options{})
 		if err != nil {
-			return nil, nil, fmt.Errorf("--tap %s: %w", o.tap, err)
+			return nil, nil, nil, fmt.Errorf("--tap %s: %w", o.tap, err)
 		}
 		closers = append(closers, dev.Close)
 		devs = append(devs, virtioSpec("net0", 2, dev, o.log))
 	}
 	if o.rng {
-		devs = append(devs, virtioSpec("rng", 1, rng.New(), o.log))
+		entropy = rng.New()
+		devs = append(devs, virtioSpec("rng", 1, entropy, o.log))
 	}
 	vm, err := vmm.New(vmm.Config{
 		MemBytes: uint64(o.memMiB) << 20, CPUs: o.cpus, Kernel: o.kernel, Initramfs: o.initramfs,
@@ -75,10 +83,10 @@ func buildVM(o vmOptions) (_ *vmm.VM, closeAll func(), err error) {
 		Virtio: devs,
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	o.log.Debug("booting", "format", vm.Format().String(), "cmdline", vm.Cmdline())
-	return vm, func() { vm.Close(); closeDevs() }, nil
+	return vm, entropy, func() { vm.Close(); closeDevs() }, nil
 }
 
 // virtioSpec puts dev behind a virtio-mmio transport.

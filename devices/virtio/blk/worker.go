@@ -3,7 +3,6 @@ package blk
 import (
 	"fmt"
 	"sync"
-	"sync/atomic"
 
 	"github.com/warrenvm/warren/devices/virtio"
 )
@@ -47,8 +46,7 @@ func (d *Device) Reset() {
 }
 
 // worker owns a.Queues[0] and the image I/O until stop is closed. It
-// serves every available request, asks for the next notification, and
-// sleeps until a kick.
+// serves every available request and sleeps until a kick.
 func (d *Device) worker(a *virtio.Activation, stop <-chan struct{}) {
 	defer d.wg.Done()
 	w := &scratch{dev: d}
@@ -67,51 +65,31 @@ func (d *Device) worker(a *virtio.Activation, stop <-chan struct{}) {
 	}
 }
 
-// drain serves requests until the ring stays empty after the driver has
-// been asked to notify us of the next one, so that no request made
-// available meanwhile is left waiting for a kick that will not come.
+// drain serves requests until the ring is empty, then interrupts the
+// driver if it wants to hear about them. (With event-idx, Pop's finding the
+// ring empty also asks the driver for a kick on its next buffer, and looks
+// again after that, so no request is left waiting for a kick that will not
+// come.)
 func (d *Device) drain(a *virtio.Activation, q *virtio.Queue, w *scratch) error {
 	for {
-		for {
-			c, err := q.Pop(a.Mem)
-			if err != nil {
-				return err
-			}
-			if c == nil {
-				break
-			}
-			n := w.serve(c)
-			if err := q.Push(a.Mem, c.Head, n); err != nil {
-				return err
-			}
-		}
-		need, err := q.NeedsInterrupt(a.Mem)
+		c, err := q.Pop(a.Mem)
 		if err != nil {
 			return err
 		}
-		if need {
-			a.Interrupt()
+		if c == nil {
+			break
 		}
-		if err := q.EnableNotify(a.Mem); err != nil {
+		n := w.serve(c)
+		if err := q.Push(a.Mem, c.Head, n); err != nil {
 			return err
-		}
-		// The driver publishes its index, then reads our avail_event; we
-		// write avail_event, then read its index. Both sides need a full
-		// barrier between the store and the load, or each may miss the
-		// other's update. EnableNotify's event-idx store is a plain one,
-		// so fence here (a locked instruction orders it on amd64).
-		fence()
-		more, err := q.Pending(a.Mem)
-		if err != nil {
-			return err
-		}
-		if !more {
-			return nil
 		}
 	}
+	need, err := q.NeedsInterrupt(a.Mem)
+	if err != nil {
+		return err
+	}
+	if need {
+		a.Interrupt()
+	}
+	return nil
 }
-
-var fenceWord atomic.Uint32
-
-// fence is a full memory barrier: a locked read-modify-write.
-func fence() { fenceWord.Add(1) }

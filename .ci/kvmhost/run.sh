@@ -1,0 +1,431 @@
+#!/usr/bin/env bash
+# run.sh - run a command inside an L1 Linux guest that has a real /dev/kvm,
+# on a host that has none. See .ci/kvmhost/README.md.
+#
+# usage: run.sh [--mem MiB] [--cpus N] [--timeout SECONDS] [--env NAME=VALUE]... DIR -- CMD...
+#
+# Boots Debian 12's own kernel under QEMU TCG (software emulation, which
+# implements AMD SVM for its guest), loads kvm + kvm_amd there, mounts DIR
+# read-write over virtio-9p at the same absolute path, and runs CMD (joined
+# with spaces and run by sh -c, like ssh does) with that as its working
+# directory. CMD's stdout and stderr (merged) stream to our stdout; we exit
+# with CMD's exit status.
+#
+# Exit status: CMD's, or 124 on timeout, or 125 when the harness itself
+# failed (no /dev/kvm in L1, DIR not mounted, QEMU died, ...).
+#
+# Environment:
+#   WARREN_CACHE                 cache root (default $HOME/.cache/warren);
+#                                L1 images live in $WARREN_CACHE/kvmhost/
+#   WARREN_KVMHOST_CPU           QEMU -cpu model (default below)
+#   WARREN_KVMHOST_KVM_AMD_PARAMS, WARREN_KVMHOST_KVM_PARAMS
+#                                insmod parameters for kvm_amd, kvm
+#   WARREN_KVMHOST_QEMU_ARGS     extra QEMU arguments (word-split)
+#   WARREN_KVMHOST_KERNEL_PKG    pin the Debian kernel package
+#                                (e.g. linux-image-6.1.0-57-amd64)
+#   WARREN_KVMHOST_DEBUG=1       show the L1 kernel log and trace its init
+set -euo pipefail
+
+readonly HARNESS_FAIL=125
+SELF=$(readlink -f "${BASH_SOURCE[0]}")
+readonly SELF
+
+MEM=4096
+CPUS=2
+TIMEOUT=3600
+ENVS=()
+CPU_MODEL=${WARREN_KVMHOST_CPU:-max,-la57}
+KVM_AMD_PARAMS=${WARREN_KVMHOST_KVM_AMD_PARAMS:-}
+DEBUG=${WARREN_KVMHOST_DEBUG:-0}
+
+log() { printf 'kvmhost: %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit "$HARNESS_FAIL"
+}
+usage() {
+	[[ $# -eq 0 ]] || log "error: $*"
+	sed -n 's/^# usage: /usage: /p' "$SELF" >&2
+	exit 2
+}
+
+while [[ $# -gt 0 ]]; do
+	case $1 in
+	--mem) MEM=${2:?}; shift 2 ;;
+	--cpus) CPUS=${2:?}; shift 2 ;;
+	--timeout) TIMEOUT=${2:?}; shift 2 ;;
+	--env)
+		[[ ${2:-} == [A-Za-z_]*=* ]] || usage "--env wants NAME=VALUE, got '${2:-}'"
+		ENVS+=("$2"); shift 2 ;;
+	-h | --help) usage ;;
+	--) usage "missing DIR before --" ;;
+	-*) usage "unknown option $1" ;;
+	*) break ;;
+	esac
+done
+[[ $# -ge 3 && $2 == -- ]] || usage "want DIR -- CMD..."
+DIR=$(readlink -f "$1") || die "bad DIR '$1'"
+[[ -d $DIR ]] || die "DIR '$1' is not a directory"
+shift 2
+CMD="$*"
+[[ $MEM =~ ^[0-9]+$ && $CPUS =~ ^[0-9]+$ && $TIMEOUT =~ ^[0-9]+$ ]] ||
+	usage "--mem, --cpus and --timeout take plain integers"
+
+# ---------------------------------------------------------------- host tools
+need_pkgs=()
+command -v qemu-system-x86_64 >/dev/null || need_pkgs+=(qemu-system-x86)
+command -v cpio >/dev/null || need_pkgs+=(cpio)
+command -v modinfo >/dev/null || [[ -x /usr/sbin/modinfo ]] || need_pkgs+=(kmod)
+command -v flock >/dev/null || need_pkgs+=(util-linux)
+command -v gzip >/dev/null || need_pkgs+=(gzip)
+apt_updated=0
+apt_update() {
+	if [[ $apt_updated == 0 ]]; then
+		log "apt-get update"
+		apt-get update -qq >&2 || log "warning: apt-get update failed"
+		apt_updated=1
+	fi
+}
+if [[ ${#need_pkgs[@]} -gt 0 ]]; then
+	[[ $(id -u) == 0 ]] || die "missing ${need_pkgs[*]} and not root to install them"
+	apt_update
+	log "installing ${need_pkgs[*]}"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		"${need_pkgs[@]}" >&2 || die "apt-get install ${need_pkgs[*]} failed"
+fi
+MODINFO=$(command -v modinfo || echo /usr/sbin/modinfo)
+
+# ------------------------------------------------------------- L1 image cache
+CACHE_ROOT=${WARREN_CACHE:-${HOME:-/root}/.cache/warren}/kvmhost
+mkdir -p "$CACHE_ROOT"
+SCRIPT_HASH=$(sha256sum "$SELF" | cut -c1-12)
+
+# resolve_kernel prints "PACKAGE VERSION" for the Debian kernel image to use.
+resolve_kernel() {
+	local pkg=${WARREN_KVMHOST_KERNEL_PKG:-} meta ver dep
+	if [[ -n $pkg ]]; then
+		ver=$(apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ {print $2}')
+		[[ -n $ver && $ver != "(none)" ]] || return 1
+		echo "$pkg $ver"
+		return
+	fi
+	meta=linux-image-amd64
+	ver=$(apt-cache policy "$meta" 2>/dev/null | awk '/Candidate:/ {print $2}')
+	[[ -n $ver && $ver != "(none)" ]] || return 1
+	dep=$(apt-cache show "$meta=$ver" 2>/dev/null |
+		sed -n 's/^Depends:.*\(linux-image-[0-9][^ ,]*-amd64\).*/\1/p' | head -n1)
+	[[ -n $dep ]] || return 1
+	echo "$dep $ver"
+}
+
+img_for() { echo "$CACHE_ROOT/${KPKG}_${KVER//:/_}-$SCRIPT_HASH"; }
+IMG=
+if kinfo=$(resolve_kernel); then
+	read -r KPKG KVER <<<"$kinfo"
+	IMG=$(img_for)
+fi
+if [[ -z $IMG || ! -f $IMG/initrd.gz ]]; then
+	# Cache miss: refresh the package index first, so that we resolve (and
+	# download) a kernel version the mirror still serves.
+	apt_update
+	if kinfo=$(resolve_kernel); then
+		read -r KPKG KVER <<<"$kinfo"
+		IMG=$(img_for)
+	else
+		# No package index (offline?): any image built by this script will do.
+		# shellcheck disable=SC2012
+		IMG=$(ls -dt "$CACHE_ROOT"/linux-image-*-"$SCRIPT_HASH" 2>/dev/null | head -n1)
+		[[ -n $IMG && -f $IMG/initrd.gz ]] ||
+			die "cannot resolve a Debian kernel package (linux-image-amd64) and no cached L1 image"
+		log "package index unavailable; using cached $IMG"
+	fi
+fi
+
+build_image() {
+	local out=$1 work root mods kdir kernel_rel
+	work=$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")
+	# shellcheck disable=SC2064
+	trap "rm -rf '$work'" RETURN
+	log "building L1 image $(basename "$out") (once)"
+	(cd "$work" && apt-get download -qq "$KPKG=$KVER" busybox-static 2>&1 |
+		grep -v 'unsandboxed' >&2; exit "${PIPESTATUS[0]}") ||
+		die "apt-get download $KPKG=$KVER busybox-static failed"
+	mkdir "$work/x" "$work/bb"
+	# Only the kernel and the module trees that can hold what L1 needs
+	# (skipping the ~300 MB of drivers/gpu, drivers/net, sound, ...).
+	dpkg-deb --fsys-tarfile "$work/$KPKG"_*.deb | tar -x -C "$work/x" --wildcards \
+		'./boot/vmlinuz-*' './lib/modules/*/kernel/arch/*' './lib/modules/*/kernel/virt/*' \
+		'./lib/modules/*/kernel/drivers/virtio/*' './lib/modules/*/kernel/drivers/crypto/*' \
+		'./lib/modules/*/kernel/net/*' './lib/modules/*/kernel/fs/*' \
+		'./lib/modules/*/kernel/lib/*' './lib/modules/*/kernel/crypto/*' ||
+		die "extracting $KPKG failed"
+	dpkg-deb -x "$work"/busybox-static_*.deb "$work/bb"
+	kdir=$(find "$work/x/lib/modules" -mindepth 1 -maxdepth 1 -type d | head -n1)
+	kernel_rel=$(basename "$kdir")
+
+	root=$work/root
+	mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,tmp,run,mnt,lib/modules,warren}
+	cp "$work/bb/bin/busybox" "$root/bin/busybox"
+	local app
+	for app in $("$root/bin/busybox" --list); do
+		[[ $app == busybox ]] || ln -sf busybox "$root/bin/$app"
+	done
+	printf 'root:x:0:0:root:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$root/etc/passwd"
+	printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
+	echo "127.0.0.1 localhost" >"$root/etc/hosts"
+
+	# Modules, with their dependencies, in load order (no modules.dep in the
+	# package: that is made by depmod at install time, so resolve via modinfo).
+	declare -A path_of=() done_mod=()
+	local f name
+	while IFS= read -r f; do
+		name=${f##*/}
+		name=${name%%.ko*}
+		path_of[${name//-/_}]=$f
+	done < <(find "$kdir/kernel" -name '*.ko*')
+	mods=()
+	add_mod() {
+		local m=${1//-/_} d
+		[[ -n ${done_mod[$m]:-} ]] && return
+		done_mod[$m]=1
+		[[ -n ${path_of[$m]:-} ]] || die "module $m not in $KPKG"
+		for d in $("$MODINFO" -F depends "${path_of[$m]}" | tr ',' ' '); do
+			add_mod "$d"
+		done
+		mods+=("$m")
+	}
+	for name in kvm_amd virtio_pci 9pnet_virtio 9p; do add_mod "$name"; done
+	: >"$root/lib/modules/order"
+	for name in "${mods[@]}"; do
+		f=${path_of[$name]}
+		case $f in
+		*.ko) cp "$f" "$root/lib/modules/$name.ko" ;;
+		*.ko.xz) xz -dc "$f" >"$root/lib/modules/$name.ko" ;;
+		*.ko.zst) zstd -qdc "$f" >"$root/lib/modules/$name.ko" ;;
+		*.ko.gz) gzip -dc "$f" >"$root/lib/modules/$name.ko" ;;
+		*) die "unknown module format $f" ;;
+		esac
+		echo "$name" >>"$root/lib/modules/order"
+	done
+	echo "$KPKG $KVER $kernel_rel" >"$root/etc/kvmhost-release"
+
+	write_init >"$root/init"
+	chmod 755 "$root/init"
+	(cd "$root" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) |
+		gzip -6 >"$work/initrd.gz"
+	mkdir "$work/img"
+	# QEMU boots the uncompressed ELF vmlinux through its PVH entry point
+	# (CONFIG_PVH), which skips the bzImage's real-mode setup and, above
+	# all, the xz decompression: that alone takes seconds under TCG.
+	if ! extract_vmlinux "$work"/x/boot/vmlinuz-* "$work/img/vmlinux"; then
+		log "warning: could not extract vmlinux; booting the bzImage"
+		cp "$work"/x/boot/vmlinuz-* "$work/img/vmlinuz"
+	fi
+	mv "$work/initrd.gz" "$work/img/initrd.gz"
+	echo "$KPKG $KVER $kernel_rel modules: ${mods[*]}" >"$work/img/INFO"
+	rm -rf "$out"
+	mv "$work/img" "$out"
+}
+
+# extract_vmlinux BZIMAGE OUT: the ELF kernel inside a bzImage (the
+# approach of the kernel's scripts/extract-vmlinux).
+extract_vmlinux() {
+	local img=$1 out=$2 magic tool pos
+	for magic in $'\xfd7zXZ:xz -dc' $'\x28\xb5\x2f\xfd:zstd -qdc' $'\x1f\x8b\x08:gzip -dc'; do
+		tool=${magic#*:}
+		command -v "${tool%% *}" >/dev/null || continue
+		for pos in $(LC_ALL=C grep -abo "${magic%%:*}" "$img" | cut -d: -f1 | head -n5); do
+			tail -c +$((pos + 1)) "$img" | $tool >"$out" 2>/dev/null || true
+			[[ $(head -c4 "$out" 2>/dev/null) == $'\x7fELF' ]] && return 0
+		done
+	done
+	rm -f "$out"
+	return 1
+}
+
+# write_init prints L1's /init. Per-run settings come from /warren/config,
+# which each run appends to the initramfs as a second cpio archive.
+write_init() {
+	cat <<'EOF'
+#!/bin/sh
+export PATH=/bin:/sbin
+mount -t devtmpfs dev /dev
+exec </dev/null >/dev/console 2>&1
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t tmpfs -o mode=1777 tmp /tmp
+mount -t tmpfs run /run
+mkdir -p /dev/shm /dev/pts
+mount -t tmpfs -o mode=1777 shm /dev/shm
+mount -t devpts devpts /dev/pts
+. /warren/config
+[ "$DEBUG" = 1 ] && set -x
+ifconfig lo 127.0.0.1 up 2>/dev/null
+hostname kvmhost
+
+finish() {
+	echo "WARREN-KVMHOST-EXIT-$NONCE=$1"
+	sync
+	poweroff -f
+	sleep 10
+}
+fail() {
+	echo "kvmhost(L1): $*"
+	dmesg | grep -iE 'kvm|svm|9p|virtio' | tail -n 40
+	finish 125
+}
+
+for m in $(cat /lib/modules/order); do
+	params=
+	case $m in
+	kvm_amd) params=$KVM_AMD_PARAMS ;;
+	kvm) params=$KVM_PARAMS ;;
+	esac
+	# shellcheck disable=SC2086
+	insmod /lib/modules/$m.ko $params || fail "insmod $m $params failed"
+done
+[ -c /dev/kvm ] || fail "/dev/kvm did not appear"
+
+mkdir -p "$MOUNTPOINT"
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=mmap,access=any work "$MOUNTPOINT" ||
+	fail "mounting the work dir over 9p failed"
+cd "$MOUNTPOINT" || fail "cd $MOUNTPOINT failed"
+
+export HOME=/tmp TMPDIR=/tmp USER=root LOGNAME=root
+export WARREN_KVMHOST=1 WARREN_KVMHOST_DIR="$MOUNTPOINT"
+[ -f /warren/env ] && . /warren/env
+[ "$DEBUG" = 1 ] || dmesg -n 1
+set +x
+echo "WARREN-KVMHOST-READY-$NONCE $(cut -d' ' -f1 /proc/uptime)"
+sh /warren/cmd
+finish $?
+EOF
+}
+
+if [[ ! -f $IMG/initrd.gz ]]; then
+	exec 9>"$CACHE_ROOT/.lock"
+	flock 9
+	[[ -f $IMG/initrd.gz ]] || build_image "$IMG"
+	# Prune images of older kernels or older versions of this script that
+	# no run has used for a day.
+	find "$CACHE_ROOT" -mindepth 1 -maxdepth 1 -name 'linux-image-*' -mmin +1440 \
+		! -path "$IMG" -exec rm -rf {} +
+	flock -u 9
+	exec 9>&-
+fi
+touch "$IMG"
+
+# ---------------------------------------------------------------------- run
+TMP=$(mktemp -d)
+QPID=
+# shellcheck disable=SC2317 # invoked by trap
+cleanup() {
+	if [[ -n $QPID ]]; then kill "$QPID" 2>/dev/null || true; fi
+	rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+NONCE=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
+q() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
+mkdir -p "$TMP/r/warren"
+{
+	echo "NONCE=$NONCE"
+	echo "MOUNTPOINT=$(q "$DIR")"
+	echo "KVM_AMD_PARAMS=$(q "$KVM_AMD_PARAMS")"
+	echo "KVM_PARAMS=$(q "${WARREN_KVMHOST_KVM_PARAMS:-}")"
+	echo "DEBUG=$(q "$DEBUG")"
+} >"$TMP/r/warren/config"
+printf '%s\n' "$CMD" >"$TMP/r/warren/cmd"
+if [[ ${#ENVS[@]} -gt 0 ]]; then
+	for e in "${ENVS[@]}"; do
+		echo "export ${e%%=*}=$(q "${e#*=}")"
+	done >"$TMP/r/warren/env"
+fi
+(cd "$TMP/r" && find warren | cpio -o -H newc --quiet -R 0:0) | gzip >"$TMP/run.gz"
+cat "$IMG/initrd.gz" "$TMP/run.gz" >"$TMP/initrd"
+
+KERNEL=$IMG/vmlinux
+[[ -f $KERNEL ]] || KERNEL=$IMG/vmlinuz
+append="console=ttyS0 panic=-1 rdinit=/init mitigations=off nokaslr"
+# L1's full boot log goes to the console (kept aside by the reader below
+# unless something fails); init turns the console log level down before CMD.
+append+=" loglevel=7"
+
+# shellcheck disable=SC2054 # commas are QEMU's
+qemu=(qemu-system-x86_64
+	-accel tcg,thread=multi -cpu "$CPU_MODEL" -smp "$CPUS" -m "$MEM"
+	-nodefaults -no-user-config -nographic -no-reboot
+	-serial stdio -monitor none
+	-kernel "$KERNEL" -initrd "$TMP/initrd" -append "$append"
+	-virtfs "local,path=$DIR,mount_tag=work,security_model=none,id=work"
+)
+# shellcheck disable=SC2206
+qemu+=(${WARREN_KVMHOST_QEMU_ARGS:-})
+
+T0=${EPOCHREALTIME/[.,]/}
+elapsed() {
+	local us=$((${EPOCHREALTIME/[.,]/} - T0))
+	printf '%d.%d' $((us / 1000000)) $((us / 100000 % 10))
+}
+log "booting L1 ($(cut -d' ' -f1,2 "$IMG/INFO"), -cpu $CPU_MODEL, ${CPUS} vCPUs, ${MEM} MiB, timeout ${TIMEOUT}s)"
+
+rc_file=$TMP/rc
+ready_file=$TMP/ready
+boot_log=$TMP/boot.log
+show_boot_log() {
+	if [[ -s $boot_log ]]; then
+		log "L1 console before the command started:"
+		cat "$boot_log" >&2
+	fi
+}
+mkfifo "$TMP/out"
+timeout --foreground -k 10 "$TIMEOUT" "${qemu[@]}" </dev/null >"$TMP/out" 2>"$TMP/qemu.err" &
+QPID=$!
+while IFS= read -r line || [[ -n $line ]]; do
+	line=${line%$'\r'}
+	case $line in
+	*"WARREN-KVMHOST-EXIT-$NONCE="*)
+		# the command's last line may lack a newline: keep what precedes
+		pre=${line%%WARREN-KVMHOST-EXIT-"$NONCE"=*}
+		[[ -z $pre ]] || printf '%s\n' "$pre"
+		echo "${line##*=}" >"$rc_file"
+		;;
+	*"WARREN-KVMHOST-READY-$NONCE"*)
+		echo "$(elapsed) ${line##* }" >"$ready_file"
+		log "L1 up after $(elapsed)s (L1 uptime ${line##* }s); running: $CMD"
+		;;
+	*)
+		# Until the command starts, L1's console (firmware, kernel, init)
+		# is kept aside and shown only if something goes wrong; so is the
+		# power-off chatter after it ended.
+		if [[ $DEBUG == 1 || (-f $ready_file && ! -f $rc_file) ]]; then
+			printf '%s\n' "$line"
+		else
+			printf '[+%ss] %s\n' "$(elapsed)" "$line" >>"$boot_log"
+		fi
+		;;
+	esac
+done <"$TMP/out"
+qrc=0
+wait "$QPID" || qrc=$?
+QPID=
+
+if [[ -f $rc_file ]]; then
+	rc=$(cat "$rc_file")
+	if [[ $rc == "$HARNESS_FAIL" && ! -f $ready_file ]]; then
+		show_boot_log
+		log "error: L1 setup failed (see messages above); total $(elapsed)s"
+	else
+		log "command exited with status $rc; total $(elapsed)s"
+	fi
+	exit "$rc"
+fi
+[[ -f $ready_file ]] || show_boot_log
+if [[ $qrc == 124 || $qrc == 137 ]]; then
+	log "error: timed out after ${TIMEOUT}s ($( [[ -f $ready_file ]] && echo 'while running the command' || echo 'before L1 was up'))"
+	exit 124
+fi
+[[ -s $TMP/qemu.err ]] && sed 's/^/qemu: /' "$TMP/qemu.err" >&2
+log "error: L1 stopped without reporting an exit status (qemu exit $qrc); total $(elapsed)s"
+exit "$HARNESS_FAIL"
