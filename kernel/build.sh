@@ -132,11 +132,11 @@ export KBUILD_BUILD_VERSION=1
 MAKE=(make -C "$SRC" O="$OBJ" ARCH="$ARCH")
 
 # --- 4. Configuration ---------------------------------------------------------
-log "stage: tinyconfig + warren.config"
+log "stage: tinyconfig + warren.config (the first run compiles kconfig: HOSTCC lines)"
 # (kconfig's "override: X changes choice state" notes are expected: the
 # fragment deliberately overrides tinyconfig's choices.)
 {
-	"${MAKE[@]}" -s tinyconfig >/dev/null
+	"${MAKE[@]}" tinyconfig | grep -E '^  HOST(CC|LD) ' || true
 	(cd "$SRC" && scripts/kconfig/merge_config.sh -m -O "$OBJ" "$OBJ/.config" "$FRAGMENT") >/dev/null
 	"${MAKE[@]}" -s olddefconfig >/dev/null
 } 2> >(grep -v 'changes choice state' >&2)

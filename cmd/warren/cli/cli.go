@@ -21,15 +21,15 @@ commands:
 `
 
 // Main runs the warren command with args (without the program name) and
-// returns the process exit code.
-func Main(args []string, stdout, stderr io.Writer) int {
+// returns the process exit code. stdin feeds the guest's serial console.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
 	switch args[0] {
 	case "run":
-		return run(args[1:], stdout, stderr)
+		return run(args[1:], stdin, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -39,7 +39,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("warren run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	kernel := fs.String("kernel", "", "guest kernel: an ELF vmlinux with a PVH note, or a bzImage (required)")
@@ -113,6 +113,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	defer closeAll()
 
+	// The console's input: what arrives on stdin goes to the guest's COM1
+	// (as with QEMU's -serial stdio). A terminal stays in its normal mode,
+	// so lines are sent on Enter and Ctrl-C still stops warren.
+	if stdin != nil {
+		go func() {
+			buf := make([]byte, 4096)
+			for {
+				n, err := stdin.Read(buf)
+				if n > 0 {
+					vm.SerialInput(buf[:n])
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := vm.Run(ctx); err != nil {

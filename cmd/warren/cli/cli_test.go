@@ -14,7 +14,7 @@ import (
 
 func runCLI(args ...string) (int, string, string) {
 	var out, errb bytes.Buffer
-	rc := Main(args, &out, &errb)
+	rc := Main(args, nil, &out, &errb)
 	return rc, out.String(), errb.String()
 }
 
