@@ -87,6 +87,11 @@ const (
 	leaf7EBXSMAP    = 1 << 20
 	leaf7EBXAVX512  = 1<<16 | 1<<17 | 1<<21 | 1<<26 | 1<<27 | 1<<28 | 1<<30 | 1<<31
 	ext1EDXRDTSCP   = 1 << 27
+	// KVM paravirtual features (leaf 0x40000001 EAX) that work through
+	// hypercalls, which hang a guest on a PVM host.
+	kvmFeaturePVUnhalt     = 1 << 7
+	kvmFeaturePVSendIPI    = 1 << 11
+	kvmFeaturePVSchedYield = 1 << 13
 )
 
 // FilterCPUID returns the CPUID table a guest on this host should see,
@@ -107,6 +112,8 @@ func (p Profile) FilterCPUID(in []kvm.CPUIDEntry) []kvm.CPUIDEntry {
 				continue // no XSAVE: drop its enumeration leaf
 			case 0x80000001:
 				e.EDX &^= ext1EDXRDTSCP
+			case 0x40000001:
+				e.EAX &^= kvmFeaturePVUnhalt | kvmFeaturePVSendIPI | kvmFeaturePVSchedYield
 			}
 		}
 		out = append(out, e)

@@ -64,13 +64,14 @@ func TestFilterCPUID(t *testing.T) {
 		{Function: 7, Index: 0, EBX: 0xffffffff},
 		{Function: 0xd, Index: 0, EAX: 7},
 		{Function: 0x80000001, EDX: 0xffffffff},
+		{Function: 0x40000001, EAX: 0xffffffff},
 	}
 	hw := (Profile{Kind: Hardware}).FilterCPUID(in)
 	if !slices.Equal(hw, in) {
 		t.Errorf("hardware profile changed CPUID: %+v", hw)
 	}
 	pvm := (Profile{Kind: PVMNative}).FilterCPUID(in)
-	if len(pvm) != 3 {
+	if len(pvm) != 4 {
 		t.Fatalf("pvm kept %d leaves, want leaf 0xd dropped", len(pvm))
 	}
 	if pvm[0].ECX&(leaf1ECXPOPCNT|leaf1ECXCX16|leaf1ECXXSAVE) != 0 || pvm[0].EDX != 0xffffffff {
@@ -81,6 +82,9 @@ func TestFilterCPUID(t *testing.T) {
 	}
 	if pvm[2].EDX&ext1EDXRDTSCP != 0 {
 		t.Errorf("leaf 0x80000001 = %+v", pvm[2])
+	}
+	if pvm[3].EAX&(kvmFeaturePVUnhalt|kvmFeaturePVSendIPI|kvmFeaturePVSchedYield) != 0 || pvm[3].EAX&1 == 0 {
+		t.Errorf("KVM features leaf = %#x", pvm[3].EAX)
 	}
 	if in[0].ECX != 0xffffffff {
 		t.Error("input modified")
