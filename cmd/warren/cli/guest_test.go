@@ -146,7 +146,7 @@ func (g *guest) sh(cmd string, timeout time.Duration) string {
 	re := regexp.MustCompile(fmt.Sprintf(`(?s)^(.*?)END-%d-(\d+)`, n*1000+1))
 	m := g.wait(re, timeout)
 	sub := re.FindStringSubmatch(m)
-	out := sub[1]
+	out := strings.TrimLeft(sub[1], "\r\n") // the end of the previous marker's line
 	// Drop the terminal's echo of the command line itself.
 	if i := strings.Index(out, "\n"); i >= 0 && strings.Contains(out[:i], "END-$((") {
 		out = out[i+1:]
