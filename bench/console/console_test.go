@@ -2,6 +2,7 @@ package console
 
 import (
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 )
@@ -11,6 +12,11 @@ func TestParseStat(t *testing.T) {
 	d, err := parseStat(line)
 	if err != nil || d != 2800*time.Millisecond {
 		t.Errorf("parseStat = %v, %v; want 2.8s", d, err)
+	}
+	// With guest_time (field 43) = 200 ticks: 250 - 200 + 30.
+	full := "1234 (vmm) S" + strings.Repeat(" 0", 10) + " 250 30" + strings.Repeat(" 0", 27) + " 200 0"
+	if d, err := parseStat(full); err != nil || d != 800*time.Millisecond {
+		t.Errorf("parseStat with guest time = %v, %v; want 0.8s", d, err)
 	}
 	if _, err := parseStat("garbage"); err == nil {
 		t.Error("garbage accepted")

@@ -20,14 +20,16 @@ func cpuTime(pid int) (time.Duration, error) {
 	return parseStat(string(b))
 }
 
-// parseStat extracts utime+stime (fields 14 and 15) from a stat line; the
-// command name (field 2) may contain spaces and parentheses.
+// parseStat returns the VMM's own CPU time from a stat line: utime + stime
+// (fields 14 and 15) less guest_time (field 43), the time vCPU threads spent
+// running the guest, which the kernel counts inside utime. The command name
+// (field 2) may contain spaces and parentheses.
 func parseStat(s string) (time.Duration, error) {
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
 		return 0, fmt.Errorf("console: malformed stat line")
 	}
-	f := strings.Fields(s[i+1:])
+	f := strings.Fields(s[i+1:]) // f[0] is field 3
 	if len(f) < 13 {
 		return 0, fmt.Errorf("console: short stat line")
 	}
@@ -36,5 +38,12 @@ func parseStat(s string) (time.Duration, error) {
 	if err1 != nil || err2 != nil {
 		return 0, fmt.Errorf("console: bad stat times")
 	}
-	return time.Duration(u+k) * time.Second / clockTicks, nil
+	var guest uint64
+	if len(f) > 40 {
+		guest, _ = strconv.ParseUint(f[40], 10, 64)
+	}
+	if guest > u {
+		guest = u
+	}
+	return time.Duration(u-guest+k) * time.Second / clockTicks, nil
 }
