@@ -2,7 +2,7 @@
 # run.sh - run a command inside an L1 Linux guest that has a real /dev/kvm,
 # on a host that has none. See .ci/kvmhost/README.md.
 #
-# usage: run.sh [--mem MiB] [--cpus N] [--timeout SECONDS] [--env NAME=VALUE]... DIR -- CMD...
+# usage: run.sh [--mem MiB] [--cpus N] [--timeout SECONDS] [--env NAME=VALUE]... [--host-root] DIR -- CMD...
 #
 # Boots Debian 12's own kernel under QEMU TCG (software emulation, which
 # implements AMD SVM for its guest), loads kvm + kvm_amd there, mounts DIR
@@ -13,6 +13,10 @@
 #
 # Exit status: CMD's, or 124 on timeout, or 125 when the harness itself
 # failed (no /dev/kvm in L1, DIR not mounted, QEMU died, ...).
+#
+# --host-root: run CMD chrooted into the host's own root file system (shared
+# read-only over 9p), so host tools (qemu, ip, mkfs, go) are there; L1's
+# /dev, /proc, /sys and fresh /tmp, /run are mounted into it, DIR read-write.
 #
 # Environment:
 #   WARREN_CACHE                 cache root (default $HOME/.cache/warren);
@@ -34,6 +38,7 @@ MEM=4096
 CPUS=2
 TIMEOUT=3600
 ENVS=()
+HOST_ROOT=0
 CPU_MODEL=${WARREN_KVMHOST_CPU:-max,-la57}
 KVM_AMD_PARAMS=${WARREN_KVMHOST_KVM_AMD_PARAMS:-}
 DEBUG=${WARREN_KVMHOST_DEBUG:-0}
@@ -54,6 +59,7 @@ while [[ $# -gt 0 ]]; do
 	--mem) MEM=${2:?}; shift 2 ;;
 	--cpus) CPUS=${2:?}; shift 2 ;;
 	--timeout) TIMEOUT=${2:?}; shift 2 ;;
+	--host-root) HOST_ROOT=1; shift ;;
 	--env)
 		[[ ${2:-} == [A-Za-z_]*=* ]] || usage "--env wants NAME=VALUE, got '${2:-}'"
 		ENVS+=("$2"); shift 2 ;;
@@ -157,7 +163,8 @@ build_image() {
 		'./boot/vmlinuz-*' './lib/modules/*/kernel/arch/*' './lib/modules/*/kernel/virt/*' \
 		'./lib/modules/*/kernel/drivers/virtio/*' './lib/modules/*/kernel/drivers/crypto/*' \
 		'./lib/modules/*/kernel/net/*' './lib/modules/*/kernel/fs/*' \
-		'./lib/modules/*/kernel/lib/*' './lib/modules/*/kernel/crypto/*' ||
+		'./lib/modules/*/kernel/lib/*' './lib/modules/*/kernel/crypto/*' \
+		'./lib/modules/*/kernel/drivers/net/tun.ko*' ||
 		die "extracting $KPKG failed"
 	dpkg-deb -x "$work"/busybox-static_*.deb "$work/bb"
 	kdir=$(find "$work/x/lib/modules" -mindepth 1 -maxdepth 1 -type d | head -n1)
@@ -194,7 +201,8 @@ build_image() {
 		done
 		mods+=("$m")
 	}
-	for name in kvm_amd virtio_pci 9pnet_virtio 9p; do add_mod "$name"; done
+	# tun and bridge: the VMM's taps and the benchmarks' host-side network.
+	for name in kvm_amd virtio_pci 9pnet_virtio 9p tun bridge; do add_mod "$name"; done
 	: >"$root/lib/modules/order"
 	for name in "${mods[@]}"; do
 		f=${path_of[$name]}
@@ -297,6 +305,22 @@ export WARREN_KVMHOST=1 WARREN_KVMHOST_DIR="$MOUNTPOINT"
 [ "$DEBUG" = 1 ] || dmesg -n 1
 set +x
 echo "WARREN-KVMHOST-READY-$NONCE $(cut -d' ' -f1 /proc/uptime)"
+if [ "$HOST_ROOT" = 1 ]; then
+	# Run CMD in the host's own userland (read-only over 9p), with L1's
+	# /dev, /proc, /sys, fresh /tmp and /run, and DIR read-write.
+	mkdir -p /host
+	mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,ro hostroot /host ||
+		fail "mounting the host root over 9p failed"
+	for d in dev proc sys; do mount -o bind /$d /host/$d || fail "bind /$d"; done
+	mount -o bind /dev/pts /host/dev/pts
+	mount -t tmpfs -o mode=1777 tmp /host/tmp
+	mount -t tmpfs run /host/run
+	mount -o bind "$MOUNTPOINT" "/host$MOUNTPOINT" || fail "bind $MOUNTPOINT into the host root"
+	cp /warren/cmd /host/tmp/.kvmhost-cmd
+	[ -f /warren/env ] && cp /warren/env /host/tmp/.kvmhost-env
+	chroot /host /bin/sh -c "cd '$MOUNTPOINT' && export PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin && { [ -f /tmp/.kvmhost-env ] && . /tmp/.kvmhost-env; true; } && sh /tmp/.kvmhost-cmd"
+	finish $?
+fi
 sh /warren/cmd
 finish $?
 EOF
@@ -335,6 +359,7 @@ mkdir -p "$TMP/r/warren"
 	echo "KVM_AMD_PARAMS=$(q "$KVM_AMD_PARAMS")"
 	echo "KVM_PARAMS=$(q "${WARREN_KVMHOST_KVM_PARAMS:-}")"
 	echo "DEBUG=$(q "$DEBUG")"
+	echo "HOST_ROOT=$HOST_ROOT"
 } >"$TMP/r/warren/config"
 printf '%s\n' "$CMD" >"$TMP/r/warren/cmd"
 if [[ ${#ENVS[@]} -gt 0 ]]; then
@@ -360,6 +385,9 @@ qemu=(qemu-system-x86_64
 	-kernel "$KERNEL" -initrd "$TMP/initrd" -append "$append"
 	-virtfs "local,path=$DIR,mount_tag=work,security_model=none,id=work"
 )
+if [[ $HOST_ROOT == 1 ]]; then
+	qemu+=(-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,id=hostroot")
+fi
 # shellcheck disable=SC2206
 qemu+=(${WARREN_KVMHOST_QEMU_ARGS:-})
 
