@@ -27,6 +27,9 @@ func Run() {
 	if err := ensureConsole(); err != nil {
 		report(err)
 	}
+	if err := makeDevLinks(); err != nil {
+		report(err)
+	}
 	for _, m := range laterMounts {
 		if err := m.do(); err != nil {
 			report(err)
