@@ -14,7 +14,7 @@ GUEST_SRC := vmm/testdata/guests
 # Packages whose tests need /dev/kvm.
 KVM_PKGS := vmm/kvm vmm cmd/warren/cli
 HAVE_KVM := $(shell test -c /dev/kvm && echo yes)
-KVMHOST := bash .ci/kvmhost/run.sh
+KVMHOST := bash .ci/kvmhost/run.sh --timeout 1800
 RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"
 
 .PHONY: all warren run test unit vet kernel initramfs testguests testdisk test-kvm bench clean
