@@ -121,10 +121,18 @@ func (p *Proc) Sh(cmd string, timeout time.Duration) (string, time.Duration, err
 	if err != nil {
 		return "", d, err
 	}
-	out := strings.TrimLeft(m[1], "\r\n") // the end of the previous marker's line
-	// A terminal echoes the command line first; drop it.
-	if i := strings.IndexByte(out, '\n'); i >= 0 && strings.Contains(out[:i], "END-$((") {
-		out = out[i+1:]
+	out := m[1]
+	// Whatever precedes the terminal's echo of the command line (the echo,
+	// a prompt, the rest of an earlier line) is not the command's output.
+	if i := strings.LastIndex(out, fmt.Sprintf("END-$((%d+1))-$?", n)); i >= 0 {
+		out = out[i:]
+		if j := strings.IndexByte(out, '\n'); j >= 0 {
+			out = out[j+1:]
+		} else {
+			out = ""
+		}
+	} else {
+		out = strings.TrimLeft(out, "\r\n") // no echo: drop the end of the previous line
 	}
 	out = strings.ReplaceAll(out, "\r", "")
 	if m[2] != "0" {

@@ -146,10 +146,13 @@ func (g *guest) sh(cmd string, timeout time.Duration) string {
 	re := regexp.MustCompile(fmt.Sprintf(`(?s)^(.*?)END-%d-(\d+)`, n*1000+1))
 	m := g.wait(re, timeout)
 	sub := re.FindStringSubmatch(m)
-	out := strings.TrimLeft(sub[1], "\r\n") // the end of the previous marker's line
-	// Drop the terminal's echo of the command line itself.
-	if i := strings.Index(out, "\n"); i >= 0 && strings.Contains(out[:i], "END-$((") {
-		out = out[i+1:]
+	out := sub[1]
+	// Drop whatever precedes the terminal's echo of the command line.
+	if i := strings.LastIndex(out, fmt.Sprintf("END-$((%d+1))-$?", n*1000)); i >= 0 {
+		out = out[i:]
+		if j := strings.IndexByte(out, '\n'); j >= 0 {
+			out = out[j+1:]
+		}
 	}
 	if sub[2] != "0" {
 		g.t.Fatalf("guest command %q failed (status %s): %s", cmd, sub[2], out)
