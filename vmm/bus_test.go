@@ -3,6 +3,7 @@ package vmm
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestBusRouting(t *testing.T) {
@@ -50,5 +51,29 @@ func TestI8042Reset(t *testing.T) {
 	k.Write(4, []byte{0xfe})
 	if resets != 1 {
 		t.Fatal("0xfe on port 0x64 did not reset")
+	}
+}
+
+func TestLineBuffer(t *testing.T) {
+	var out syncBuffer
+	l := newLineBuffer(&out)
+	l.Write([]byte("ab"))
+	if out.String() != "" {
+		t.Fatalf("partial line written at once: %q", out.String())
+	}
+	l.Write([]byte("c\nde"))
+	if out.String() != "abc\n" {
+		t.Fatalf("complete line not written: %q", out.String())
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for out.String() != "abc\nde" && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if out.String() != "abc\nde" {
+		t.Fatalf("partial line not flushed after the delay: %q", out.String())
+	}
+	l.Write([]byte("f"))
+	if err := l.Flush(); err != nil || out.String() != "abc\ndef" {
+		t.Fatalf("Flush: %q, %v", out.String(), err)
 	}
 }

@@ -92,6 +92,7 @@ type VM struct {
 
 	uart    *serial.UART
 	console *panicWatcher
+	conbuf  *lineBuffer // between console and the UART
 
 	manualProtect bool     // dirty pages stay logged until DirtyPages clears them
 	closers       []func() // run by Close, last first
@@ -213,7 +214,8 @@ func New(cfg Config) (_ *VM, err error) {
 		return nil, err
 	}
 	v.console = &panicWatcher{w: cfg.Console}
-	v.uart = serial.New(v.console, func() { v.pulseIRQ(serial.COM1IRQ) })
+	v.conbuf = newLineBuffer(v.console)
+	v.uart = serial.New(v.conbuf, func() { v.pulseIRQ(serial.COM1IRQ) })
 	for _, d := range []struct {
 		base, size uint64
 		dev        Device
@@ -320,12 +322,13 @@ func (v *VM) Run(ctx context.Context) error {
 		v.kick()
 		select {
 		case <-exited:
+			ferr := v.conbuf.Flush()
 			err := v.stopErr
 			if err == nil {
 				if p := v.console.Panic(); p != "" {
 					err = fmt.Errorf("vmm: %w: %s", ErrPanic, p)
-				} else if werr := v.uart.WriteErr(); werr != nil {
-					err = fmt.Errorf("vmm: console: %w", werr)
+				} else if ferr != nil {
+					err = fmt.Errorf("vmm: console: %w", ferr)
 				}
 			}
 			return err
