@@ -189,3 +189,24 @@ func TestEventIdxRequestsNotification(t *testing.T) {
 		t.Errorf("avail_event = %d, want 3", ev)
 	}
 }
+
+func TestWorkersStartStop(t *testing.T) {
+	var w virtio.Workers
+	stopped := make(chan struct{}, 3)
+	run := func(stop <-chan struct{}) { <-stop; stopped <- struct{}{} }
+	if err := w.Start(run, run); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(run); err == nil {
+		t.Error("second Start while running accepted")
+	}
+	w.Stop()
+	if len(stopped) != 2 {
+		t.Fatalf("%d workers returned before Stop did", len(stopped))
+	}
+	w.Stop() // idempotent
+	if err := w.Start(run); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	w.Stop()
+}

@@ -122,7 +122,7 @@ type Options struct {
 //
 // Threads: the fields set by New are immutable. The file is used by the
 // worker goroutine (and by Close, which must come after the transport's
-// Shutdown or Reset); Metrics are atomic; mu guards the worker's lifecycle.
+// Shutdown or Reset); Metrics are atomic; workers runs the worker goroutine.
 type Device struct {
 	// Metrics count what the device did.
 	Metrics Metrics
@@ -137,7 +137,7 @@ type Device struct {
 	config   [configSize]byte
 	log      *slog.Logger
 
-	lifecycle
+	workers virtio.Workers
 }
 
 // New opens the raw image at path and returns a disk that serves it.

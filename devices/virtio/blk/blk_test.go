@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/warrenvm/warren/devices/virtio"
 	vt "github.com/warrenvm/warren/devices/virtio/virtiotest"
@@ -71,19 +70,7 @@ func in(n int) vt.Buf {
 
 func out(b []byte) vt.Buf { return vt.Buf{Data: b} }
 
-func waitUsed(t *testing.T, d *vt.Driver, n int) [][2]uint32 {
-	t.Helper()
-	var got [][2]uint32
-	deadline := time.Now().Add(5 * time.Second)
-	for len(got) < n && time.Now().Before(deadline) {
-		got = append(got, d.Used()...)
-		time.Sleep(100 * time.Microsecond)
-	}
-	if len(got) < n {
-		t.Fatalf("%d used entries, want %d", len(got), n)
-	}
-	return got
-}
+func waitUsed(t *testing.T, d *vt.Driver, n int) [][2]uint32 { return vt.WaitUsed(t, d, n) }
 
 // do offers one chain, kicks, and returns the used length, the status
 // byte (the last byte of the chain's last buffer) and the buffers'

@@ -2,53 +2,25 @@ package blk
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/warrenvm/warren/devices/virtio"
 )
-
-// lifecycle starts and stops the worker goroutine. mu guards stop across
-// Activate and Reset, which the transport may call from different
-// goroutines; wg lets Reset wait until the worker has let go of the queue
-// and guest memory.
-type lifecycle struct {
-	mu   sync.Mutex
-	stop chan struct{}
-	wg   sync.WaitGroup
-}
 
 // Activate implements virtio.Device: it starts the worker.
 func (d *Device) Activate(a *virtio.Activation) error {
 	if len(a.Queues) != 1 || !a.Queues[0].Ready {
 		return fmt.Errorf("%w: virtio-blk needs its request queue", virtio.ErrBroken)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.stop != nil {
-		return fmt.Errorf("virtio-blk: activated twice")
-	}
-	d.stop = make(chan struct{})
-	d.wg.Add(1)
-	go d.worker(a, d.stop)
-	return nil
+	return d.workers.Start(func(stop <-chan struct{}) { d.worker(a, stop) })
 }
 
 // Reset implements virtio.Device: it stops the worker and waits for it
 // (an I/O in progress is finished first).
-func (d *Device) Reset() {
-	d.mu.Lock()
-	if d.stop != nil {
-		close(d.stop)
-		d.stop = nil
-	}
-	d.mu.Unlock()
-	d.wg.Wait()
-}
+func (d *Device) Reset() { d.workers.Stop() }
 
 // worker owns a.Queues[0] and the image I/O until stop is closed. It
 // serves every available request and sleeps until a kick.
 func (d *Device) worker(a *virtio.Activation, stop <-chan struct{}) {
-	defer d.wg.Done()
 	w := &scratch{dev: d}
 	q := a.Queues[0]
 	for {
@@ -84,12 +56,5 @@ func (d *Device) drain(a *virtio.Activation, q *virtio.Queue, w *scratch) error 
 			return err
 		}
 	}
-	need, err := q.NeedsInterrupt(a.Mem)
-	if err != nil {
-		return err
-	}
-	if need {
-		a.Interrupt()
-	}
-	return nil
+	return a.InterruptIfNeeded(q)
 }

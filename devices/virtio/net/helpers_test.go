@@ -79,20 +79,7 @@ func (r *rig) bring(t *testing.T, features uint64) {
 	}
 }
 
-// waitUsed collects n used entries of d's queue.
-func waitUsed(t *testing.T, d *vt.Driver, n int) [][2]uint32 {
-	t.Helper()
-	var got [][2]uint32
-	deadline := time.Now().Add(5 * time.Second)
-	for len(got) < n && time.Now().Before(deadline) {
-		got = append(got, d.Used()...)
-		time.Sleep(time.Millisecond)
-	}
-	if len(got) < n {
-		t.Fatalf("%d used entries, want %d", len(got), n)
-	}
-	return got
-}
+func waitUsed(t *testing.T, d *vt.Driver, n int) [][2]uint32 { return vt.WaitUsed(t, d, n) }
 
 // waitFor polls cond for up to 5 s.
 func waitFor(t *testing.T, what string, cond func() bool) {

@@ -41,13 +41,9 @@ func (d *Device) rxLoop(a *virtio.Activation, r *run, mergeable bool) {
 		switch res {
 		case rxDone:
 			held = 0
-			need, err := q.NeedsInterrupt(a.Mem)
-			if err != nil {
+			if err := a.InterruptIfNeeded(q); err != nil {
 				broken(err)
 				return
-			}
-			if need {
-				a.Interrupt()
 			}
 		case rxDropped:
 			held = 0

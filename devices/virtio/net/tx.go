@@ -115,12 +115,5 @@ func (d *Device) drainTx(a *virtio.Activation, q *virtio.Queue, stop <-chan stru
 			return err
 		}
 	}
-	need, err := q.NeedsInterrupt(a.Mem)
-	if err != nil {
-		return err
-	}
-	if need {
-		a.Interrupt()
-	}
-	return nil
+	return a.InterruptIfNeeded(q)
 }

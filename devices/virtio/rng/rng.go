@@ -9,7 +9,6 @@ package rng
 import (
 	"encoding/json"
 	"fmt"
-	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -34,9 +33,7 @@ type Device struct {
 	// Metrics counts what the device did.
 	Metrics Metrics
 
-	mu   sync.Mutex // guards stop and wg across Activate/Reset
-	stop chan struct{}
-	wg   sync.WaitGroup
+	workers virtio.Workers
 }
 
 // New returns a virtio-rng device reading the host's getrandom.
@@ -64,27 +61,13 @@ func (d *Device) Activate(a *virtio.Activation) error {
 	if len(a.Queues) != 1 || !a.Queues[0].Ready {
 		return fmt.Errorf("%w: virtio-rng needs its request queue", virtio.ErrBroken)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.stop = make(chan struct{})
-	d.wg.Add(1)
-	go d.worker(a, d.stop)
-	return nil
+	return d.workers.Start(func(stop <-chan struct{}) { d.worker(a, stop) })
 }
 
 // Reset implements virtio.Device.
-func (d *Device) Reset() {
-	d.mu.Lock()
-	if d.stop != nil {
-		close(d.stop)
-		d.stop = nil
-	}
-	d.mu.Unlock()
-	d.wg.Wait()
-}
+func (d *Device) Reset() { d.workers.Stop() }
 
 func (d *Device) worker(a *virtio.Activation, stop <-chan struct{}) {
-	defer d.wg.Done()
 	q := a.Queues[0]
 	for {
 		if err := d.drain(a, q); err != nil {
@@ -129,14 +112,7 @@ func (d *Device) drain(a *virtio.Activation, q *virtio.Queue) error {
 		d.Metrics.Requests.Add(1)
 		d.Metrics.Bytes.Add(uint64(n))
 	}
-	need, err := q.NeedsInterrupt(a.Mem)
-	if err != nil {
-		return err
-	}
-	if need {
-		a.Interrupt()
-	}
-	return nil
+	return a.InterruptIfNeeded(q)
 }
 
 // stateVersion versions the device's own saved state.

@@ -11,19 +11,7 @@ import (
 
 const features = virtio.FeatureVersion1 | virtio.FeatureEventIdx
 
-func waitUsed(t *testing.T, d *vt.Driver, n int) [][2]uint32 {
-	t.Helper()
-	var got [][2]uint32
-	deadline := time.Now().Add(5 * time.Second)
-	for len(got) < n && time.Now().Before(deadline) {
-		got = append(got, d.Used()...)
-		time.Sleep(time.Millisecond)
-	}
-	if len(got) < n {
-		t.Fatalf("%d used entries, want %d", len(got), n)
-	}
-	return got
-}
+func waitUsed(t *testing.T, d *vt.Driver, n int) [][2]uint32 { return vt.WaitUsed(t, d, n) }
 
 func TestEntropyRequest(t *testing.T) {
 	mem := make(vt.Memory, vt.MemSize)

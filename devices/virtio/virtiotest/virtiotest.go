@@ -7,6 +7,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync/atomic"
+	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/warrenvm/warren/devices/virtio"
@@ -200,4 +202,20 @@ func (s *Signals) Signal() error {
 	default:
 	}
 	return nil
+}
+
+// WaitUsed collects n used entries from d's queue, failing t after five
+// seconds without them.
+func WaitUsed(t testing.TB, d *Driver, n int) [][2]uint32 {
+	t.Helper()
+	var got [][2]uint32
+	deadline := time.Now().Add(5 * time.Second)
+	for len(got) < n && time.Now().Before(deadline) {
+		got = append(got, d.Used()...)
+		time.Sleep(100 * time.Microsecond)
+	}
+	if len(got) < n {
+		t.Fatalf("%d used entries, want %d", len(got), n)
+	}
+	return got
 }
