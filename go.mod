@@ -24,6 +24,7 @@ require (
 	github.com/muesli/termenv v0.15.1 // indirect
 	github.com/peterh/liner v1.2.2 // indirect
 	github.com/pierrec/lz4/v4 v4.1.22 // indirect
+	github.com/rck/unit v0.0.3 // indirect
 	github.com/rivo/uniseg v0.4.4 // indirect
 	github.com/sahilm/fuzzy v0.1.0 // indirect
 	github.com/u-root/cpuid v0.0.1-0.20250320140348-cc5fe81d966c // indirect
@@ -38,6 +39,7 @@ require (
 
 tool (
 	github.com/u-root/u-root/cmds/core/cat
+	github.com/u-root/u-root/cmds/core/dd
 	github.com/u-root/u-root/cmds/core/dmesg
 	github.com/u-root/u-root/cmds/core/gosh
 	github.com/u-root/u-root/cmds/core/ls
