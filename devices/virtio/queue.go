@@ -267,8 +267,12 @@ func (q *Queue) walk(mem Memory, head uint16) (*Chain, error) {
 				return nil, fmt.Errorf("%w: nested indirect descriptor", ErrBroken)
 			case d.flags&descFNext != 0:
 				return nil, fmt.Errorf("%w: indirect descriptor with NEXT set", ErrBroken)
-			case d.len == 0 || d.len%16 != 0 || d.len/16 > 65536:
+			case d.len == 0 || d.len%16 != 0:
 				return nil, fmt.Errorf("%w: indirect table of %d bytes", ErrBroken, d.len)
+			case d.len/16 > uint32(q.Size):
+				// No chain may be longer than the queue (virtio 1.2,
+				// 2.7.5.3.1), which also bounds the work per chain.
+				return nil, fmt.Errorf("%w: indirect table of %d descriptors, more than the queue size %d", ErrBroken, d.len/16, q.Size)
 			case len(c.Readable)+len(c.Writable) > 0:
 				return nil, fmt.Errorf("%w: indirect descriptor after direct buffers", ErrBroken)
 			}

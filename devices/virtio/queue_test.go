@@ -86,6 +86,14 @@ func TestMalformedChains(t *testing.T) {
 		},
 		"indirect with next": func(d *vt.Driver) { d.PutDesc(0, vt.BufBase, 16, 4|1, 1); d.Publish(0) },
 		"indirect bad size":  func(d *vt.Driver) { d.PutDesc(0, vt.BufBase, 15, 4, 0); d.Publish(0) },
+		"indirect longer than the queue": func(d *vt.Driver) {
+			table := d.Alloc(16 * 9)
+			for i := uint64(0); i < 9; i++ {
+				vt.PutDescAt(d.Mem, table+16*i, vt.BufBase, 1, 1, uint16(i+1))
+			}
+			d.PutDesc(0, table, 16*9, 4, 0)
+			d.Publish(0)
+		},
 		"indirect loop": func(d *vt.Driver) {
 			table := d.Alloc(32)
 			vt.PutDescAt(d.Mem, table, vt.BufBase, 4, 1, 1)
