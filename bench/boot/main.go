@@ -72,7 +72,7 @@ func run(kernel, initramfs string, runs, mem, cpus int, warren, qemu string, tim
 		argv []string
 	}{
 		{"warren", []string{warren, "run", "--kernel", kernel, "--initramfs", initramfs, "--mem", m, "--cpus", c, "--cmdline", userArgs}},
-		{"qemu", []string{qemu, "-M", "microvm", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", m, "-smp", c,
+		{"qemu", []string{qemu, "-M", "microvm,acpi=off", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", m, "-smp", c,
 			"-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio",
 			"-kernel", kernel, "-initrd", initramfs, "-append", full.String()}},
 	}

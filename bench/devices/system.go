@@ -46,7 +46,7 @@ func newQEMU(c config, disk string, h *netHost) *system {
 	cmd.Add(hostprofile.Detect("/sys/module").KernelArgs()...)
 	cmd.Add(guestArgs(ip))
 	return &system{name: "qemu", tap: tap, guestIP: ip, host: h, c: c,
-		argv: h.exec(c.qemu, "-M", "microvm", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", "256", "-smp", "1",
+		argv: h.exec(c.qemu, "-M", "microvm,acpi=off", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", "256", "-smp", "1",
 			"-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-monitor", "none",
 			"-kernel", c.kernel, "-initrd", c.initramfs, "-append", cmd.String(),
 			"-drive", "id=d0,file="+disk+",format=raw,if=none,file.locking=off",
