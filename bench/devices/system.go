@@ -88,11 +88,11 @@ func (s *system) counters(path string) ([]uint64, error) {
 	}
 	var v []uint64
 	for _, f := range strings.Fields(out) {
-		n, err := strconv.ParseUint(f, 10, 64)
-		if err != nil {
+		if n, err := strconv.ParseUint(f, 10, 64); err == nil {
+			v = append(v, n)
+		} else if f != "$" { // a shell prompt may precede the output
 			return nil, fmt.Errorf("%s: %q", path, out)
 		}
-		v = append(v, n)
 	}
 	return v, nil
 }
