@@ -419,6 +419,15 @@ while IFS= read -r line || [[ -n $line ]]; do
 		[[ -z $pre ]] || printf '%s\n' "$pre"
 		echo "${line##*=}" >"$rc_file"
 		;;
+	*"watchdog: BUG: soft lockup"*)
+		# L1 has locked up (seen rarely under TCG; not the command's
+		# doing): stop now rather than at the timeout, as a harness failure.
+		printf '%s\n' "$line"
+		log "error: L1 kernel reports a soft lockup; stopping it"
+		echo "$HARNESS_FAIL" >"$rc_file"
+		touch "$TMP/lockup"
+		kill "$QPID" 2>/dev/null || true
+		;;
 	*"WARREN-KVMHOST-READY-$NONCE"*)
 		echo "$(elapsed) ${line##* }" >"$ready_file"
 		log "L1 up after $(elapsed)s (L1 uptime ${line##* }s); running: $CMD"
