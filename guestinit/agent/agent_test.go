@@ -1,0 +1,313 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// start serves an agent on a unix socket in a temporary directory.
+func start(t *testing.T) *Client {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(ProcessWaiter{})
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(l) }()
+	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	})
+	t.Cleanup(func() {
+		c.Close()
+		s.Close()
+		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return c
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestExecExitCode(t *testing.T) {
+	c := start(t)
+	var out, errb bytes.Buffer
+	code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "echo hi; echo oops >&2; exit 3"}}, &out, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != 3 || out.String() != "hi\n" || errb.String() != "oops\n" {
+		t.Fatalf("code %d stdout %q stderr %q", code, out.String(), errb.String())
+	}
+}
+
+func TestExecEnvCwd(t *testing.T) {
+	c := start(t)
+	dir := t.TempDir()
+	var out bytes.Buffer
+	code, err := c.Exec(ctxT(t), ExecRequest{
+		Argv: []string{"sh", "-c", `echo "$FOO $(pwd)"`},
+		Env:  []string{"FOO=bar"},
+		Cwd:  dir,
+	}, &out, nil)
+	if err != nil || code != 0 {
+		t.Fatal(code, err)
+	}
+	if got, want := out.String(), "bar "+dir+"\n"; got != want {
+		t.Fatalf("got %q want %q", got, want)
+	}
+}
+
+func TestExecNotFound(t *testing.T) {
+	c := start(t)
+	_, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"no-such-program-warren"}}, nil, nil)
+	var e *Error
+	if !errors.As(err, &e) || e.Code != CodeNotFound || e.Status != http.StatusNotFound {
+		t.Fatalf("err %v", err)
+	}
+	_, err = c.Exec(ctxT(t), ExecRequest{}, nil, nil)
+	if !errors.As(err, &e) || e.Code != CodeBadRequest {
+		t.Fatalf("empty argv: err %v", err)
+	}
+}
+
+func TestExecLargeOutput(t *testing.T) {
+	c := start(t)
+	const n = 10 << 20
+	h := sha256.New()
+	var size countWriter
+	code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/urandom | tee /dev/stderr"}},
+		io.MultiWriter(h, &size), nil)
+	if err != nil || code != 0 {
+		t.Fatal(code, err)
+	}
+	if size != n {
+		t.Fatalf("got %d bytes", size)
+	}
+	// Same run, checking stdout against stderr (tee) byte for byte.
+	ho, he := sha256.New(), sha256.New()
+	if code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/urandom | tee /dev/stderr"}}, ho, he); err != nil || code != 0 {
+		t.Fatal(code, err)
+	}
+	if !bytes.Equal(ho.Sum(nil), he.Sum(nil)) {
+		t.Fatal("stdout and stderr checksums differ")
+	}
+}
+
+type countWriter int
+
+func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }
+
+func TestExecStdinChecksum(t *testing.T) {
+	c := start(t)
+	data := make([]byte, 5<<20)
+	rand.Read(data)
+	var out bytes.Buffer
+	code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"cat"}, Input: bytes.NewReader(data)}, &out, nil)
+	if err != nil || code != 0 {
+		t.Fatal(code, err)
+	}
+	if !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("cat returned %d bytes, not the %d sent", out.Len(), len(data))
+	}
+}
+
+func TestExecConcurrent(t *testing.T) {
+	c := start(t)
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Go(func() {
+			var out bytes.Buffer
+			code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "sleep 0.2; echo " + strconv.Itoa(i) + "; exit " + strconv.Itoa(i)}}, &out, nil)
+			if err != nil || code != i || out.String() != strconv.Itoa(i)+"\n" {
+				t.Errorf("exec %d: code %d out %q err %v", i, code, out.String(), err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); alive(pid); {
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d still alive", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestExecTimeoutKillsGroup(t *testing.T) {
+	c := start(t)
+	var out bytes.Buffer
+	startT := time.Now()
+	// The background sleep is in the same process group and holds stdout.
+	code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "sleep 60 & echo $!; wait"}, TimeoutMS: 300}, &out, nil)
+	if !errors.Is(err, ErrTimedOut) || code != 128+int(syscall.SIGKILL) {
+		t.Fatalf("code %d err %v", code, err)
+	}
+	if d := time.Since(startT); d > 10*time.Second {
+		t.Fatalf("took %v", d)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, pid) // orphan of the killed shell; only gone if the group was killed
+}
+
+// lineWriter signals the first write.
+type lineWriter struct {
+	once sync.Once
+	ch   chan string
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { w.ch <- string(p) })
+	return len(p), nil
+}
+
+func TestExecDisconnectKills(t *testing.T) {
+	c := start(t)
+	for _, stdin := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(ctxT(t))
+		w := &lineWriter{ch: make(chan string, 1)}
+		req := ExecRequest{Argv: []string{"sh", "-c", "echo $$; exec sleep 60"}}
+		if stdin {
+			pr, pw := io.Pipe()
+			defer pw.Close()
+			req.Input = pr
+		}
+		errc := make(chan error, 1)
+		go func() { _, err := c.Exec(ctx, req, w, nil); errc <- err }()
+		var line string
+		select {
+		case line = <-w.ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no output")
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Errorf("stdin=%v: Exec err %v", stdin, err)
+		}
+		waitGone(t, pid)
+	}
+}
+
+func TestExecStdinNeverRead(t *testing.T) {
+	c := start(t)
+	// More stdin than a pipe holds, to a process that never reads it but
+	// writes 1 MiB of output: the output must still arrive.
+	input := bytes.NewReader(make([]byte, 8<<20))
+	var n countWriter
+	code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "head -c 1048576 /dev/zero; exit 7"}, Input: input}, &n, nil)
+	if err != nil || code != 7 || n != 1<<20 {
+		t.Fatalf("code %d err %v bytes %d", code, err, n)
+	}
+}
+
+func TestHealth(t *testing.T) {
+	c := start(t)
+	h, err := c.Health(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Version != Version || h.UptimeSeconds <= 0 || h.MemTotalBytes == 0 || h.MemAvailableBytes == 0 || h.AgentUptimeSeconds < 0 {
+		t.Fatalf("health %+v", h)
+	}
+}
+
+func TestFileRoundTrip(t *testing.T) {
+	c := start(t)
+	dir := t.TempDir()
+	p := filepath.Join(dir, "blob")
+	data := make([]byte, 5<<20)
+	rand.Read(data)
+	fi, err := c.WriteFile(ctxT(t), p, bytes.NewReader(data), 0o640)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size != int64(len(data)) || fi.Mode != 0o640 || fi.Name != "blob" {
+		t.Fatalf("WriteFile info %+v", fi)
+	}
+	var got bytes.Buffer
+	mode, err := c.ReadFile(ctxT(t), p, &got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sha256.Sum256(got.Bytes()) != sha256.Sum256(data) || mode != 0o640 {
+		t.Fatalf("read back %d bytes mode %o", got.Len(), mode)
+	}
+	st, err := c.Stat(ctxT(t), p)
+	if err != nil || st.Size != int64(len(data)) || st.Mode.Perm() != 0o640 || st.IsDir {
+		t.Fatalf("Stat %+v %v", st, err)
+	}
+	if _, err := c.WriteFile(ctxT(t), filepath.Join(dir, "a"), strings.NewReader("x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.List(ctxT(t), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l) != 2 || l[0].Name != "a" || l[1].Name != "blob" || l[0].Mode.Perm() != 0o755 {
+		t.Fatalf("List %+v", l)
+	}
+}
+
+func TestFileErrors(t *testing.T) {
+	c := start(t)
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing")
+	ctx := ctxT(t)
+	check := func(what string, err error, code string, status int) {
+		t.Helper()
+		var e *Error
+		if !errors.As(err, &e) || e.Code != code || e.Status != status {
+			t.Errorf("%s: err %v, want %s/%d", what, err, code, status)
+		}
+	}
+	_, err := c.ReadFile(ctx, missing, io.Discard)
+	check("ReadFile missing", err, CodeNotFound, 404)
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ReadFile missing: %v is not fs.ErrNotExist", err)
+	}
+	_, err = c.Stat(ctx, missing)
+	check("Stat missing", err, CodeNotFound, 404)
+	_, err = c.List(ctx, missing)
+	check("List missing", err, CodeNotFound, 404)
+	_, err = c.WriteFile(ctx, filepath.Join(missing, "x"), strings.NewReader("x"), 0o644)
+	check("WriteFile in missing dir", err, CodeNotFound, 404)
+	_, err = c.ReadFile(ctx, dir, io.Discard)
+	check("ReadFile dir", err, CodeIsDirectory, 400)
+	_, err = c.ReadFile(ctx, "relative", io.Discard)
+	check("ReadFile relative", err, CodeBadRequest, 400)
+}

@@ -1,0 +1,219 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+)
+
+// DialFunc opens a connection to the agent (a vsock connection through the
+// VMM, or a unix socket in tests).
+type DialFunc func(ctx context.Context) (net.Conn, error)
+
+// Client talks to one agent over connections from a DialFunc.
+type Client struct {
+	hc *http.Client
+}
+
+// NewClient returns a client that reaches the agent through dial.
+func NewClient(dial DialFunc) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dial(ctx)
+		},
+		MaxIdleConnsPerHost: 16,
+		DisableCompression:  true,
+	}
+	return &Client{hc: &http.Client{Transport: tr}}
+}
+
+// Close closes idle connections.
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
+
+// url builds a request URL; the host part is unused by the dialer.
+func endpoint(path string, q url.Values) string {
+	u := url.URL{Scheme: "http", Host: "agent", Path: path}
+	if q != nil {
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}
+
+// do sends a request and turns a non-2xx response into *Error.
+func (c *Client) do(ctx context.Context, method, u string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
+
+func decodeError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	e := &Error{Status: resp.StatusCode}
+	if json.Unmarshal(b, e) != nil || e.Code == "" {
+		e.Message, e.Code = fmt.Sprintf("unexpected response %q", bytes.TrimSpace(b)), CodeInternal
+	}
+	return e
+}
+
+func (c *Client) getJSON(ctx context.Context, u string, v any) error {
+	resp, err := c.do(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("agent: decode response: %w", err)
+	}
+	return nil
+}
+
+// Exec runs req.Argv in the guest, copying its standard output and error
+// to stdout and stderr as they arrive, and returns its exit code (128+n
+// for a process killed by signal n). If req.Input is non-nil it is
+// streamed to the process's standard input. When the agent killed the
+// process at its timeout, the error wraps ErrTimedOut. Cancelling ctx
+// disconnects, which makes the agent kill the process group.
+func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Writer) (exitCode int, err error) {
+	if req.Input != nil {
+		req.Stdin = true
+	}
+	line, err := json.Marshal(req)
+	if err != nil {
+		return -1, err
+	}
+	line = append(line, '\n')
+	var body io.Reader = bytes.NewReader(line)
+	if req.Input != nil {
+		body = io.MultiReader(body, req.Input)
+	}
+	resp, err := c.do(ctx, http.MethodPost, endpoint("/exec", nil), body)
+	if err != nil {
+		return -1, err
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		typ, payload, err := ReadFrame(resp.Body, buf)
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return -1, fmt.Errorf("agent: exec stream: %w", err)
+		}
+		if cap(payload) > cap(buf) {
+			buf = payload
+		}
+		switch typ {
+		case FrameStdout, FrameStderr:
+			w := stdout
+			if typ == FrameStderr {
+				w = stderr
+			}
+			if w == nil {
+				continue
+			}
+			if _, err := w.Write(payload); err != nil {
+				return -1, err
+			}
+		case FrameExit:
+			var st ExitStatus
+			if err := json.Unmarshal(payload, &st); err != nil {
+				return -1, fmt.Errorf("agent: decode exit status: %w", err)
+			}
+			if st.TimedOut {
+				return st.Code, fmt.Errorf("%w (killed by %s)", ErrTimedOut, st.Signal)
+			}
+			return st.Code, nil
+		case FrameError:
+			e := &Error{}
+			if err := json.Unmarshal(payload, e); err != nil {
+				return -1, fmt.Errorf("agent: decode error frame: %w", err)
+			}
+			return -1, e
+		default:
+			return -1, fmt.Errorf("agent: unknown frame type %d", typ)
+		}
+	}
+}
+
+// Health returns the guest's health.
+func (c *Client) Health(ctx context.Context) (Health, error) {
+	var h Health
+	err := c.getJSON(ctx, endpoint("/health", nil), &h)
+	return h, err
+}
+
+// ReadFile copies the guest file at path (absolute) to w and returns its
+// permission bits.
+func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (fs.FileMode, error) {
+	resp, err := c.do(ctx, http.MethodGet, endpoint("/files", url.Values{"path": {path}}), nil)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	mode, err := strconv.ParseUint(resp.Header.Get(ModeHeader), 8, 32)
+	if err != nil {
+		return 0, fmt.Errorf("agent: bad %s header: %w", ModeHeader, err)
+	}
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return 0, err
+	}
+	return fs.FileMode(mode), nil
+}
+
+// WriteFile replaces the guest file at path (absolute) with r's contents
+// and mode's permission bits, and returns the new file's FileInfo.
+func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (FileInfo, error) {
+	m := uint64(mode.Perm())
+	if mode&fs.ModeSetuid != 0 {
+		m |= 0o4000
+	}
+	if mode&fs.ModeSetgid != 0 {
+		m |= 0o2000
+	}
+	if mode&fs.ModeSticky != 0 {
+		m |= 0o1000
+	}
+	q := url.Values{"path": {path}, "mode": {strconv.FormatUint(m, 8)}}
+	resp, err := c.do(ctx, http.MethodPut, endpoint("/files", q), r)
+	if err != nil {
+		return FileInfo{}, err
+	}
+	defer resp.Body.Close()
+	var fi FileInfo
+	if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
+		return FileInfo{}, fmt.Errorf("agent: decode response: %w", err)
+	}
+	return fi, nil
+}
+
+// Stat returns the guest file's FileInfo, not following a final symlink.
+func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
+	var fi FileInfo
+	err := c.getJSON(ctx, endpoint("/stat", url.Values{"path": {path}}), &fi)
+	return fi, err
+}
+
+// List returns the entries of the guest directory at path, sorted by name.
+func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
+	var l []FileInfo
+	err := c.getJSON(ctx, endpoint("/list", url.Values{"path": {path}}), &l)
+	return l, err
+}

@@ -1,0 +1,28 @@
+// Package agent is the Warren guest agent's HTTP/1.1 API: a server that
+// runs inside the guest (later on a vsock port, served by PID 1) and a
+// client the host uses to reach it.
+//
+// The server works on any net.Listener; the client dials through a
+// caller-supplied function, so both can be exercised on the host over a
+// unix socket.
+//
+// Endpoints:
+//
+//	POST /exec             run a process; the response is a framed stream (see Frame*)
+//	GET  /health           uptime, load, memory, agent version (JSON Health)
+//	GET  /files?path=P     the file's bytes; its mode in the X-Warren-Mode header
+//	PUT  /files?path=P&mode=0644   replace the file with the request body
+//	GET  /stat?path=P      JSON FileInfo (lstat)
+//	GET  /list?path=P      JSON []FileInfo of a directory, sorted by name
+//
+// Every failure before a stream starts is a JSON Error body with a matching
+// HTTP status.
+//
+// The /exec request body is one JSON ExecRequest line; when Stdin is true
+// the rest of the body is copied to the process's standard input.
+//
+// The /exec response is a sequence of frames: one byte of frame type, four
+// bytes of big-endian payload length, then the payload. FrameStdout and
+// FrameStderr carry output; the stream ends with exactly one FrameExit
+// (JSON ExitStatus) or FrameError (JSON Error).
+package agent

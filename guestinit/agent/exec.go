@@ -1,0 +1,372 @@
+//go:build linux
+
+package agent
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// drainGrace is how long output pipes are still read after the process
+// exits, for data that descendants holding the pipes may still write.
+const drainGrace = time.Second
+
+// mergeEnv returns base with extra's KEY=VALUE entries replacing or
+// adding variables.
+func mergeEnv(base, extra []string) []string {
+	idx := map[string]int{}
+	out := make([]string, 0, len(base)+len(extra))
+	for _, kv := range append(append([]string(nil), base...), extra...) {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := idx[k]; ok {
+			out[i] = kv
+			continue
+		}
+		idx[k] = len(out)
+		out = append(out, kv)
+	}
+	return out
+}
+
+// lookPath finds prog in the PATH of env.
+func lookPath(prog string, env []string) (string, error) {
+	if strings.Contains(prog, "/") {
+		return prog, nil
+	}
+	path := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, prog)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", &Error{Message: prog + ": executable file not found in PATH", Code: CodeNotFound, Status: http.StatusNotFound}
+}
+
+// frameWriter serializes frames from several goroutines onto the response.
+type frameWriter struct {
+	mu  sync.Mutex
+	w   io.Writer
+	rc  *http.ResponseController
+	err error
+}
+
+func (fw *frameWriter) write(typ byte, p []byte) error {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	if fw.err != nil {
+		return fw.err
+	}
+	if err := WriteFrame(fw.w, typ, p); err != nil {
+		fw.err = err
+		return err
+	}
+	if err := fw.rc.Flush(); err != nil {
+		fw.err = err
+	}
+	return fw.err
+}
+
+// proc is a started process and its kill switch.
+type proc struct {
+	pid      int
+	mu       sync.Mutex
+	exited   bool
+	timedOut bool
+}
+
+// kill SIGKILLs the process group unless the leader was already reaped
+// (after which its pid, and so the group id, may be reused).
+func (p *proc) kill(timeout bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exited {
+		return
+	}
+	if timeout {
+		p.timedOut = true
+	}
+	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+}
+
+func (p *proc) setExited() {
+	p.mu.Lock()
+	p.exited = true
+	p.mu.Unlock()
+}
+
+// readErrorReader records whether the request body failed (the client went
+// away) as opposed to the process's stdin.
+type readErrorReader struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErrorReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && err != io.EOF {
+		r.err = err
+	}
+	return n, err
+}
+
+func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		methodNotAllowed(w, r, "POST")
+		return
+	}
+	rc := http.NewResponseController(w)
+	br := bufio.NewReader(r.Body)
+	line, err := br.ReadBytes('\n')
+	if err != nil && (err != io.EOF || len(line) == 0) {
+		writeError(w, badRequest("read exec request: %v", err))
+		return
+	}
+	var req ExecRequest
+	if err := json.Unmarshal(line, &req); err != nil {
+		writeError(w, badRequest("decode exec request: %v", err))
+		return
+	}
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		writeError(w, badRequest("empty argv"))
+		return
+	}
+	if !req.Stdin {
+		// Reading to EOF lets net/http watch the connection, so that a
+		// client disconnect cancels r.Context().
+		_, _ = io.Copy(io.Discard, br)
+	} else if err := rc.EnableFullDuplex(); err != nil {
+		writeError(w, errorFrom(err))
+		return
+	}
+
+	env := mergeEnv(os.Environ(), req.Env)
+	prog, err := lookPath(req.Argv[0], env)
+	if err != nil {
+		writeError(w, errorFrom(err))
+		return
+	}
+
+	var files []*os.File // closed after start: the child's ends
+	closeAll := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	var stdinR, stdinW *os.File
+	if req.Stdin {
+		if stdinR, stdinW, err = os.Pipe(); err != nil {
+			writeError(w, errorFrom(err))
+			return
+		}
+	} else if stdinR, err = os.Open(os.DevNull); err != nil {
+		writeError(w, errorFrom(err))
+		return
+	}
+	files = append(files, stdinR)
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		closeAll()
+		if stdinW != nil {
+			stdinW.Close()
+		}
+		writeError(w, errorFrom(err))
+		return
+	}
+	files = append(files, outW)
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		closeAll()
+		outR.Close()
+		if stdinW != nil {
+			stdinW.Close()
+		}
+		writeError(w, errorFrom(err))
+		return
+	}
+	files = append(files, errW)
+
+	process, err := os.StartProcess(prog, req.Argv, &os.ProcAttr{
+		Dir:   req.Cwd,
+		Env:   env,
+		Files: files,
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	})
+	closeAll()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		if stdinW != nil {
+			stdinW.Close()
+		}
+		e := errorFrom(err)
+		if e.Code == CodeInternal {
+			e.Code, e.Status = CodeStartFailed, http.StatusBadRequest
+		}
+		writeError(w, e)
+		return
+	}
+	p := &proc{pid: process.Pid}
+	// The Waiter collects the status; this handle only holds a pidfd.
+	_ = process.Release()
+
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.WriteHeader(http.StatusOK)
+	fw := &frameWriter{w: w, rc: rc}
+	_ = rc.Flush()
+
+	// Output: each pipe on its own goroutine; a failed write means the
+	// client is gone, so the process group is killed.
+	var outWG sync.WaitGroup
+	pump := func(typ byte, f *os.File) {
+		defer outWG.Done()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := f.Read(buf)
+			if n > 0 && fw.write(typ, buf[:n]) != nil {
+				p.kill(false)
+				// Keep draining so that the process does not block on
+				// a full pipe before the SIGKILL lands.
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	outWG.Add(2)
+	go pump(FrameStdout, outR)
+	go pump(FrameStderr, errR)
+
+	// Stdin: its own goroutine, so a process that never reads does not
+	// hold up its output.
+	stdinDone := make(chan struct{})
+	var body *readErrorReader
+	if stdinW != nil {
+		body = &readErrorReader{r: br}
+		go func() {
+			defer close(stdinDone)
+			_, _ = io.Copy(stdinW, body)
+			stdinW.Close()
+			if body.err != nil {
+				p.kill(false)
+			}
+		}()
+	} else {
+		close(stdinDone)
+	}
+
+	// Wait for exit, killing on timeout or disconnect meanwhile.
+	type result struct {
+		ws  syscall.WaitStatus
+		err error
+	}
+	waited := make(chan result, 1)
+	go func() {
+		ws, err := s.waiter.Wait(p.pid)
+		p.setExited()
+		waited <- result{ws, err}
+	}()
+	var timeout <-chan time.Time
+	if req.TimeoutMS > 0 {
+		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	gone := r.Context().Done()
+	var res result
+wait:
+	for {
+		select {
+		case res = <-waited:
+			break wait
+		case <-timeout:
+			p.kill(true)
+			timeout = nil
+		case <-gone:
+			p.kill(false)
+			gone = nil
+		}
+	}
+
+	// Drain output: descendants may hold the pipes open, so stop after a
+	// grace period.
+	drained := make(chan struct{})
+	go func() { outWG.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(drainGrace):
+		outR.SetReadDeadline(time.Now())
+		errR.SetReadDeadline(time.Now())
+		<-drained
+	}
+	outR.Close()
+	errR.Close()
+
+	// The request body must not be read after the handler returns.
+	if stdinW != nil {
+		select {
+		case <-stdinDone:
+		default:
+			_ = rc.SetReadDeadline(time.Now())
+			stdinW.Close()
+			<-stdinDone
+		}
+	}
+
+	if res.err != nil {
+		b, _ := json.Marshal(&Error{Message: "wait: " + res.err.Error(), Code: CodeInternal})
+		_ = fw.write(FrameError, b)
+		return
+	}
+	p.mu.Lock()
+	st := ExitStatus{TimedOut: p.timedOut}
+	p.mu.Unlock()
+	switch {
+	case res.ws.Exited():
+		st.Code = res.ws.ExitStatus()
+	case res.ws.Signaled():
+		st.Code = 128 + int(res.ws.Signal())
+		st.Signal = sigName(res.ws.Signal())
+	default:
+		st.Code = -1
+	}
+	b, _ := json.Marshal(st)
+	_ = fw.write(FrameExit, b)
+}
+
+// sigName names a signal like "SIGKILL".
+func sigName(sig syscall.Signal) string {
+	switch sig {
+	case syscall.SIGKILL:
+		return "SIGKILL"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	case syscall.SIGPIPE:
+		return "SIGPIPE"
+	case syscall.SIGSEGV:
+		return "SIGSEGV"
+	case syscall.SIGABRT:
+		return "SIGABRT"
+	}
+	return sig.String()
+}

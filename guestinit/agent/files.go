@@ -1,0 +1,193 @@
+//go:build linux
+
+package agent
+
+import (
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// queryPath returns the absolute, cleaned path= parameter.
+func queryPath(r *http.Request) (string, *Error) {
+	p := r.URL.Query().Get("path")
+	if p == "" {
+		return "", badRequest("missing path parameter")
+	}
+	if !filepath.IsAbs(p) {
+		return "", badRequest("path %q is not absolute", p)
+	}
+	return filepath.Clean(p), nil
+}
+
+// fileInfo converts an lstat result; full is the file's path.
+func fileInfo(full string, fi fs.FileInfo) FileInfo {
+	info := FileInfo{Name: fi.Name(), Size: fi.Size(), Mode: fi.Mode(), ModTime: fi.ModTime(), IsDir: fi.IsDir()}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		info.Link, _ = os.Readlink(full)
+	}
+	return info
+}
+
+func (s *Server) handleFiles(w http.ResponseWriter, r *http.Request) {
+	p, e := queryPath(r)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	switch r.Method {
+	case http.MethodGet:
+		readFile(w, p)
+	case http.MethodPut:
+		mode := fs.FileMode(0o644)
+		if m := r.URL.Query().Get("mode"); m != "" {
+			v, err := strconv.ParseUint(m, 8, 32)
+			if err != nil || v&^0o7777 != 0 {
+				writeError(w, badRequest("mode %q is not octal permission bits", m))
+				return
+			}
+			mode = fs.FileMode(v&0o777) | unixModeBits(uint32(v))
+		}
+		fi, err := writeFile(p, r.Body, mode)
+		if err != nil {
+			writeError(w, errorFrom(err))
+			return
+		}
+		writeJSON(w, fi)
+	default:
+		methodNotAllowed(w, r, "GET, PUT")
+	}
+}
+
+// unixModeBits turns setuid, setgid and sticky bits into fs.FileMode bits.
+func unixModeBits(v uint32) fs.FileMode {
+	var m fs.FileMode
+	if v&0o4000 != 0 {
+		m |= fs.ModeSetuid
+	}
+	if v&0o2000 != 0 {
+		m |= fs.ModeSetgid
+	}
+	if v&0o1000 != 0 {
+		m |= fs.ModeSticky
+	}
+	return m
+}
+
+func readFile(w http.ResponseWriter, p string) {
+	f, err := os.Open(p)
+	if err != nil {
+		writeError(w, errorFrom(err))
+		return
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		writeError(w, errorFrom(err))
+		return
+	}
+	if fi.IsDir() {
+		writeError(w, &Error{Message: p + " is a directory", Code: CodeIsDirectory, Status: http.StatusBadRequest})
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set(ModeHeader, strconv.FormatUint(uint64(fi.Mode().Perm()), 8))
+	if fi.Mode().IsRegular() {
+		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
+	}
+	// A failure from here on can only cut the body short; the client sees
+	// a length mismatch (regular files) or a truncated chunked body.
+	_, _ = io.Copy(w, f)
+}
+
+// writeFile replaces p with the contents of r: it writes a temporary file
+// in the same directory and renames it over p, so readers never see a
+// partial file. The new file has mode and the agent's ownership.
+func writeFile(p string, r io.Reader, mode fs.FileMode) (FileInfo, error) {
+	if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+		return FileInfo{}, &Error{Message: p + " is a directory", Code: CodeIsDirectory, Status: http.StatusBadRequest}
+	}
+	f, err := os.CreateTemp(filepath.Dir(p), ".warren-agent-*")
+	if err != nil {
+		return FileInfo{}, err
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if _, err := io.Copy(f, r); err != nil {
+		return FileInfo{}, err
+	}
+	if err := f.Chmod(mode); err != nil {
+		return FileInfo{}, err
+	}
+	if err := f.Sync(); err != nil {
+		return FileInfo{}, err
+	}
+	if err := f.Close(); err != nil {
+		return FileInfo{}, err
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return FileInfo{}, err
+	}
+	ok = true
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return FileInfo{}, err
+	}
+	return fileInfo(p, fi), nil
+}
+
+func (s *Server) handleStat(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		methodNotAllowed(w, r, "GET")
+		return
+	}
+	p, e := queryPath(r)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	fi, err := os.Lstat(p)
+	if err != nil {
+		writeError(w, errorFrom(err))
+		return
+	}
+	writeJSON(w, fileInfo(p, fi))
+}
+
+func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		methodNotAllowed(w, r, "GET")
+		return
+	}
+	p, e := queryPath(r)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	ents, err := os.ReadDir(p)
+	if err != nil {
+		writeError(w, errorFrom(err))
+		return
+	}
+	out := make([]FileInfo, 0, len(ents))
+	for _, de := range ents {
+		fi, err := de.Info()
+		if err != nil {
+			continue // removed since ReadDir
+		}
+		out = append(out, fileInfo(filepath.Join(p, de.Name()), fi))
+	}
+	slices.SortFunc(out, func(a, b FileInfo) int { return strings.Compare(a.Name, b.Name) })
+	writeJSON(w, out)
+}

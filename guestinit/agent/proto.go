@@ -1,0 +1,185 @@
+package agent
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"time"
+)
+
+// Version is the agent version reported by /health.
+const Version = "0.1.0"
+
+// Frame types of the /exec response stream.
+const (
+	// FrameStdout carries a chunk of the process's standard output.
+	FrameStdout byte = 1
+	// FrameStderr carries a chunk of the process's standard error.
+	FrameStderr byte = 2
+	// FrameExit ends the stream; its payload is a JSON ExitStatus.
+	FrameExit byte = 3
+	// FrameError ends the stream; its payload is a JSON Error.
+	FrameError byte = 4
+)
+
+// MaxFrame is the largest frame payload a reader accepts.
+const MaxFrame = 1 << 20
+
+// ModeHeader is the response header of GET /files holding the file's
+// permission bits in octal.
+const ModeHeader = "X-Warren-Mode"
+
+// ExecRequest asks the agent to run a process.
+type ExecRequest struct {
+	// Argv is the program and its arguments; Argv[0] without a slash is
+	// looked up in PATH (the PATH of the resulting environment).
+	Argv []string `json:"argv"`
+	// Env entries (KEY=VALUE) are added to the agent's environment,
+	// replacing variables of the same name.
+	Env []string `json:"env,omitempty"`
+	// Cwd is the working directory; empty means the agent's.
+	Cwd string `json:"cwd,omitempty"`
+	// TimeoutMS, when positive, kills the process group after that many
+	// milliseconds.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Stdin says that the request body after the JSON line is the
+	// process's standard input; otherwise stdin is /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
+
+	// Input is the client-side source of standard input; the client sets
+	// Stdin when it is non-nil. It is not sent as JSON.
+	Input io.Reader `json:"-"`
+}
+
+// ExitStatus is the payload of FrameExit.
+type ExitStatus struct {
+	// Code is the exit code, or 128+signal number if a signal killed the
+	// process (as shells report it).
+	Code int `json:"code"`
+	// Signal names the signal that killed the process, if any.
+	Signal string `json:"signal,omitempty"`
+	// TimedOut says the agent killed the process at its timeout.
+	TimedOut bool `json:"timed_out,omitempty"`
+}
+
+// Health is the /health response.
+type Health struct {
+	// Version is the agent version.
+	Version string `json:"version"`
+	// UptimeSeconds is the guest's uptime from /proc/uptime.
+	UptimeSeconds float64 `json:"uptime_seconds"`
+	// AgentUptimeSeconds is how long the agent's server has existed.
+	AgentUptimeSeconds float64 `json:"agent_uptime_seconds"`
+	// Load is the 1, 5 and 15 minute load averages from /proc/loadavg.
+	Load [3]float64 `json:"load"`
+	// MemTotalBytes is MemTotal from /proc/meminfo.
+	MemTotalBytes uint64 `json:"mem_total_bytes"`
+	// MemFreeBytes is MemFree from /proc/meminfo.
+	MemFreeBytes uint64 `json:"mem_free_bytes"`
+	// MemAvailableBytes is MemAvailable from /proc/meminfo.
+	MemAvailableBytes uint64 `json:"mem_available_bytes"`
+}
+
+// FileInfo describes one file, as from lstat.
+type FileInfo struct {
+	// Name is the base name.
+	Name string `json:"name"`
+	// Size is the size in bytes.
+	Size int64 `json:"size"`
+	// Mode is the Go fs.FileMode (type and permission bits).
+	Mode fs.FileMode `json:"mode"`
+	// ModTime is the modification time.
+	ModTime time.Time `json:"mod_time"`
+	// IsDir says the file is a directory.
+	IsDir bool `json:"is_dir"`
+	// Link is a symbolic link's target.
+	Link string `json:"link,omitempty"`
+}
+
+// Error codes of Error.Code.
+const (
+	CodeBadRequest       = "bad_request"
+	CodeNotFound         = "not_found"
+	CodePermission       = "permission_denied"
+	CodeExists           = "exists"
+	CodeIsDirectory      = "is_directory"
+	CodeNotDirectory     = "not_directory"
+	CodeMethodNotAllowed = "method_not_allowed"
+	CodeStartFailed      = "start_failed"
+	CodeInternal         = "internal"
+)
+
+// Error is the agent's structured error: the JSON body of every failed
+// request and the payload of FrameError. The client returns it as *Error.
+type Error struct {
+	// Message is a human-readable description.
+	Message string `json:"error"`
+	// Code is one of the Code* constants.
+	Code string `json:"code"`
+	// Status is the HTTP status it came with (0 inside an exec stream).
+	Status int `json:"-"`
+}
+
+// Error implements error.
+func (e *Error) Error() string {
+	if e.Status != 0 {
+		return fmt.Sprintf("agent: %s (%s, HTTP %d)", e.Message, e.Code, e.Status)
+	}
+	return fmt.Sprintf("agent: %s (%s)", e.Message, e.Code)
+}
+
+// Is lets errors.Is match fs.ErrNotExist, fs.ErrPermission and
+// fs.ErrExist by code.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case fs.ErrNotExist:
+		return e.Code == CodeNotFound
+	case fs.ErrPermission:
+		return e.Code == CodePermission
+	case fs.ErrExist:
+		return e.Code == CodeExists
+	}
+	return false
+}
+
+// ErrTimedOut is returned (wrapped) by Client.Exec when the agent killed
+// the process at its timeout.
+var ErrTimedOut = errors.New("agent: exec timed out")
+
+// WriteFrame writes one frame.
+func WriteFrame(w io.Writer, typ byte, payload []byte) error {
+	var hdr [5]byte
+	hdr[0] = typ
+	binary.BigEndian.PutUint32(hdr[1:], uint32(len(payload)))
+	if _, err := w.Write(hdr[:]); err != nil {
+		return err
+	}
+	_, err := w.Write(payload)
+	return err
+}
+
+// ReadFrame reads one frame, reusing buf when it is large enough. It
+// returns io.EOF only at a clean frame boundary.
+func ReadFrame(r io.Reader, buf []byte) (typ byte, payload []byte, err error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > MaxFrame {
+		return 0, nil, fmt.Errorf("agent: frame of %d bytes exceeds %d", n, MaxFrame)
+	}
+	if cap(buf) < int(n) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	return hdr[0], buf, nil
+}

@@ -1,0 +1,197 @@
+//go:build linux
+
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Waiter collects the exit status of a child process the agent started.
+//
+// In the guest, PID 1's reaper waits for any child, so the agent must not
+// use os/exec's Wait; it is handed a Waiter backed by the reaper instead.
+// Wait blocks until pid has exited and returns its wait status.
+type Waiter interface {
+	Wait(pid int) (syscall.WaitStatus, error)
+}
+
+// ProcessWaiter is a Waiter for processes nobody else reaps: it waits
+// through os.Process.Wait. Tests and agents that are not PID 1 use it.
+type ProcessWaiter struct{}
+
+// Wait implements Waiter.
+func (ProcessWaiter) Wait(pid int) (syscall.WaitStatus, error) {
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return 0, err
+	}
+	st, err := p.Wait()
+	if err != nil {
+		return 0, err
+	}
+	ws, ok := st.Sys().(syscall.WaitStatus)
+	if !ok {
+		return 0, fmt.Errorf("agent: unexpected wait status %T", st.Sys())
+	}
+	return ws, nil
+}
+
+// Server is the guest agent's HTTP server.
+type Server struct {
+	waiter Waiter
+	start  time.Time
+	mux    *http.ServeMux
+	srv    *http.Server
+}
+
+// NewServer returns a server that collects its children through w.
+func NewServer(w Waiter) *Server {
+	s := &Server{waiter: w, start: time.Now(), mux: http.NewServeMux()}
+	s.mux.HandleFunc("/exec", s.handleExec)
+	s.mux.HandleFunc("/health", s.handleHealth)
+	s.mux.HandleFunc("/files", s.handleFiles)
+	s.mux.HandleFunc("/stat", s.handleStat)
+	s.mux.HandleFunc("/list", s.handleList)
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &Error{Message: "no such endpoint " + r.URL.Path, Code: CodeNotFound, Status: http.StatusNotFound})
+	})
+	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 30 * time.Second}
+	return s
+}
+
+// Handler returns the server's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Serve accepts connections on l until Close; it returns
+// http.ErrServerClosed after Close.
+func (s *Server) Serve(l net.Listener) error { return s.srv.Serve(l) }
+
+// Close closes the listeners and all connections; running execs see their
+// client disconnect and are killed.
+func (s *Server) Close() error { return s.srv.Close() }
+
+// writeJSON writes v with status 200.
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeError writes e as a JSON body with its status.
+func writeError(w http.ResponseWriter, e *Error) {
+	if e.Status == 0 {
+		e.Status = http.StatusInternalServerError
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.Status)
+	_ = json.NewEncoder(w).Encode(e)
+}
+
+// errorFrom maps a Go error to an Error with a status and code.
+func errorFrom(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return &Error{Message: err.Error(), Code: CodeNotFound, Status: http.StatusNotFound}
+	case errors.Is(err, fs.ErrPermission):
+		return &Error{Message: err.Error(), Code: CodePermission, Status: http.StatusForbidden}
+	case errors.Is(err, fs.ErrExist):
+		return &Error{Message: err.Error(), Code: CodeExists, Status: http.StatusConflict}
+	case errors.Is(err, syscall.EISDIR):
+		return &Error{Message: err.Error(), Code: CodeIsDirectory, Status: http.StatusBadRequest}
+	case errors.Is(err, syscall.ENOTDIR):
+		return &Error{Message: err.Error(), Code: CodeNotDirectory, Status: http.StatusBadRequest}
+	}
+	return &Error{Message: err.Error(), Code: CodeInternal, Status: http.StatusInternalServerError}
+}
+
+func badRequest(format string, a ...any) *Error {
+	return &Error{Message: fmt.Sprintf(format, a...), Code: CodeBadRequest, Status: http.StatusBadRequest}
+}
+
+func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
+	writeError(w, &Error{Message: r.Method + " not allowed", Code: CodeMethodNotAllowed, Status: http.StatusMethodNotAllowed})
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		methodNotAllowed(w, r, "GET")
+		return
+	}
+	h, err := readHealth()
+	if err != nil {
+		writeError(w, errorFrom(err))
+		return
+	}
+	h.AgentUptimeSeconds = time.Since(s.start).Seconds()
+	writeJSON(w, h)
+}
+
+// readHealth reads /proc/uptime, /proc/loadavg and /proc/meminfo.
+func readHealth() (Health, error) {
+	h := Health{Version: Version}
+	b, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		return h, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 1 {
+		return h, fmt.Errorf("agent: malformed /proc/uptime %q", b)
+	}
+	if h.UptimeSeconds, err = strconv.ParseFloat(f[0], 64); err != nil {
+		return h, fmt.Errorf("agent: /proc/uptime: %w", err)
+	}
+	if b, err = os.ReadFile("/proc/loadavg"); err != nil {
+		return h, err
+	}
+	if f = strings.Fields(string(b)); len(f) < 3 {
+		return h, fmt.Errorf("agent: malformed /proc/loadavg %q", b)
+	}
+	for i := range 3 {
+		if h.Load[i], err = strconv.ParseFloat(f[i], 64); err != nil {
+			return h, fmt.Errorf("agent: /proc/loadavg: %w", err)
+		}
+	}
+	if b, err = os.ReadFile("/proc/meminfo"); err != nil {
+		return h, err
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		var dst *uint64
+		switch f[0] {
+		case "MemTotal:":
+			dst = &h.MemTotalBytes
+		case "MemFree:":
+			dst = &h.MemFreeBytes
+		case "MemAvailable:":
+			dst = &h.MemAvailableBytes
+		default:
+			continue
+		}
+		v, err := strconv.ParseUint(f[1], 10, 64)
+		if err != nil {
+			return h, fmt.Errorf("agent: /proc/meminfo %s: %w", f[0], err)
+		}
+		if len(f) > 2 && f[2] == "kB" {
+			v *= 1024
+		}
+		*dst = v
+	}
+	return h, nil
+}
