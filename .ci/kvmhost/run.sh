@@ -164,7 +164,8 @@ build_image() {
 		'./lib/modules/*/kernel/drivers/virtio/*' './lib/modules/*/kernel/drivers/crypto/*' \
 		'./lib/modules/*/kernel/net/*' './lib/modules/*/kernel/fs/*' \
 		'./lib/modules/*/kernel/lib/*' './lib/modules/*/kernel/crypto/*' \
-		'./lib/modules/*/kernel/drivers/net/tun.ko*' ||
+		'./lib/modules/*/kernel/drivers/net/tun.ko*' \
+		'./lib/modules/*/kernel/drivers/vhost/*' ||
 		die "extracting $KPKG failed"
 	dpkg-deb -x "$work"/busybox-static_*.deb "$work/bb"
 	kdir=$(find "$work/x/lib/modules" -mindepth 1 -maxdepth 1 -type d | head -n1)
@@ -201,8 +202,9 @@ build_image() {
 		done
 		mods+=("$m")
 	}
-	# tun and bridge: the VMM's taps and the benchmarks' host-side network.
-	for name in kvm_amd virtio_pci 9pnet_virtio 9p tun bridge; do add_mod "$name"; done
+	# tun and bridge: the VMM's taps and the benchmarks' host-side network;
+	# vhost_vsock: QEMU's vsock, the peer of Warren's in bench/agent.
+	for name in kvm_amd virtio_pci 9pnet_virtio 9p tun bridge vhost_vsock; do add_mod "$name"; done
 	: >"$root/lib/modules/order"
 	for name in "${mods[@]}"; do
 		f=${path_of[$name]}
