@@ -82,7 +82,10 @@ type Conn struct {
 	credit  *Credit
 	pending uint32 // pend* flags
 	// creditAsked is set once a CREDIT_REQUEST is queued and cleared when
-	// the guest sends new credit figures, so a stalled sender asks once.
+	// the guest's figures give us credit again, so a stalled sender asks
+	// once: a guest answering with the same (still full) figures does not
+	// start a request/update ping-pong; it sends an update of its own once
+	// it has read.
 	creditAsked bool
 
 	// localShut and peerShut accumulate SHUTDOWN flags sent and received.
@@ -185,7 +188,9 @@ func (c *Conn) HandleGuest(h Header, payload []byte) {
 		return
 	}
 	c.credit.Update(h)
-	c.creditAsked = false
+	if c.credit.PeerFree() > 0 {
+		c.creditAsked = false
+	}
 	switch h.Op {
 	case OpRW:
 		if c.peerShut&ShutdownSend != 0 || c.state == StatePeerClosed {
@@ -266,8 +271,8 @@ func (c *Conn) SendWindow() uint32 {
 }
 
 // RequestCredit queues a CREDIT_REQUEST when the host side has data but
-// SendWindow is zero for lack of credit; it asks once until the guest
-// sends new figures.
+// SendWindow is zero for lack of credit; it asks once until the guest's
+// figures give credit again.
 func (c *Conn) RequestCredit() {
 	if c.state == StateEstablished && c.credit.PeerFree() == 0 && !c.creditAsked {
 		c.creditAsked = true

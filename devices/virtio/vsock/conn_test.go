@@ -170,6 +170,14 @@ func TestConnSendCredit(t *testing.T) {
 	if ops := drain(c); !slices.Equal(ops, []uint16{OpCreditRequest}) {
 		t.Fatalf("sent %v, want one credit request", ops)
 	}
+	// An answer that frees nothing does not re-arm the request (no
+	// request/update ping-pong with a guest that is not reading).
+	c.HandleGuest(Header{SrcCID: guestCID, DstCID: CIDHost, SrcPort: guestPort, DstPort: hostPort,
+		Type: TypeStream, Op: OpCreditUpdate, BufAlloc: 1000, FwdCnt: 0}, nil)
+	c.RequestCredit()
+	if ops := drain(c); len(ops) != 0 {
+		t.Fatalf("sent %v after an update without credit, want nothing", ops)
+	}
 	c.HandleGuest(Header{SrcCID: guestCID, DstCID: CIDHost, SrcPort: guestPort, DstPort: hostPort,
 		Type: TypeStream, Op: OpCreditUpdate, BufAlloc: 1000, FwdCnt: 700}, nil)
 	if w := c.SendWindow(); w != 700 {

@@ -3,7 +3,10 @@ package vsock
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/warrenvm/warren/devices/virtio"
 )
@@ -20,50 +23,118 @@ const (
 // connection before the guest runs out of credit.
 const DefaultBufAlloc = 256 << 10
 
-// maxStrayRst bounds the RSTs queued for guest packets that belong to no
-// connection; beyond it they are dropped (the guest times out instead), so
-// a guest spraying packets cannot make the device allocate.
-const maxStrayRst = 64
+// Limits on what the guest and host clients can make the device hold.
+const (
+	// maxStrayRst bounds the RSTs queued for guest packets that belong to
+	// no connection; beyond it they are dropped (the guest times out
+	// instead), so a guest spraying packets cannot make the device
+	// allocate.
+	maxStrayRst = 64
+	// maxConns bounds the connections of one activation (each holds up to
+	// BufAlloc + MaxPayload bytes and two goroutines); more are refused.
+	maxConns = 1024
+	// maxDialing bounds the guest REQUESTs waiting for a host socket dial.
+	maxDialing = 64
+)
 
-// Metrics are counters an operator reads.
-type Metrics struct {
-	// TxPackets counts packets taken from the guest's tx queue.
-	TxPackets atomic.Uint64
-	// RxPackets counts packets put on the guest's rx queue.
-	RxPackets atomic.Uint64
-	// Dropped counts guest packets dropped as malformed or misaddressed.
-	Dropped atomic.Uint64
-	// Resets counts RSTs sent to the guest.
-	Resets atomic.Uint64
+// Default timeouts; tests shorten them through Device.timeouts.
+const (
+	// defaultConnectTimeout bounds the wait for the guest's answer to a
+	// host CONNECT, and a dial of <UDSPath>_<port> for a guest REQUEST.
+	defaultConnectTimeout = 2 * time.Second
+	// defaultCloseTimeout bounds the wait for the guest's RST after the
+	// host side shut both directions (StateLocalClosed).
+	defaultCloseTimeout = 2 * time.Second
+	// defaultHandshakeTimeout bounds the read of a host client's CONNECT
+	// line.
+	defaultHandshakeTimeout = 3 * time.Second
+)
+
+// timeouts are a device's timeouts; zero fields take the defaults.
+type timeouts struct {
+	connect, close, handshake time.Duration
 }
 
-// Device is a userspace virtio-vsock device (ID 19). It parses the
-// guest's tx packets, routes them to connections keyed by (host port,
-// guest port), and delivers the connections' packets on the rx queue.
-// The event queue is offered but unused (it only matters for
-// TRANSPORT_RESET after a restore, not yet implemented).
+func (t timeouts) orDefault() timeouts {
+	if t.connect == 0 {
+		t.connect = defaultConnectTimeout
+	}
+	if t.close == 0 {
+		t.close = defaultCloseTimeout
+	}
+	if t.handshake == 0 {
+		t.handshake = defaultHandshakeTimeout
+	}
+	return t
+}
+
+// firstEphemeral is where host ports for host-initiated connections are
+// allocated from, upward, skipping ports in use.
+const firstEphemeral = 1 << 30
+
+// eventTransportReset is VIRTIO_VSOCK_EVENT_TRANSPORT_RESET.
+const eventTransportReset = 0
+
+// Device is a userspace virtio-vsock device (ID 19) with Firecracker's
+// "hybrid" host side: the host reaches guest ports through one unix socket
+// (UDSPath, see Listen and Dial), and guest connections to the host are
+// served by in-process Services or by unix sockets named
+// <UDSPath>_<port>.
 //
-// Threads: the fields below are configuration, set before the device is
-// attached and not changed after. Per activation, one worker goroutine
-// owns the three queues and every connection (a session); Reset stops it
-// and waits, dropping all connections, as a device reset does.
+// Configuration: the exported fields other than Metrics are set before
+// Listen and before the device is attached, and not changed after (CID may
+// be set by RestoreState on a device not yet running).
 //
-// Not done yet: the host side. Accept decides guest REQUESTs; guest data
-// stays buffered in its Conn (bounded by BufAlloc, after which the guest
-// runs out of credit), and no host data is sent to the guest.
+// Threads. Per activation, one worker goroutine (a session) owns the three
+// queues, guest memory access, every Conn and every connection's host-side
+// bookkeeping; nothing else touches them. All host I/O happens on other
+// goroutines, which never touch a Conn: the accept loop and one handshake
+// goroutine per client (Listen), one dial goroutine per guest REQUEST
+// routed to a unix socket, and per connection a reader and a writer
+// goroutine. They talk to the worker by posting events to the session's
+// inbox (a mutex-guarded slice plus a wakeup channel, so posting never
+// waits for the worker) and the worker answers through one-slot channels
+// it only sends on when the slot is free, so the worker never blocks on a
+// host socket or a slow host peer. Reset stops the worker and waits for
+// it; it closes every host socket on its way out, which ends the
+// per-connection goroutines.
 type Device struct {
 	// CID is the guest's context ID (config space guest_cid); at least 3.
 	CID uint64
 	// BufAlloc is the receive buffer advertised per connection;
 	// DefaultBufAlloc when zero.
 	BufAlloc uint32
-	// Accept decides whether a guest REQUEST to host port k.HostPort is
-	// served; nil refuses every one. It runs on the worker goroutine.
-	Accept func(k Key) bool
+	// UDSPath is the unix socket host clients connect to (Listen); guest
+	// connections to host port P go to the socket UDSPath_P when no
+	// service takes P. Empty: no host sockets at all.
+	UDSPath string
+	// Services serve guest connections to host ports in-process: a guest
+	// REQUEST to port P runs Services[P] on its own goroutine with one end
+	// of a unix socket pair (a *net.UnixConn, so CloseWrite works) and
+	// connects the guest to the other end. The function owns its end and
+	// must close it.
+	Services map[uint32]func(net.Conn)
 	// Metrics counts what the device did.
 	Metrics Metrics
 
 	workers virtio.Workers
+	// timeouts is configuration too (tests shorten it).
+	timeouts timeouts
+
+	// mu guards the fields below it.
+	mu sync.Mutex
+	// sess is the running activation, nil when none.
+	sess *session
+	// resetPending: TransportReset was called with no activation running;
+	// the next one sends the event.
+	resetPending bool
+	ln           *net.UnixListener
+	lnDone       chan struct{} // closed when the accept loop returns
+	closed       bool
+
+	// peakBuffered is the most guest data seen buffered in one Conn, for
+	// tests of the BufAlloc bound.
+	peakBuffered atomic.Uint64
 }
 
 // Type implements virtio.Device.
@@ -101,192 +172,59 @@ func (d *Device) Activate(a *virtio.Activation) error {
 	if d.CID < 3 || d.CID >= 0xffffffff {
 		return fmt.Errorf("vsock: guest CID %d, want 3 to 2^32-2", d.CID)
 	}
-	s := &session{dev: d, a: a, conns: map[Key]*Conn{}}
-	return d.workers.Start(s.run)
+	s := &session{dev: d, a: a, conns: map[Key]*Conn{}, hosts: map[Key]*hostConn{},
+		dialing: map[Key]*dial{}, portRefs: map[uint32]int{}, nextPort: firstEphemeral,
+		wake: make(chan struct{}, 1), timeouts: d.timeouts.orDefault()}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s.eventPending = d.resetPending
+	if err := d.workers.Start(s.run); err != nil {
+		return err
+	}
+	d.sess = s
+	d.resetPending = false
+	return nil
 }
 
-// Reset implements virtio.Device.
+// Reset implements virtio.Device: the worker stops and every connection
+// is dropped, its host socket closed.
 func (d *Device) Reset() { d.workers.Stop() }
+
+// TransportReset drops every connection (closing its host socket, sending
+// no RST: the guest drops its side on the event) and sends the guest a
+// VIRTIO_VSOCK_EVENT_TRANSPORT_RESET on the event queue, with an
+// interrupt; when the driver has no event buffer posted, the event waits
+// for one. On the event the Linux driver resets its sockets and re-reads
+// guest_cid, so a CID changed since a snapshot takes effect. Safe to call
+// from any goroutine; typically called right after the transport was
+// restored from a snapshot. With no activation running, the next one
+// sends the event.
+func (d *Device) TransportReset() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.sess == nil {
+		d.resetPending = true
+		return
+	}
+	d.sess.post(event{kind: evTransportReset})
+}
+
+// post hands e to the running session, if any; an event holding a host
+// socket is discarded (the socket closed) when none runs.
+func (d *Device) post(e event) {
+	d.mu.Lock()
+	s := d.sess
+	d.mu.Unlock()
+	if s == nil {
+		e.discard()
+		return
+	}
+	s.post(e)
+}
 
 func (d *Device) bufAlloc() uint32 {
 	if d.BufAlloc == 0 {
 		return DefaultBufAlloc
 	}
 	return d.BufAlloc
-}
-
-// session is one activation's state, owned by its worker goroutine.
-type session struct {
-	dev   *Device
-	a     *virtio.Activation
-	conns map[Key]*Conn
-	// stray are RSTs for packets of no connection, at most maxStrayRst.
-	stray []Header
-}
-
-func (s *session) run(stop <-chan struct{}) {
-	for {
-		if err := s.service(); err != nil {
-			s.a.Broken(err)
-			return
-		}
-		select {
-		case <-stop:
-			return
-		case <-s.a.Kicks[queueRx]:
-		case <-s.a.Kicks[queueTx]:
-		case <-s.a.Kicks[queueEvent]:
-		}
-	}
-}
-
-// service takes every tx packet, then delivers what it can on rx.
-func (s *session) service() error {
-	tx := s.a.Queues[queueTx]
-	for {
-		c, err := tx.Pop(s.a.Mem)
-		if err != nil {
-			return err
-		}
-		if c == nil {
-			break
-		}
-		s.handleTx(c)
-		if err := tx.Push(s.a.Mem, c.Head, 0); err != nil {
-			return err
-		}
-	}
-	if err := s.a.InterruptIfNeeded(tx); err != nil {
-		return err
-	}
-	if err := s.deliver(); err != nil {
-		return err
-	}
-	for k, c := range s.conns {
-		if c.Done() {
-			delete(s.conns, k)
-		}
-	}
-	return nil
-}
-
-// handleTx parses one tx chain (header, then payload, in any split over
-// the readable buffers) and routes it. Malformed or misaddressed packets
-// are dropped: they are the guest's problem, not a broken queue.
-func (s *session) handleTx(c *virtio.Chain) {
-	s.dev.Metrics.TxPackets.Add(1)
-	var hb [HeaderLen]byte
-	if gather(c.Readable, 0, hb[:]) < HeaderLen {
-		s.dev.Metrics.Dropped.Add(1)
-		return
-	}
-	h, err := ParseHeader(hb[:])
-	if err != nil || h.SrcCID != s.dev.CID || h.DstCID != CIDHost ||
-		uint64(c.ReadableLen()) < HeaderLen+uint64(h.Len) {
-		s.dev.Metrics.Dropped.Add(1)
-		return
-	}
-	var payload []byte
-	if h.Len > 0 {
-		payload = make([]byte, h.Len)
-		gather(c.Readable, HeaderLen, payload)
-	}
-	k := Key{HostPort: h.DstPort, GuestPort: h.SrcPort}
-	if conn := s.conns[k]; conn != nil {
-		conn.HandleGuest(h, payload)
-		return
-	}
-	switch {
-	case h.Op == OpRst:
-		// Never answer an RST.
-	case h.Op == OpRequest && s.dev.Accept != nil && s.dev.Accept(k):
-		s.conns[k] = Accept(h, s.dev.bufAlloc())
-	case len(s.stray) < maxStrayRst:
-		s.stray = append(s.stray, ResetFor(h))
-	default:
-		s.dev.Metrics.Dropped.Add(1)
-	}
-}
-
-// deliver puts pending packets on the rx queue while it has buffers;
-// what does not fit stays pending in its connection.
-func (s *session) deliver() error {
-	rx := s.a.Queues[queueRx]
-	next := func() (Header, bool) {
-		if len(s.stray) > 0 {
-			h := s.stray[0]
-			s.stray = s.stray[1:]
-			return h, true
-		}
-		for _, c := range s.conns {
-			if h, ok := c.Next(); ok {
-				return h, true
-			}
-		}
-		return Header{}, false
-	}
-	for {
-		if len(s.stray) == 0 && !s.anyPending() {
-			break
-		}
-		ch, err := rx.Pop(s.a.Mem)
-		if err != nil {
-			return err
-		}
-		if ch == nil {
-			break // stays pending until the driver adds rx buffers
-		}
-		if ch.WritableLen() < HeaderLen {
-			return fmt.Errorf("%w: vsock rx buffer of %d bytes, need %d", virtio.ErrBroken, ch.WritableLen(), HeaderLen)
-		}
-		h, _ := next()
-		var hb [HeaderLen]byte
-		h.Encode(hb[:])
-		scatter(ch.Writable, hb[:])
-		if err := rx.Push(s.a.Mem, ch.Head, HeaderLen); err != nil {
-			return err
-		}
-		s.dev.Metrics.RxPackets.Add(1)
-		if h.Op == OpRst {
-			s.dev.Metrics.Resets.Add(1)
-		}
-	}
-	return s.a.InterruptIfNeeded(rx)
-}
-
-func (s *session) anyPending() bool {
-	for _, c := range s.conns {
-		if c.pending != 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// gather copies the bytes of bufs, from offset off of their concatenation,
-// into dst, and returns how many it copied.
-func gather(bufs [][]byte, off uint64, dst []byte) int {
-	n := 0
-	for _, b := range bufs {
-		if n == len(dst) {
-			break
-		}
-		if off >= uint64(len(b)) {
-			off -= uint64(len(b))
-			continue
-		}
-		n += copy(dst[n:], b[off:])
-		off = 0
-	}
-	return n
-}
-
-// scatter copies src over the concatenation of bufs.
-func scatter(bufs [][]byte, src []byte) {
-	for _, b := range bufs {
-		if len(src) == 0 {
-			return
-		}
-		src = src[copy(b, src):]
-	}
 }

@@ -2,6 +2,7 @@ package vsock
 
 import (
 	"encoding/binary"
+	"net"
 	"testing"
 	"time"
 
@@ -20,9 +21,20 @@ type rig struct {
 	rxAddrs map[uint16]uint64
 }
 
-func newRig(t *testing.T, accept func(Key) bool) *rig {
+// hold is a service that keeps its connection open, reading nothing,
+// until the test ends.
+func hold(t *testing.T) func(net.Conn) {
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	return func(c net.Conn) {
+		<-done
+		c.Close()
+	}
+}
+
+func newRig(t *testing.T, services map[uint32]func(net.Conn)) *rig {
 	mem := make(vt.Memory, vt.MemSize)
-	dev := &Device{CID: guestCID, BufAlloc: 16, Accept: accept}
+	dev := &Device{CID: guestCID, BufAlloc: 16, Services: services}
 	tr := virtio.NewMMIO("vsock", dev, mem, vt.NewSignals(), nil)
 	t.Cleanup(tr.Shutdown)
 	r := &rig{t: t, mem: mem, tr: tr, dev: dev, rxAddrs: map[uint16]uint64{},
@@ -115,18 +127,21 @@ func TestDeviceConfig(t *testing.T) {
 }
 
 func TestDeviceConnectAndReset(t *testing.T) {
-	r := newRig(t, func(k Key) bool { return k.HostPort == 52 })
-	r.offerRx(4)
+	r := newRig(t, map[uint32]func(net.Conn){52: hold(t)})
+	r.offerRx(6)
 	r.send(fromGuest(OpRequest, 1000, 52), "")
 	h := r.recv(1)[0]
 	if h.Op != OpResponse || h.SrcCID != CIDHost || h.DstCID != guestCID || h.SrcPort != 52 || h.DstPort != 1000 || h.BufAlloc != 16 {
 		t.Fatalf("response %+v", h)
 	}
-	// Data is routed to the connection and credit-checked: 16 bytes fit,
-	// the 17th resets.
+	// Data is routed to the connection and credit-checked: 16 bytes fit
+	// (and are written to the service's socket, freeing the credit), 17
+	// in one packet overrun the buffer and reset.
 	r.send(fromGuest(OpRW, 1000, 52), "0123456789abcdef")
-	r.noRecv()
-	r.send(fromGuest(OpRW, 1000, 52), "x")
+	if h := r.recv(1)[0]; h.Op != OpCreditUpdate || h.FwdCnt != 16 {
+		t.Fatalf("after 16 bytes: %+v", h)
+	}
+	r.send(fromGuest(OpRW, 1000, 52), "0123456789abcdefX")
 	if h := r.recv(1)[0]; h.Op != OpRst || h.DstPort != 1000 {
 		t.Fatalf("overrun answered %+v", h)
 	}
@@ -147,7 +162,7 @@ func TestDeviceConnectAndReset(t *testing.T) {
 }
 
 func TestDeviceDropsBadPackets(t *testing.T) {
-	r := newRig(t, func(Key) bool { return true })
+	r := newRig(t, map[uint32]func(net.Conn){2: hold(t)})
 	r.offerRx(2)
 	spoofed := fromGuest(OpRequest, 1, 2)
 	spoofed.SrcCID = 7
@@ -180,7 +195,7 @@ func TestDeviceDropsBadPackets(t *testing.T) {
 }
 
 func TestDeviceWaitsForRxBuffers(t *testing.T) {
-	r := newRig(t, func(Key) bool { return true })
+	r := newRig(t, map[uint32]func(net.Conn){52: hold(t)})
 	r.send(fromGuest(OpRequest, 1000, 52), "")
 	r.noRecv()
 	r.offerRx(1)

@@ -1,11 +1,6 @@
-// Package vsock holds the pieces of Warren's userspace virtio-vsock device
-// (there is no vhost-vsock on these hosts): the packet header codec and the
-// per-connection credit accounting of the virtio spec (5.10.6). The device
-// model, connection state machine and the host-side unix-socket muxer
-// (Firecracker's hybrid model) build on these.
-//
-// Everything decoded here comes from the guest and is validated before use.
 package vsock
+
+// Everything decoded here comes from the guest and is validated before use.
 
 import (
 	"encoding/binary"

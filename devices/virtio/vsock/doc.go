@@ -1,0 +1,37 @@
+// Package vsock is Warren's userspace virtio-vsock device (device type 19;
+// there is no vhost-vsock on these hosts) with Firecracker's "hybrid" host
+// side: host programs reach guest ports through one unix socket, and
+// guest connections to the host land on in-process services or on unix
+// sockets beside it.
+//
+// The pieces, one concern per file: packet.go is the header codec (every
+// header from the guest is validated where it enters), credit.go the flow
+// control accounting of the virtio spec (5.10.6.3), conn.go the
+// per-connection state machine (no I/O), device.go the virtio device,
+// worker.go its worker goroutine (queues and connections), host.go the
+// host sockets (Listen, the CONNECT
+// handshake, per-connection reader and writer goroutines), dial.go the
+// client side of the handshake (Dial), state.go save/restore, metrics.go
+// the counters.
+//
+// Host → guest: a client connects to Device.UDSPath and writes
+// "CONNECT <port>\n"; once the guest accepts it reads "OK <hostport>\n"
+// and then the stream. Guest → host: a connection to host port P is
+// served by Device.Services[P], else by the unix socket "<UDSPath>_<P>",
+// else refused with an RST.
+//
+// Threads: per activation one worker goroutine owns the queues, guest
+// memory and every connection's state; host I/O runs on per-connection
+// goroutines that exchange events with it, so a slow or stuck host peer
+// (or guest) stalls only its own connection. See Device.
+//
+// Flow control, not buffering, absorbs slow readers: guest data waiting
+// for the host is bounded per connection by the buf_alloc the device
+// advertises (BufAlloc), and host data waiting for the guest by one chunk
+// (at most MaxPayload, and at most the guest's free credit) per
+// connection.
+//
+// Snapshots: connections are not saved. After a restore the restorer
+// calls Device.TransportReset, and the guest driver drops its sockets
+// and re-reads its CID.
+package vsock
