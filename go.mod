@@ -2,7 +2,11 @@ module github.com/warrenvm/warren
 
 go 1.26.8
 
-require golang.org/x/sys v0.50.0
+require (
+	github.com/klauspost/compress v1.20.4
+	github.com/mdlayher/vsock v1.4.0
+	golang.org/x/sys v0.50.0
+)
 
 require (
 	github.com/atotto/clipboard v0.1.4 // indirect
@@ -19,7 +23,6 @@ require (
 	github.com/mattn/go-localereader v0.0.1 // indirect
 	github.com/mattn/go-runewidth v0.0.14 // indirect
 	github.com/mdlayher/socket v0.8.0 // indirect
-	github.com/mdlayher/vsock v1.4.0 // indirect
 	github.com/muesli/ansi v0.0.0-20230316100256-276c6243b2f6 // indirect
 	github.com/muesli/cancelreader v0.2.2 // indirect
 	github.com/muesli/reflow v0.3.0 // indirect

@@ -11,6 +11,9 @@ const (
 	// KeyShell, when "1", starts /bin/sh on the console after the ready
 	// line (debugging only; ignored with warren.poweroff=1).
 	KeyShell = "warren.shell"
+	// KeyAgent, when "0" (or another false value), keeps PID 1 from
+	// starting the guest agent on vsock. The agent runs by default.
+	KeyAgent = "warren.agent"
 )
 
 // DefaultHostname is used when the command line has no warren.hostname.
@@ -114,6 +117,21 @@ func (c Cmdline) Bool(key string) bool {
 	}
 	switch strings.ToLower(v) {
 	case "", "1", "y", "yes", "on", "true":
+		return true
+	}
+	return false
+}
+
+// False reports whether key is set to a false value: "0", "n", "no",
+// "off" or "false" (case-insensitive). An absent key is not false, so
+// False gives default-on options.
+func (c Cmdline) False(key string) bool {
+	v, ok := c.Lookup(key)
+	if !ok {
+		return false
+	}
+	switch strings.ToLower(v) {
+	case "0", "n", "no", "off", "false":
 		return true
 	}
 	return false

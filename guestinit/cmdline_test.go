@@ -55,6 +55,12 @@ func TestCmdlineLookup(t *testing.T) {
 			t.Errorf("Bool(%q) = %v, want %v", key, got, want)
 		}
 	}
+	c = ParseCmdline(`a=0 b=No c=off d=false e=n f=1 g flag2= h=x`)
+	for key, want := range map[string]bool{"a": true, "b": true, "c": true, "d": true, "e": true, "f": false, "g": false, "flag2": false, "h": false, "missing": false} {
+		if got := c.False(key); got != want {
+			t.Errorf("False(%q) = %v, want %v", key, got, want)
+		}
+	}
 }
 
 func TestConfigFromCmdline(t *testing.T) {
@@ -63,14 +69,21 @@ func TestConfigFromCmdline(t *testing.T) {
 		want    Config
 		wantErr bool
 	}{
-		{"console=ttyS0", Config{Hostname: "warren"}, false},
-		{"warren.hostname=vm-7 warren.poweroff=1", Config{Hostname: "vm-7", Poweroff: true}, false},
-		{"warren.poweroff=0", Config{Hostname: "warren"}, false},
-		{"warren.poweroff", Config{Hostname: "warren", Poweroff: true}, false},
-		{"warren.shell=1", Config{Hostname: "warren", Shell: true}, false},
-		{"warren.hostname=", Config{Hostname: "warren"}, false},
-		{`warren.hostname="bad name"`, Config{Hostname: "warren"}, true},
-		{"warren.hostname=-x", Config{Hostname: "warren"}, true},
+		{"console=ttyS0", Config{Hostname: "warren", Agent: true}, false},
+		{"warren.hostname=vm-7 warren.poweroff=1", Config{Hostname: "vm-7", Poweroff: true, Agent: true}, false},
+		{"warren.poweroff=0", Config{Hostname: "warren", Agent: true}, false},
+		{"warren.poweroff", Config{Hostname: "warren", Poweroff: true, Agent: true}, false},
+		{"warren.shell=1", Config{Hostname: "warren", Shell: true, Agent: true}, false},
+		{"warren.hostname=", Config{Hostname: "warren", Agent: true}, false},
+		{`warren.hostname="bad name"`, Config{Hostname: "warren", Agent: true}, true},
+		{"warren.hostname=-x", Config{Hostname: "warren", Agent: true}, true},
+		{"warren.agent=0", Config{Hostname: "warren"}, false},
+		{"warren.agent=off", Config{Hostname: "warren"}, false},
+		{"warren.agent=FALSE", Config{Hostname: "warren"}, false},
+		{"warren.agent=1", Config{Hostname: "warren", Agent: true}, false},
+		{"warren.agent", Config{Hostname: "warren", Agent: true}, false},
+		{"warren.agent=", Config{Hostname: "warren", Agent: true}, false},
+		{"warren.agent=0 warren.agent=1", Config{Hostname: "warren", Agent: true}, false},
 	}
 	for _, tt := range tests {
 		got, err := ConfigFromCmdline(ParseCmdline(tt.in))

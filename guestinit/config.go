@@ -12,6 +12,9 @@ type Config struct {
 	Hostname string
 	Poweroff bool
 	Shell    bool
+	// Agent says to serve the guest agent on vsock (when the VM has a
+	// vsock device): true unless warren.agent is set to a false value.
+	Agent bool
 }
 
 // ConfigFromCmdline reads the warren.* keys. An invalid hostname is
@@ -22,6 +25,7 @@ func ConfigFromCmdline(c Cmdline) (Config, error) {
 		Hostname: c.Get(KeyHostname, DefaultHostname),
 		Poweroff: c.Bool(KeyPoweroff),
 		Shell:    c.Bool(KeyShell),
+		Agent:    !c.False(KeyAgent),
 	}
 	if err := ValidHostname(cfg.Hostname); err != nil {
 		bad := cfg.Hostname

@@ -3,6 +3,7 @@
 package guestinit
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -49,6 +50,11 @@ func Run() {
 	}
 	configureNetwork(ParseCmdline(string(cmdline)))
 	mountData(ParseCmdline(string(cmdline)))
+	if cfg.Agent {
+		if err := startAgent(reaper); err != nil && !errors.Is(err, errNoVsock) {
+			report(err)
+		}
+	}
 
 	console(ReadyLine(uptime()))
 

@@ -4,7 +4,11 @@ package guestinit
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"os"
+	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,7 +22,8 @@ import (
 func procState(t *testing.T, pid int) byte {
 	t.Helper()
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if os.IsNotExist(err) {
+	if os.IsNotExist(err) || errors.Is(err, unix.ESRCH) {
+		// ESRCH: reaped between open and read.
 		return 0
 	}
 	if err != nil {
@@ -76,10 +81,52 @@ func startOrphaner(t *testing.T) (shell, orphan int) {
 	return shell, orphan
 }
 
-func TestReaperCollectsOrphans(t *testing.T) {
+// isolateEnv names the test an isolated child process runs.
+const isolateEnv = "WARREN_GUESTINIT_ISOLATED_TEST"
+
+// isolated runs the calling (top-level) test in a process of its own: the
+// test binary again, with -test.run matching only that test. A Reaper
+// waits for any child of its process (and a child subreaper also gets
+// its descendants' orphans), so in the shared test process it would steal
+// the children of other tests (net_test's exec.Command, say). isolated
+// returns true in the child, where the body runs, and false in the
+// parent, which fails or skips as the child did.
+func isolated(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv(isolateEnv) == t.Name() {
+		return true
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.v", "-test.count=1", "-test.timeout=2m")
+	cmd.Env = append(os.Environ(), isolateEnv+"="+t.Name())
+	out, err := cmd.CombinedOutput()
+	switch {
+	case err != nil:
+		t.Fatalf("isolated %s: %v\n%s", t.Name(), err, out)
+	case bytes.Contains(out, []byte("--- SKIP: "+t.Name())):
+		t.Skipf("isolated:\n%s", out)
+	case !bytes.Contains(out, []byte("--- PASS: "+t.Name())):
+		t.Fatalf("isolated %s did not run:\n%s", t.Name(), out)
+	}
+	if testing.Verbose() {
+		t.Logf("isolated:\n%s", out)
+	}
+	return false
+}
+
+// subreaper makes the (isolated) test process a child subreaper, as PID 1
+// is for every process.
+func subreaper(t *testing.T) {
+	t.Helper()
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		t.Skipf("PR_SET_CHILD_SUBREAPER: %v", err)
 	}
+}
+
+func TestReaperCollectsOrphans(t *testing.T) {
+	if !isolated(t) {
+		return
+	}
+	subreaper(t)
 	r := NewReaper()
 
 	// Both the shell and its orphan turn into zombies of ours; ReapAll

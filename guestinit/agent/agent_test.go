@@ -22,14 +22,17 @@ import (
 )
 
 // start serves an agent on a unix socket in a temporary directory.
-func start(t *testing.T) *Client {
+func start(t *testing.T) *Client { return startWith(t, nil) }
+
+// startWith is start with a Syncer for /health.
+func startWith(t *testing.T, syncer *Syncer) *Client {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewServer(ProcessWaiter{})
+	s := NewServer(ProcessWaiter{}, Options{Sync: syncer})
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(l) }()
 	c := NewClient(func(ctx context.Context) (net.Conn, error) {

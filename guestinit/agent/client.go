@@ -89,7 +89,9 @@ func (c *Client) getJSON(ctx context.Context, u string, v any) error {
 // for a process killed by signal n). If req.Input is non-nil it is
 // streamed to the process's standard input. When the agent killed the
 // process at its timeout, the error wraps ErrTimedOut. Cancelling ctx
-// disconnects, which makes the agent kill the process group.
+// disconnects, which makes the agent kill the process group. If
+// req.OnStart is non-nil it is called with the process's pid (for Kill)
+// before any output is copied.
 func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Writer) (exitCode int, err error) {
 	if req.Input != nil {
 		req.Stdin = true
@@ -108,6 +110,13 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Wr
 		return -1, err
 	}
 	defer resp.Body.Close()
+	if req.OnStart != nil {
+		pid, err := strconv.Atoi(resp.Header.Get(PidHeader))
+		if err != nil {
+			return -1, fmt.Errorf("agent: bad %s header: %w", PidHeader, err)
+		}
+		req.OnStart(pid)
+	}
 	buf := make([]byte, 32<<10)
 	for {
 		typ, payload, err := ReadFrame(resp.Body, buf)
@@ -151,6 +160,20 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Wr
 			return -1, fmt.Errorf("agent: unknown frame type %d", typ)
 		}
 	}
+}
+
+// Kill sends signal (a name such as "TERM", "KILL", "INT", "HUP", with or
+// without "SIG", or a number) to the process group of pid, a process
+// started by Exec on this agent that has not been reaped yet. Any other
+// pid gives an *Error with Code CodeNotFound.
+func (c *Client) Kill(ctx context.Context, pid int, signal string) error {
+	q := url.Values{"pid": {strconv.Itoa(pid)}, "signal": {signal}}
+	resp, err := c.do(ctx, http.MethodPost, endpoint("/kill", q), nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
 }
 
 // Health returns the guest's health.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -83,32 +84,26 @@ func (fw *frameWriter) write(typ byte, p []byte) error {
 	return fw.err
 }
 
-// proc is a started process and its kill switch.
+// proc is a process started by /exec: its Child and whether the agent
+// killed it at its timeout.
 type proc struct {
-	pid      int
-	mu       sync.Mutex
-	exited   bool
-	timedOut bool
+	pid   int
+	child Child
+	mu    sync.Mutex
+	// timedOut records that the timeout's SIGKILL was delivered.
+	timedOut bool // +checklocks:mu
 }
 
 // kill SIGKILLs the process group unless the leader was already reaped
-// (after which its pid, and so the group id, may be reused).
+// (after which its pid, and so the group id, may be reused: Child
+// guarantees that).
 func (p *proc) kill(timeout bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.exited {
-		return
-	}
-	if timeout {
+	err := p.child.SignalGroup(syscall.SIGKILL)
+	if timeout && err == nil {
+		p.mu.Lock()
 		p.timedOut = true
+		p.mu.Unlock()
 	}
-	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
-}
-
-func (p *proc) setExited() {
-	p.mu.Lock()
-	p.exited = true
-	p.mu.Unlock()
 }
 
 // readErrorReader records whether the request body failed (the client went
@@ -156,7 +151,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	env := mergeEnv(os.Environ(), req.Env)
+	env := mergeEnv(s.env, req.Env)
 	prog, err := lookPath(req.Argv[0], env)
 	if err != nil {
 		writeError(w, errorFrom(err))
@@ -202,11 +197,20 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 	}
 	files = append(files, errW)
 
-	process, err := os.StartProcess(prog, req.Argv, &os.ProcAttr{
-		Dir:   req.Cwd,
-		Env:   env,
-		Files: files,
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	child, err := s.waiter.Start(func() (int, error) {
+		process, err := os.StartProcess(prog, req.Argv, &os.ProcAttr{
+			Dir:   req.Cwd,
+			Env:   env,
+			Files: files,
+			Sys:   &syscall.SysProcAttr{Setpgid: true},
+		})
+		if err != nil {
+			return 0, err
+		}
+		// The Waiter collects the status; this handle only holds a pidfd.
+		pid := process.Pid
+		_ = process.Release()
+		return pid, nil
 	})
 	closeAll()
 	if err != nil {
@@ -222,10 +226,11 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	p := &proc{pid: process.Pid}
-	// The Waiter collects the status; this handle only holds a pidfd.
-	_ = process.Release()
+	p := &proc{pid: child.Pid(), child: child}
+	s.addProc(p)
+	defer s.removeProc(p)
 
+	w.Header().Set(PidHeader, strconv.Itoa(p.pid))
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.WriteHeader(http.StatusOK)
 	fw := &frameWriter{w: w, rc: rc}
@@ -278,8 +283,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 	}
 	waited := make(chan result, 1)
 	go func() {
-		ws, err := s.waiter.Wait(p.pid)
-		p.setExited()
+		ws, err := p.child.Wait()
 		waited <- result{ws, err}
 	}()
 	var timeout <-chan time.Time

@@ -24,12 +24,26 @@ const (
 	FrameError byte = 4
 )
 
+// Vsock ports. The agent listens on Port in the guest; the host serves
+// the clock and RNG re-sync protocol (see ServeSync) on SyncPort, which
+// the guest dials at the host's CID (2).
+const (
+	// Port is the agent's vsock listen port in the guest.
+	Port uint32 = 1024
+	// SyncPort is the host's re-sync service port.
+	SyncPort uint32 = 1025
+)
+
 // MaxFrame is the largest frame payload a reader accepts.
 const MaxFrame = 1 << 20
 
 // ModeHeader is the response header of GET /files holding the file's
 // permission bits in octal.
 const ModeHeader = "X-Warren-Mode"
+
+// PidHeader is the response header of POST /exec holding the started
+// process's pid (also its process group id), for POST /kill.
+const PidHeader = "X-Warren-Pid"
 
 // ExecRequest asks the agent to run a process.
 type ExecRequest struct {
@@ -51,6 +65,10 @@ type ExecRequest struct {
 	// Input is the client-side source of standard input; the client sets
 	// Stdin when it is non-nil. It is not sent as JSON.
 	Input io.Reader `json:"-"`
+	// OnStart, when non-nil, is called by the client with the process's
+	// pid once the agent has started it, before any output is copied.
+	// It is not sent as JSON.
+	OnStart func(pid int) `json:"-"`
 }
 
 // ExitStatus is the payload of FrameExit.
@@ -80,6 +98,12 @@ type Health struct {
 	MemFreeBytes uint64 `json:"mem_free_bytes"`
 	// MemAvailableBytes is MemAvailable from /proc/meminfo.
 	MemAvailableBytes uint64 `json:"mem_available_bytes"`
+	// Syncs is how many clock and RNG re-syncs the guest has applied
+	// (one at boot, one after each snapshot restore or fork).
+	Syncs uint64 `json:"syncs"`
+	// LastSync is when the last re-sync was applied (guest clock, after
+	// setting it); zero if none was.
+	LastSync time.Time `json:"last_sync,omitzero"`
 }
 
 // FileInfo describes one file, as from lstat.

@@ -12,52 +12,51 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
 
-// Waiter collects the exit status of a child process the agent started.
-//
-// In the guest, PID 1's reaper waits for any child, so the agent must not
-// use os/exec's Wait; it is handed a Waiter backed by the reaper instead.
-// Wait blocks until pid has exited and returns its wait status.
-type Waiter interface {
-	Wait(pid int) (syscall.WaitStatus, error)
-}
-
-// ProcessWaiter is a Waiter for processes nobody else reaps: it waits
-// through os.Process.Wait. Tests and agents that are not PID 1 use it.
-type ProcessWaiter struct{}
-
-// Wait implements Waiter.
-func (ProcessWaiter) Wait(pid int) (syscall.WaitStatus, error) {
-	p, err := os.FindProcess(pid)
-	if err != nil {
-		return 0, err
-	}
-	st, err := p.Wait()
-	if err != nil {
-		return 0, err
-	}
-	ws, ok := st.Sys().(syscall.WaitStatus)
-	if !ok {
-		return 0, fmt.Errorf("agent: unexpected wait status %T", st.Sys())
-	}
-	return ws, nil
+// Options configures a Server.
+type Options struct {
+	// Env is the base environment (KEY=VALUE) of every started process,
+	// before ExecRequest.Env; nil means the agent's own (os.Environ).
+	Env []string
+	// Sync, when non-nil, is the clock and RNG re-sync loop whose counters
+	// /health reports.
+	Sync *Syncer
 }
 
 // Server is the guest agent's HTTP server.
+//
+// Every /exec handler starts its process through the Waiter and is the
+// only goroutine that calls that Child's Wait; /kill only signals, through
+// Child.SignalGroup, and only processes found in procs.
 type Server struct {
 	waiter Waiter
+	env    []string
+	sync   *Syncer
 	start  time.Time
 	mux    *http.ServeMux
 	srv    *http.Server
+
+	mu sync.Mutex
+	// procs holds the processes this server started whose /exec handler
+	// is still running, by pid. A process leaves it when its handler
+	// returns, after it has been reaped.
+	procs map[int]*proc // +checklocks:mu
 }
 
-// NewServer returns a server that collects its children through w.
-func NewServer(w Waiter) *Server {
-	s := &Server{waiter: w, start: time.Now(), mux: http.NewServeMux()}
+// NewServer returns a server that starts and collects its children
+// through w.
+func NewServer(w Waiter, opts Options) *Server {
+	env := opts.Env
+	if env == nil {
+		env = os.Environ()
+	}
+	s := &Server{waiter: w, env: env, sync: opts.Sync, start: time.Now(), mux: http.NewServeMux(), procs: map[int]*proc{}}
 	s.mux.HandleFunc("/exec", s.handleExec)
+	s.mux.HandleFunc("/kill", s.handleKill)
 	s.mux.HandleFunc("/health", s.handleHealth)
 	s.mux.HandleFunc("/files", s.handleFiles)
 	s.mux.HandleFunc("/stat", s.handleStat)
@@ -137,6 +136,10 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.AgentUptimeSeconds = time.Since(s.start).Seconds()
+	if s.sync != nil {
+		st := s.sync.Stats()
+		h.Syncs, h.LastSync = st.Count, st.Last
+	}
 	writeJSON(w, h)
 }
 

@@ -18,6 +18,11 @@ const usage = `usage: warren <command> [flags]
 
 commands:
   run      boot a microVM and stream its console until it powers off
+  exec     run a command in a VM's guest: warren exec VM -- PROGRAM [ARGS...]
+  cp       copy a file into or out of a VM: warren cp SRC DST (VM:/path on one side)
+  health   show a VM's guest agent health: warren health VM
+
+VM is the path of the VM's vsock unix socket (warren run --vsock PATH).
 `
 
 // Main runs the warren command with args (without the program name) and
@@ -30,6 +35,12 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		return run(args[1:], stdin, stdout, stderr)
+	case "exec":
+		return execCmd(args[1:], stdin, stdout, stderr)
+	case "cp":
+		return cpCmd(args[1:], stdin, stdout, stderr)
+	case "health":
+		return healthCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -55,6 +66,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.Var(&disks, "disk", "attach a raw disk image as virtio-blk: PATH[,ro] (repeatable; the first is /dev/vda)")
 	tap := fs.String("tap", "", "attach virtio-net on this tap device (created if missing)")
 	macFlag := fs.String("mac", "", "guest MAC address for --tap (default: random, locally administered)")
+	vsockPath := fs.String("vsock", "", "attach virtio-vsock; the host reaches the guest through this unix socket (CONNECT <port>), and the agent answers warren exec/cp/health on it")
+	cid := fs.Uint64("cid", 3, "the guest's vsock context ID, with --vsock")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -106,7 +119,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	vm, closeAll, err := buildVM(vmOptions{
 		memMiB: *memMiB, cpus: *cpus, kernel: k, initramfs: rd, cmdline: *cmdline,
 		console: out, kvmPath: *kvmPath, log: log, rng: !*noRNG,
-		disks: disks, tap: *tap, mac: mac,
+		disks: disks, tap: *tap, mac: mac, vsock: *vsockPath, cid: *cid,
 	})
 	if err != nil {
 		return fail("%v", err)

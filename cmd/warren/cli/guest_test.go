@@ -52,6 +52,7 @@ type guest struct {
 	done chan error
 	from int // console offset searched by the next wait
 	rng  *rng.Device
+	dev  vmDevices
 }
 
 // bootGuest boots the project kernel and initramfs with opts and waits for
@@ -89,9 +90,10 @@ func startGuest(t *testing.T, o vmOptions) (*guest, error) {
 	o.console = g.con
 	o.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var closeAll func()
-	if g.vm, g.rng, closeAll, err = buildVMWithRNG(o); err != nil {
+	if g.vm, g.dev, closeAll, err = buildVMWithDevices(o); err != nil {
 		return nil, err
 	}
+	g.rng = g.dev.rng
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { g.done <- g.vm.Run(ctx) }()
 	t.Cleanup(func() {

@@ -10,6 +10,8 @@ import (
 	"github.com/warrenvm/warren/devices/virtio/blk"
 	vnet "github.com/warrenvm/warren/devices/virtio/net"
 	"github.com/warrenvm/warren/devices/virtio/rng"
+	"github.com/warrenvm/warren/devices/virtio/vsock"
+	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
 	"github.com/warrenvm/warren/vmm/hostprofile"
@@ -28,19 +30,29 @@ type vmOptions struct {
 	disks        []diskSpec
 	tap          string // virtio-net on this tap device, when set
 	mac          net.HardwareAddr
+	vsock        string // virtio-vsock with its host unix socket here, when set
+	cid          uint64 // the guest's vsock CID
 }
 
 // buildVM wires the VM and its devices: disks first (vda, vdb, ... in
-// order), then the network device, then the entropy device. The returned
+// order), then the network device, then the entropy device, then vsock
+// (listening on its unix socket before the guest boots). The returned
 // close function closes the VM and then the device backends.
 func buildVM(o vmOptions) (*vmm.VM, func(), error) {
-	vm, _, closeAll, err := buildVMWithRNG(o)
+	vm, _, closeAll, err := buildVMWithDevices(o)
 	return vm, closeAll, err
 }
 
-// buildVMWithRNG is buildVM that also returns the entropy device (nil
-// without o.rng), whose counters tests read.
-func buildVMWithRNG(o vmOptions) (_ *vmm.VM, entropy *rng.Device, closeAll func(), err error) {
+// vmDevices are device models that callers reach after the build: tests
+// read their counters and trigger vsock transport resets. Each is nil
+// when not asked for.
+type vmDevices struct {
+	rng   *rng.Device
+	vsock *vsock.Device
+}
+
+// buildVMWithDevices is buildVM that also returns some device models.
+func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), err error) {
 	profile := hostprofile.Detect("/sys/module")
 	o.log.Debug("host profile", "profile", profile.String())
 	var (
@@ -57,10 +69,10 @@ func buildVMWithRNG(o vmOptions) (_ *vmm.VM, entropy *rng.Device, closeAll func(
 			closeDevs()
 		}
 	}()
-	for i, d := range o.disks {
-		dev, err := blk.New(d.path, blk.Options{ReadOnly: d.readOnly, ID: fmt.Sprintf("warren%d", i)})
+	for i, disk := range o.disks {
+		dev, err := blk.New(disk.path, blk.Options{ReadOnly: disk.readOnly, ID: fmt.Sprintf("warren%d", i)})
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("--disk %s: %w", d.path, err)
+			return nil, d, nil, fmt.Errorf("--disk %s: %w", disk.path, err)
 		}
 		closers = append(closers, dev.Close)
 		devs = append(devs, virtioSpec(fmt.Sprintf("blk%d", i), 1, dev, o.log))
@@ -68,14 +80,24 @@ func buildVMWithRNG(o vmOptions) (_ *vmm.VM, entropy *rng.Device, closeAll func(
 	if o.tap != "" {
 		dev, err := vnet.New(o.tap, o.mac, vnet.Options{})
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("--tap %s: %w", o.tap, err)
+			return nil, d, nil, fmt.Errorf("--tap %s: %w", o.tap, err)
 		}
 		closers = append(closers, dev.Close)
 		devs = append(devs, virtioSpec("net0", 2, dev, o.log))
 	}
 	if o.rng {
-		entropy = rng.New()
-		devs = append(devs, virtioSpec("rng", 1, entropy, o.log))
+		d.rng = rng.New()
+		devs = append(devs, virtioSpec("rng", 1, d.rng, o.log))
+	}
+	if o.vsock != "" {
+		dev := &vsock.Device{CID: o.cid, UDSPath: o.vsock,
+			Services: map[uint32]func(net.Conn){agent.SyncPort: agent.ServeSync}}
+		if err := dev.Listen(); err != nil {
+			return nil, d, nil, fmt.Errorf("--vsock %s: %w", o.vsock, err)
+		}
+		closers = append(closers, dev.Close)
+		devs = append(devs, virtioSpec("vsock", 3, dev, o.log))
+		d.vsock = dev
 	}
 	vm, err := vmm.New(vmm.Config{
 		MemBytes: uint64(o.memMiB) << 20, CPUs: o.cpus, Kernel: o.kernel, Initramfs: o.initramfs,
@@ -83,10 +105,10 @@ func buildVMWithRNG(o vmOptions) (_ *vmm.VM, entropy *rng.Device, closeAll func(
 		Virtio: devs,
 	})
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, d, nil, err
 	}
 	o.log.Debug("booting", "format", vm.Format().String(), "cmdline", vm.Cmdline())
-	return vm, entropy, func() { vm.Close(); closeDevs() }, nil
+	return vm, d, func() { vm.Close(); closeDevs() }, nil
 }
 
 // virtioSpec puts dev behind a virtio-mmio transport.

@@ -1,0 +1,245 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/hostd/agentclient"
+)
+
+// cli runs the warren command as a user would (in-process) and returns its
+// exit code and output.
+func cli(t *testing.T, stdin io.Reader, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = Main(args, stdin, &o, &e)
+	return code, o.String(), e.String()
+}
+
+// blockingWriter accepts one write and then blocks until released: a host
+// that stops reading.
+type blockingWriter struct {
+	once    sync.Once
+	wrote   chan struct{}
+	release chan struct{}
+}
+
+func (w *blockingWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.wrote) })
+	<-w.release
+	return len(p), nil
+}
+
+// endless is an infinite source of bytes.
+type endless struct{}
+
+func (endless) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'x'
+	}
+	return len(p), nil
+}
+
+// TestAgentEndToEnd boots one guest with virtio-vsock and drives its agent
+// through the CLI (exec, cp, health) and the client: exit codes, 10 MiB of
+// stdout intact, 16 concurrent execs, a 5 MiB file round trip, timeouts
+// that kill, streams that stall without stalling others, and a transport
+// reset after which the agent re-syncs the guest clock and answers again.
+func TestAgentEndToEnd(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "vm.sock")
+	g := bootGuest(t, vmOptions{rng: true, vsock: sock, cid: 3, cmdline: "warren.hostname=agent-e2e"})
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	c := agentclient.New(sock)
+	defer c.Close()
+
+	t.Run("health", func(t *testing.T) {
+		code, out, errOut := cli(t, nil, "health", "--wait", "2m", sock)
+		if code != 0 || !strings.Contains(out, `"version": "`+agent.Version+`"`) {
+			t.Fatalf("warren health: exit %d, stdout %q, stderr %q", code, out, errOut)
+		}
+		h, err := c.Health(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.MemTotalBytes == 0 || h.UptimeSeconds <= 0 {
+			t.Errorf("implausible health %+v", h)
+		}
+		if h.Syncs < 1 {
+			t.Errorf("the agent has not synced the guest clock from the host: %+v", h)
+		}
+		if d := time.Since(h.LastSync); d < -time.Minute || d > 10*time.Minute {
+			t.Errorf("last clock sync %v, host time %v", h.LastSync, time.Now())
+		}
+	})
+
+	t.Run("exit-codes", func(t *testing.T) {
+		code, out, errOut := cli(t, nil, "exec", sock, "--", "sh", "-c", "echo hi; echo oops >&2; exit 3")
+		if code != 3 || out != "hi\n" || errOut != "oops\n" {
+			t.Errorf("exec: exit %d, stdout %q, stderr %q; want 3, \"hi\\n\", \"oops\\n\"", code, out, errOut)
+		}
+		if code, _, errOut := cli(t, nil, "exec", sock, "--", "no-such-program"); code != exitNotFound {
+			t.Errorf("missing program: exit %d (%s), want %d", code, errOut, exitNotFound)
+		}
+		code, out, _ = cli(t, strings.NewReader("from the host\n"), "exec", "-i", "--env", "GREETING=hello",
+			"--cwd", "/proc", sock, "--", "sh", "-c", `echo "$GREETING $(pwd)"; cat`)
+		if code != 0 || out != "hello /proc\nfrom the host\n" {
+			t.Errorf("exec with env, cwd and stdin: exit %d, stdout %q", code, out)
+		}
+	})
+
+	data := make([]byte, 5<<20)
+	rand.Read(data)
+	host := filepath.Join(t.TempDir(), "data.bin")
+	if err := os.WriteFile(host, data, 0o640); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("cp-round-trip", func(t *testing.T) {
+		if code, _, errOut := cli(t, nil, "cp", host, sock+":/tmp/data.bin"); code != 0 {
+			t.Fatalf("cp in: exit %d: %s", code, errOut)
+		}
+		back := filepath.Join(t.TempDir(), "back.bin")
+		if code, _, errOut := cli(t, nil, "cp", sock+":/tmp/data.bin", back); code != 0 {
+			t.Fatalf("cp out: exit %d: %s", code, errOut)
+		}
+		got, err := os.ReadFile(back)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sha256.Sum256(got) != sha256.Sum256(data) {
+			t.Fatalf("round trip changed the file: %d bytes back, want %d", len(got), len(data))
+		}
+		if fi, _ := os.Stat(back); fi.Mode().Perm() != 0o640 {
+			t.Errorf("mode %v after the round trip, want 0640", fi.Mode().Perm())
+		}
+		if code, _, _ := cli(t, nil, "cp", sock+":/no/such/file", back); code == 0 {
+			t.Error("copying a missing guest file succeeded")
+		}
+	})
+
+	t.Run("stdout-10MiB", func(t *testing.T) {
+		// The 5 MiB file twice: 10 MiB of stdout, checked byte for byte.
+		code, out, errOut := cli(t, nil, "exec", sock, "--", "cat", "/tmp/data.bin", "/tmp/data.bin")
+		want := sha256.Sum256(append(append([]byte{}, data...), data...))
+		if code != 0 || len(out) != 2*len(data) || sha256.Sum256([]byte(out)) != want {
+			t.Fatalf("exit %d, %d bytes of stdout (want %d, intact: %v), stderr %q",
+				code, len(out), 2*len(data), sha256.Sum256([]byte(out)) == want, errOut)
+		}
+	})
+
+	t.Run("concurrent-16", func(t *testing.T) {
+		var wg sync.WaitGroup
+		errs := make(chan error, 16)
+		for i := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var o, e bytes.Buffer
+				code, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"sh", "-c",
+					fmt.Sprintf("echo out-%d; echo err-%d >&2; exit %d", i, i, i)}}, &o, &e)
+				if err != nil || code != i || o.String() != fmt.Sprintf("out-%d\n", i) || e.String() != fmt.Sprintf("err-%d\n", i) {
+					errs <- fmt.Errorf("exec %d: exit %d, err %v, stdout %q, stderr %q", i, code, err, o.String(), e.String())
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	})
+
+	t.Run("timeout-kills", func(t *testing.T) {
+		code, out, errOut := cli(t, nil, "exec", "--timeout", "3s", sock, "--", "sh", "-c", "echo $$; sleep 600")
+		if code != exitTimedOut {
+			t.Fatalf("exit %d (stderr %q), want %d", code, errOut, exitTimedOut)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(out))
+		if err != nil {
+			t.Fatalf("shell printed %q", out)
+		}
+		if _, err := c.Stat(ctx, fmt.Sprintf("/proc/%d", pid)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the timed-out shell (pid %d) is still there: %v", pid, err)
+		}
+		_, ps, _ := cli(t, nil, "exec", sock, "--", "ps")
+		if strings.Contains(ps, "sleep") {
+			t.Errorf("the shell's child survived the timeout:\n%s", ps)
+		}
+	})
+
+	t.Run("stalled-streams", func(t *testing.T) {
+		// One process never reads its (endless) stdin; another writes
+		// endless output to a host that stops reading. Both stall on
+		// flow control only; health and a 10 MiB exec still get through.
+		sctx, scancel := context.WithCancel(ctx)
+		defer scancel()
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			c.Exec(sctx, agent.ExecRequest{Argv: []string{"sleep", "600"}, Input: endless{}}, io.Discard, io.Discard)
+		}()
+		bw := &blockingWriter{wrote: make(chan struct{}), release: make(chan struct{})}
+		go func() {
+			defer wg.Done()
+			c.Exec(sctx, agent.ExecRequest{Argv: []string{"cat", "/dev/zero"}}, bw, io.Discard)
+		}()
+		select {
+		case <-bw.wrote:
+		case <-time.After(2 * time.Minute):
+			t.Fatal("the endless writer produced nothing")
+		}
+		time.Sleep(2 * time.Second) // let both streams run out of credit
+		if _, err := c.Health(ctx); err != nil {
+			t.Fatalf("health while two streams are stalled: %v", err)
+		}
+		var o bytes.Buffer
+		if code, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"cat", "/tmp/data.bin"}}, &o, io.Discard); err != nil || code != 0 ||
+			sha256.Sum256(o.Bytes()) != sha256.Sum256(data) {
+			t.Fatalf("exec while two streams are stalled: exit %d, err %v, %d bytes", code, err, o.Len())
+		}
+		scancel()
+		close(bw.release)
+		wg.Wait()
+		if m := &g.dev.vsock.Metrics; m.TxPackets.Load() == 0 || m.RxPackets.Load() == 0 {
+			t.Errorf("vsock counters did not move")
+		}
+	})
+
+	t.Run("transport-reset", func(t *testing.T) {
+		before, err := c.Health(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close() // pooled connections die with the reset
+		g.dev.vsock.TransportReset()
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			h, err := c.Health(ctx)
+			if err == nil && h.Syncs > before.Syncs {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no re-sync after the transport reset: %+v, %v (before: %d syncs)", h, err, before.Syncs)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if code, out, errOut := cli(t, nil, "exec", sock, "--", "sh", "-c", "echo after-reset"); code != 0 || out != "after-reset\n" {
+			t.Errorf("exec after the reset: exit %d, %q, %q", code, out, errOut)
+		}
+	})
+}
