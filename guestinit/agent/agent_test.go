@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -313,4 +314,13 @@ func TestFileErrors(t *testing.T) {
 	check("ReadFile dir", err, CodeIsDirectory, 400)
 	_, err = c.ReadFile(ctx, "relative", io.Discard)
 	check("ReadFile relative", err, CodeBadRequest, 400)
+}
+
+func TestExecArgv(t *testing.T) {
+	if got := execArgv([]string{"sh", "-c", "x"}, "/bin/sh"); !slices.Equal(got, []string{"/bin/sh", "-c", "x"}) {
+		t.Errorf("bare name: %q", got)
+	}
+	if got := execArgv([]string{"./run", "a"}, "./run"); !slices.Equal(got, []string{"./run", "a"}) {
+		t.Errorf("path: %q", got)
+	}
 }

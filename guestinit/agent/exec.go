@@ -198,7 +198,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 	files = append(files, errW)
 
 	child, err := s.waiter.Start(func() (int, error) {
-		process, err := os.StartProcess(prog, req.Argv, &os.ProcAttr{
+		process, err := os.StartProcess(prog, execArgv(req.Argv, prog), &os.ProcAttr{
 			Dir:   req.Cwd,
 			Env:   env,
 			Files: files,
@@ -373,4 +373,15 @@ func sigName(sig syscall.Signal) string {
 		return "SIGABRT"
 	}
 	return sig.String()
+}
+
+// execArgv is the argv a process is started with: argv[0] found in PATH is
+// replaced by the path it was found at. u-root's busybox binary picks the
+// command from argv[0] and follows its symlink chain (/bin/sh -> gosh ->
+// bb) only when argv[0] is a path; a bare "sh" would not run.
+func execArgv(argv []string, prog string) []string {
+	if strings.Contains(argv[0], "/") {
+		return argv
+	}
+	return append([]string{prog}, argv[1:]...)
 }

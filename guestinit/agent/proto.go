@@ -48,7 +48,8 @@ const PidHeader = "X-Warren-Pid"
 // ExecRequest asks the agent to run a process.
 type ExecRequest struct {
 	// Argv is the program and its arguments; Argv[0] without a slash is
-	// looked up in PATH (the PATH of the resulting environment).
+	// looked up in PATH (the PATH of the resulting environment), and the
+	// process sees the path it was found at as its argv[0].
 	Argv []string `json:"argv"`
 	// Env entries (KEY=VALUE) are added to the agent's environment,
 	// replacing variables of the same name.
