@@ -71,9 +71,17 @@ func TestAgentEndToEnd(t *testing.T) {
 		if code != 0 || !strings.Contains(out, `"version": "`+agent.Version+`"`) {
 			t.Fatalf("warren health: exit %d, stdout %q, stderr %q", code, out, errOut)
 		}
-		h, err := c.Health(ctx)
-		if err != nil {
-			t.Fatal(err)
+		// The agent syncs the clock right after it starts listening, so
+		// the first sync may land just after the first answer.
+		var h agent.Health
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			var err error
+			if h, err = c.Health(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if h.Syncs >= 1 || time.Now().After(deadline) {
+				break
+			}
 		}
 		if h.MemTotalBytes == 0 || h.UptimeSeconds <= 0 {
 			t.Errorf("implausible health %+v", h)
