@@ -29,6 +29,24 @@ type Memory interface {
 	Slice(gpa, n uint64) ([]byte, error)
 }
 
+// WriteTracker is implemented by guest memory that records which pages the
+// VMM writes (KVM's dirty log sees only the guest's own writes). Queues
+// mark every range a device may write through them: each device-writable
+// buffer when its chain is popped (whether or not the device fills it, so
+// the record errs on the side of more pages), the used ring entries and
+// index, and the avail_event field. Incremental snapshots add these pages
+// to KVM's dirty log.
+type WriteTracker interface {
+	MarkWritten(gpa, n uint64)
+}
+
+// markWritten records a device write of [gpa, gpa+n) when mem tracks them.
+func markWritten(mem Memory, gpa, n uint64) {
+	if t, ok := mem.(WriteTracker); ok {
+		t.MarkWritten(gpa, n)
+	}
+}
+
 // ErrBroken marks a fault of the guest driver: the device must be reset.
 var ErrBroken = errors.New("virtio: malformed queue")
 
@@ -142,6 +160,7 @@ func (q *Queue) put16(mem Memory, gpa uint64, v uint16) error {
 		return fmt.Errorf("%w: write at %#x: %v", ErrBroken, gpa, err)
 	}
 	binary.LittleEndian.PutUint16(b, v)
+	markWritten(mem, gpa, 2)
 	return nil
 }
 
@@ -171,6 +190,7 @@ func storeRingHeader(mem Memory, ring uint64, flags, idx uint16) error {
 		return fmt.Errorf("%w: ring header at %#x: %v", ErrBroken, ring, err)
 	}
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&b[0])), uint32(flags)|uint32(idx)<<16)
+	markWritten(mem, ring, 4)
 	return nil
 }
 
@@ -291,6 +311,7 @@ func (q *Queue) walk(mem Memory, head uint16) (*Chain, error) {
 		}
 		if d.flags&descFWrite != 0 {
 			c.Writable = append(c.Writable, buf)
+			markWritten(mem, d.addr, uint64(d.len))
 		} else {
 			if len(c.Writable) > 0 {
 				return nil, fmt.Errorf("%w: device-readable buffer after a writable one", ErrBroken)
@@ -327,6 +348,7 @@ func (q *Queue) Stage(mem Memory, head uint16, written uint32) error {
 	}
 	binary.LittleEndian.PutUint32(b, uint32(head))
 	binary.LittleEndian.PutUint32(b[4:], written)
+	markWritten(mem, slot, 8)
 	q.NextUsed++
 	return nil
 }

@@ -218,3 +218,58 @@ func TestWorkersStartStop(t *testing.T) {
 	}
 	w.Stop()
 }
+
+// trackedMemory records MarkWritten calls.
+type trackedMemory struct {
+	vt.Memory
+	written [][2]uint64
+}
+
+func (m *trackedMemory) MarkWritten(gpa, n uint64) { m.written = append(m.written, [2]uint64{gpa, n}) }
+
+// covered reports whether [gpa, gpa+n) lies inside one recorded range.
+func (m *trackedMemory) covered(gpa, n uint64) bool {
+	for _, w := range m.written {
+		if gpa >= w[0] && gpa+n <= w[0]+w[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// Every byte a device may write through a queue is reported to a
+// WriteTracker: the writable buffers, the used entry and index; readable
+// buffers are not.
+func TestWritesAreTracked(t *testing.T) {
+	d := newDriver(8)
+	d.Q.EventIdx = true
+	mem := &trackedMemory{Memory: d.Mem}
+	_, addrs := d.Offer(vt.Buf{Data: []byte("req")}, vt.Buf{Len: 10, Writable: true})
+	c, err := d.Q.Pop(mem)
+	if err != nil || c == nil {
+		t.Fatal(err)
+	}
+	if err := d.Q.Push(mem, c.Head, 5); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := d.Q.Pop(mem); c != nil || err != nil { // empty: writes avail_event
+		t.Fatal(c, err)
+	}
+	slot := d.Q.Used + 4
+	for _, r := range []struct {
+		name   string
+		gpa, n uint64
+	}{
+		{"writable buffer", addrs[1], 10},
+		{"used entry", slot, 8},
+		{"used index", d.Q.Used, 4},
+		{"avail_event", d.Q.Used + 4 + 8*uint64(d.Q.Size), 2},
+	} {
+		if !mem.covered(r.gpa, r.n) {
+			t.Errorf("%s [%#x, +%d) not tracked; tracked %v", r.name, r.gpa, r.n, mem.written)
+		}
+	}
+	if mem.covered(addrs[0], 1) {
+		t.Errorf("readable buffer at %#x tracked as written", addrs[0])
+	}
+}

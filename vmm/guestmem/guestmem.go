@@ -12,6 +12,7 @@ package guestmem
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -42,6 +43,9 @@ type Memory struct {
 	fd      int
 	mem     []byte // MAP_SHARED mapping of the whole memfd
 	regions []Region
+	// written has one bit per page of the memfd (flat offset / PageSize)
+	// that the VMM wrote since the last TakeWritten; see MarkWritten.
+	written []atomic.Uint64
 }
 
 // ErrOutOfRange is wrapped by accessors given an address outside RAM.
@@ -77,7 +81,8 @@ func New(size uint64) (*Memory, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("guestmem: mmap %d bytes: %w", size, err)
 	}
-	return &Memory{fd: fd, mem: mem, regions: Layout(size)}, nil
+	return &Memory{fd: fd, mem: mem, regions: Layout(size),
+		written: make([]atomic.Uint64, (size/PageSize+63)/64)}, nil
 }
 
 // FD returns the memfd.
@@ -128,7 +133,45 @@ func (m *Memory) WriteAt(p []byte, gpa int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	m.MarkWritten(uint64(gpa), uint64(len(p)))
 	return copy(s, p), nil
+}
+
+// MarkWritten records that the VMM wrote guest [gpa, gpa+n) (devices do,
+// through virtio.WriteTracker), so that incremental snapshots include
+// those pages: KVM's dirty log sees only the guest's writes. Addresses
+// outside RAM are ignored. Safe for concurrent use.
+func (m *Memory) MarkWritten(gpa, n uint64) {
+	if n == 0 {
+		return
+	}
+	for _, r := range m.regions {
+		if gpa >= r.End() || gpa+n <= r.GPA {
+			continue
+		}
+		lo, hi := max(gpa, r.GPA), min(gpa+n, r.End())
+		first := (r.Offset + lo - r.GPA) / PageSize
+		last := (r.Offset + hi - r.GPA - 1) / PageSize
+		for p := first; p <= last; p++ {
+			w := &m.written[p/64]
+			bit := uint64(1) << (p % 64)
+			if w.Load()&bit == 0 {
+				w.Or(bit)
+			}
+		}
+	}
+}
+
+// TakeWritten returns the pages the VMM wrote since the previous call, as
+// a bitmap with one bit per page of the flat memfd image (bit p%64 of word
+// p/64), and clears the record. Call it with the VM paused and devices
+// quiesced, or writes racing with it may land in either snapshot.
+func (m *Memory) TakeWritten() []uint64 {
+	out := make([]uint64, len(m.written))
+	for i := range m.written {
+		out[i] = m.written[i].Swap(0)
+	}
+	return out
 }
 
 // Close unmaps and closes the memfd. Only after every vCPU has stopped.

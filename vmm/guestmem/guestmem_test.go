@@ -3,6 +3,7 @@ package guestmem
 import (
 	"bytes"
 	"errors"
+	"sync/atomic"
 	"testing"
 )
 
@@ -45,5 +46,29 @@ func TestAccessBounds(t *testing.T) {
 	}
 	if _, err := m.ReadAt(buf, -1); !errors.Is(err, ErrOutOfRange) {
 		t.Errorf("negative ReadAt err = %v", err)
+	}
+}
+
+func TestMarkWritten(t *testing.T) {
+	// Two regions: RAM above the 32-bit hole continues at 4 GiB, but the
+	// bitmap follows memfd offsets.
+	m := &Memory{regions: Layout(MMIOHoleStart + 8*PageSize)}
+	m.written = make([]atomic.Uint64, (uint64(MMIOHoleStart+8*PageSize)/PageSize+63)/64)
+	m.MarkWritten(PageSize-1, 2)               // pages 0 and 1
+	m.MarkWritten(MMIOHoleEnd+3*PageSize, 1)   // first region's pages + 3
+	m.MarkWritten(MMIOHoleStart+PageSize, 100) // in the hole: ignored
+	m.MarkWritten(5*PageSize, 0)               // empty: ignored
+	holePages := uint64(MMIOHoleStart / PageSize)
+	want := map[uint64]bool{0: true, 1: true, holePages + 3: true}
+	got := m.TakeWritten()
+	for p := uint64(0); p < uint64(len(got))*64; p++ {
+		if set := got[p/64]&(1<<(p%64)) != 0; set != want[p] {
+			t.Errorf("page %d marked %v, want %v", p, set, want[p])
+		}
+	}
+	for i, w := range m.TakeWritten() {
+		if w != 0 {
+			t.Fatalf("word %d not cleared: %#x", i, w)
+		}
 	}
 }
