@@ -23,9 +23,11 @@ const (
 )
 
 // vcpuThread owns vCPU id for its whole life: it locks itself to an OS
-// thread, creates and configures the vCPU, reports on ready, waits for start
-// and runs the guest until the VM stops. The thread is never unlocked, so it
-// exits with the goroutine.
+// thread, creates and configures the vCPU (or loads its saved state, for a
+// restored VM), reports on ready, waits for start and runs the guest until
+// the VM stops. Between two KVM_RUNs it parks while a pause is requested
+// (see pause.go). The thread is never unlocked, so it exits with the
+// goroutine.
 func (v *VM) vcpuThread(id int, ready chan<- error, start <-chan struct{}) {
 	runtime.LockOSThread()
 	c, err := v.setupVCPU(id)
@@ -46,6 +48,13 @@ func (v *VM) vcpuThread(id int, ready chan<- error, start <-chan struct{}) {
 	ready <- nil
 	<-start
 	for !v.stopping.Load() {
+		if v.pause.requested.Load() {
+			if err := v.park(c); err != nil {
+				v.Stop(fmt.Errorf("vmm: vCPU %d: %w", id, err))
+				return
+			}
+			continue
+		}
 		if err := c.Run(); err != nil {
 			if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
 				continue // a kick, or Go's own preemption signal
@@ -66,6 +75,12 @@ func (v *VM) setupVCPU(id int) (*kvm.VCPU, error) {
 		return nil, err
 	}
 	fail := func(err error) (*kvm.VCPU, error) { c.Close(); return nil, err }
+	if v.restore != nil {
+		if err := v.loadVCPU(c, &v.restore.VCPUs[id]); err != nil {
+			return fail(err)
+		}
+		return c, nil
+	}
 	if err := c.SetCPUID2(vcpuCPUID(v.cpuid, id, v.cfg.CPUs)); err != nil {
 		return fail(err)
 	}

@@ -2,12 +2,19 @@
 // vCPU, KVM's in-kernel irqchip (PIC, IOAPIC, LAPICs) and PIT, a 16550A
 // UART on COM1 for the console, and an i8042 whose reset line ends the VM.
 //
-// Threads: New and Close run on the caller's goroutine. Run starts one
-// goroutine per vCPU, each locked to its own OS thread for its whole life;
-// only that thread touches its kvm.VCPU. Devices are called from whichever
-// vCPU thread exits to them. Stop may be called from any goroutine: it marks
-// the VM stopping and kicks every vCPU out of KVM_RUN with immediate_exit and
-// a signal.
+// Threads: New, Restore and Close run on the caller's goroutine. Run starts
+// one goroutine per vCPU, each locked to its own OS thread for its whole
+// life; only that thread touches its kvm.VCPU (creating it, loading a saved
+// state into it, running it, reading its state for SaveState). Devices are
+// called from whichever vCPU thread exits to them. Stop may be called from
+// any goroutine: it marks the VM stopping and kicks every vCPU out of
+// KVM_RUN with immediate_exit and a signal. Pause and Resume may be called
+// from any goroutine too: Pause kicks the vCPUs the same way and each
+// thread parks itself between two KVM_RUNs; while parked it runs the reads
+// SaveState hands it (the handshake is described in pause.go).
+//
+// Snapshots: Pause, SaveState and a copy of Memory() capture a VM; Restore
+// builds a new VM from them, and Run resumes the guest where it was.
 //
 // Guest memory is owned by the VM (see guestmem); the boot loader writes it
 // before any vCPU runs, devices afterwards through bounds-checked accessors.
@@ -69,6 +76,10 @@ type Config struct {
 	// TrackDirty turns on KVM dirty-page logging for guest RAM (with manual
 	// re-protection where KVM offers it), read with DirtyPages.
 	TrackDirty bool
+	// StartPaused makes Run create the vCPUs and park them before the first
+	// guest instruction, as if Pause had been called: Pause then returns once
+	// they are parked (SaveState works), and Resume lets the guest run.
+	StartPaused bool
 }
 
 // ErrPanic is wrapped by Run's error when the guest kernel panicked.
@@ -104,36 +115,25 @@ type VM struct {
 	vcpuMu   sync.Mutex
 	tids     map[int]int // vCPU id -> OS thread id, while running
 	vcpus    map[int]*kvm.VCPU
+
+	pause   pauseState // see pause.go
+	restore *State     // set by Restore: the vCPU threads load it instead of booting
 }
 
 // New validates cfg, creates the KVM VM, its memory and devices, and loads
 // the kernel. Nothing runs until Run.
 func New(cfg Config) (_ *VM, err error) {
-	if cfg.CPUs < 1 || cfg.CPUs > MaxCPUs {
-		return nil, fmt.Errorf("vmm: %d vCPUs requested; between 1 and %d are supported", cfg.CPUs, MaxCPUs)
-	}
-	if cfg.MemBytes < 16<<20 || cfg.MemBytes%guestmem.PageSize != 0 {
-		return nil, fmt.Errorf("vmm: %d MiB of memory requested; at least 16 MiB, in whole pages, is needed", cfg.MemBytes>>20)
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
 	}
 	if len(cfg.Kernel) == 0 {
 		return nil, fmt.Errorf("vmm: no kernel image")
 	}
-	if cfg.Console == nil {
-		cfg.Console = io.Discard
-	}
-	if cfg.KVMPath == "" {
-		cfg.KVMPath = kvm.DevicePath
-	}
-	v := &VM{cfg: cfg, log: cfg.Log, done: make(chan struct{}), tids: map[int]int{}, vcpus: map[int]*kvm.VCPU{}}
-	if v.log == nil {
-		v.log = slog.Default()
-	}
+	v := newVM(cfg)
+	cfg = v.cfg
 	var cmd boot.Cmdline
 	cmd.Add(BaseCmdline)
 	cmd.Add(cfg.Profile.KernelArgs()...)
-	if len(cfg.Virtio) > MaxVirtioDevices {
-		return nil, fmt.Errorf("vmm: %d virtio devices; at most %d are supported", len(cfg.Virtio), MaxVirtioDevices)
-	}
 	for i := range cfg.Virtio {
 		cmd.Add(virtioCmdline(i))
 	}
@@ -158,19 +158,59 @@ func New(cfg Config) (_ *VM, err error) {
 	}); err != nil {
 		return nil, err
 	}
-	if v.sys, err = kvm.Open(cfg.KVMPath); err != nil {
+	if err := v.createKVM(); err != nil {
 		return nil, err
+	}
+	return v, nil
+}
+
+// checkConfig validates what New and Restore have in common.
+func checkConfig(cfg Config) error {
+	if cfg.CPUs < 1 || cfg.CPUs > MaxCPUs {
+		return fmt.Errorf("vmm: %d vCPUs requested; between 1 and %d are supported", cfg.CPUs, MaxCPUs)
+	}
+	if cfg.MemBytes < 16<<20 || cfg.MemBytes%guestmem.PageSize != 0 {
+		return fmt.Errorf("vmm: %d MiB of memory requested; at least 16 MiB, in whole pages, is needed", cfg.MemBytes>>20)
+	}
+	if len(cfg.Virtio) > MaxVirtioDevices {
+		return fmt.Errorf("vmm: %d virtio devices; at most %d are supported", len(cfg.Virtio), MaxVirtioDevices)
+	}
+	return nil
+}
+
+// newVM returns a VM with cfg's defaults filled in and nothing created.
+func newVM(cfg Config) *VM {
+	if cfg.Console == nil {
+		cfg.Console = io.Discard
+	}
+	if cfg.KVMPath == "" {
+		cfg.KVMPath = kvm.DevicePath
+	}
+	v := &VM{cfg: cfg, log: cfg.Log, done: make(chan struct{}), tids: map[int]int{}, vcpus: map[int]*kvm.VCPU{}}
+	if v.log == nil {
+		v.log = slog.Default()
+	}
+	v.pause.init(cfg.CPUs, cfg.StartPaused)
+	return v
+}
+
+// createKVM creates the KVM VM over v.mem (already filled), its irqchip,
+// PIT and memory slots, and the devices. On error the caller closes v.
+func (v *VM) createKVM() (err error) {
+	cfg := v.cfg
+	if v.sys, err = kvm.Open(cfg.KVMPath); err != nil {
+		return err
 	}
 	for _, c := range []struct {
 		cap  int
 		name string
 	}{{kvm.CapIRQChip, "IRQCHIP"}, {kvm.CapUserMemory, "USER_MEMORY"}, {kvm.CapPIT2, "PIT2"}, {kvm.CapImmediateExit, "IMMEDIATE_EXIT"}} {
 		if n, err := v.sys.CheckExtension(c.cap); err != nil || n == 0 {
-			return nil, fmt.Errorf("vmm: this KVM lacks KVM_CAP_%s, which Warren needs", c.name)
+			return fmt.Errorf("vmm: this KVM lacks KVM_CAP_%s, which Warren needs", c.name)
 		}
 	}
 	if v.vm, err = v.sys.CreateVM(); err != nil {
-		return nil, err
+		return err
 	}
 	// Intel VMX needs these; elsewhere they may be refused, which is harmless.
 	if err := v.vm.SetTSSAddr(tssAddr); err != nil {
@@ -180,17 +220,17 @@ func New(cfg Config) (_ *VM, err error) {
 		v.log.Debug("KVM_SET_IDENTITY_MAP_ADDR refused", "err", err)
 	}
 	if err := v.vm.CreateIRQChip(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := v.vm.CreatePIT2(kvm.PITSpeakerDummy); err != nil {
-		return nil, err
+		return err
 	}
 	var slotFlags uint32
 	if cfg.TrackDirty {
 		slotFlags = kvm.MemLogDirtyPages
 		if n, _ := v.sys.CheckExtension(kvm.CapManualDirtyLogProtect2); n&1 != 0 {
 			if err := v.vm.EnableCap(kvm.CapManualDirtyLogProtect2, 1); err != nil {
-				return nil, err
+				return err
 			}
 			v.manualProtect = true
 		}
@@ -201,17 +241,17 @@ func New(cfg Config) (_ *VM, err error) {
 			Slot: uint32(i), Flags: slotFlags, GuestPhysAddr: r.GPA, MemorySize: r.Size,
 			UserspaceAddr: uint64(uintptrOf(host)),
 		}); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	supported, err := v.sys.SupportedCPUID()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	v.cpuid = cfg.Profile.FilterCPUID(supported)
 
 	if err := v.attachVirtio(); err != nil {
-		return nil, err
+		return err
 	}
 	v.console = &panicWatcher{w: cfg.Console}
 	v.conbuf = newLineBuffer(v.console)
@@ -225,11 +265,11 @@ func New(cfg Config) (_ *VM, err error) {
 		{0x80, 1, sink{}}, // POST codes
 	} {
 		if err := v.PIO.Add(d.base, d.size, d.dev); err != nil {
-			return nil, err
+			return err
 		}
 	}
 
-	return v, nil
+	return nil
 }
 
 // Cmdline returns the full kernel command line the guest boots with.
@@ -305,6 +345,12 @@ func (v *VM) Run(ctx context.Context) error {
 		if err := <-ready; err != nil && setupErr == nil {
 			setupErr = err
 		}
+	}
+	if setupErr == nil && v.restore != nil {
+		setupErr = v.restoreClock()
+		// Now that the LAPICs exist, an interrupt the UART raised while
+		// the VM was being restored can be delivered.
+		v.uart.RaisePending()
 	}
 	if setupErr != nil {
 		v.Stop(setupErr)

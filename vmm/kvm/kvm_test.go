@@ -126,3 +126,40 @@ func TestRealModeExits(t *testing.T) {
 		t.Errorf("CX = %d after the guest added BX, want 42", regs.RCX&0xffff)
 	}
 }
+
+// TestReadableMSRs reads KVM's MSR list with an MSR that does not exist in
+// the middle: it is skipped, the ones after it are still read.
+func TestReadableMSRs(t *testing.T) {
+	s := openKVM(t)
+	list, err := s.MSRIndexList()
+	if err != nil || len(list) < 2 {
+		t.Fatalf("MSR index list: %d entries, %v", len(list), err)
+	}
+	vm, err := s.CreateVM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vm.Close()
+	c, err := vm.CreateVCPU(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const bogus = 0x0badcafe
+	want := []uint32{kvm.MSRIA32TSC, bogus, kvm.MSRLSTAR, kvm.MSRSTAR}
+	got, err := c.ReadableMSRs(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idx []uint32
+	for _, e := range got {
+		idx = append(idx, e.Index)
+	}
+	if len(idx) != 3 || idx[0] != kvm.MSRIA32TSC || idx[1] != kvm.MSRLSTAR || idx[2] != kvm.MSRSTAR {
+		t.Errorf("read MSRs %#x, want TSC, LSTAR, STAR", idx)
+	}
+	all, err := c.ReadableMSRs(append(list, kvm.EssentialMSRs...))
+	if err != nil || len(all) < len(kvm.EssentialMSRs)/2 {
+		t.Errorf("%d readable MSRs of %d listed, %v", len(all), len(list), err)
+	}
+}

@@ -83,3 +83,32 @@ func TestFIFOLoopbackDivisor(t *testing.T) {
 		t.Error("scratch")
 	}
 }
+
+func TestStateRoundTrip(t *testing.T) {
+	var out bytes.Buffer
+	u := New(&out, nil)
+	u.Write(regLCR, lcrDLAB)
+	u.Write(regData, 1) // DLL
+	u.Write(regLCR, 0x03)
+	u.Write(regIER, ierRDI|ierTHRI)
+	u.Write(regSCR, 0x5a)
+	u.Input([]byte("ab"))
+	s := u.State()
+	v := New(&out, nil)
+	if err := v.SetState(s); err != nil {
+		t.Fatal(err)
+	}
+	if got := v.State(); got.IER != s.IER || got.LCR != 0x03 || got.DLL != 1 || got.SCR != 0x5a || string(got.RX) != "ab" || !got.THRPending {
+		t.Errorf("restored %+v, saved %+v", got, s)
+	}
+	if c := v.Read(regData); c != 'a' {
+		t.Errorf("first byte after restore %q", c)
+	}
+	for name, bad := range map[string]State{
+		"ier": {IER: 0xf0}, "mcr": {MCR: 0x80}, "rx": {RX: make([]byte, rxLimit+1)},
+	} {
+		if err := v.SetState(bad); err == nil {
+			t.Errorf("%s: bad state accepted", name)
+		}
+	}
+}
