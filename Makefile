@@ -88,11 +88,13 @@ BENCH_ARGS ?= --kernel $(KERNEL) --initramfs $(INITRAMFS)
 bench: warren kernel initramfs
 	CGO_ENABLED=0 $(GO) build -o bin/bench-boot ./bench/boot
 	CGO_ENABLED=0 $(GO) build -o bin/bench-devices ./bench/devices
+	CGO_ENABLED=0 $(GO) build -o bin/bench-agent ./bench/agent
 ifeq ($(HAVE_KVM),yes)
 	./bin/bench-boot $(BENCH_ARGS) --json $(BUILD)/bench-boot.json
 	./bin/bench-devices $(BENCH_ARGS) --json $(BUILD)/bench-devices.json
+	./bin/bench-agent $(BENCH_ARGS) --json $(BUILD)/bench-agent.json
 else
-	$(KVMHOST) --host-root $(CURDIR) -- './bin/bench-boot $(BENCH_ARGS) --json $(BUILD)/bench-boot.json && ./bin/bench-devices $(BENCH_ARGS) --json $(BUILD)/bench-devices.json'
+	$(KVMHOST) --host-root $(CURDIR) -- './bin/bench-boot $(BENCH_ARGS) --json $(BUILD)/bench-boot.json && ./bin/bench-devices $(BENCH_ARGS) --json $(BUILD)/bench-devices.json && ./bin/bench-agent $(BENCH_ARGS) --json $(BUILD)/bench-agent.json'
 endif
 
 clean:

@@ -30,7 +30,7 @@ fi
 
 GO=${GO:-go}
 # Commands built into the busybox binary besides our init.
-UROOT_CMDS=(gosh ls cat mount dmesg ps wget sync shutdown dd sleep)
+UROOT_CMDS=(gosh ls cat mount dmesg ps wget sync shutdown dd sleep true false kill mkdir rm date)
 
 log() { echo "mkinitramfs: $*" >&2; }
 start=$(date +%s%N)

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -322,5 +323,95 @@ func TestExecArgv(t *testing.T) {
 	}
 	if got := execArgv([]string{"./run", "a"}, "./run"); !slices.Equal(got, []string{"./run", "a"}) {
 		t.Errorf("path: %q", got)
+	}
+}
+
+func TestAgentTimes(t *testing.T) {
+	c := start(t)
+	for _, tc := range []struct {
+		argv []string
+		min  time.Duration
+	}{
+		{[]string{"true"}, 0},
+		{[]string{"sh", "-c", "sleep 0.2"}, 200 * time.Millisecond},
+	} {
+		t0 := time.Now()
+		st, err := c.ExecStatus(ctxT(t), ExecRequest{Argv: tc.argv}, nil, nil)
+		wall := time.Since(t0)
+		if err != nil || st.Code != 0 {
+			t.Fatalf("%q: %+v %v", tc.argv, st, err)
+		}
+		if d := time.Duration(st.AgentNs); d <= tc.min || d > wall {
+			t.Errorf("%q: agent time %s, want in (%s, %s]", tc.argv, d, tc.min, wall)
+		}
+	}
+	t0 := time.Now()
+	h, d, err := c.HealthTimed(ctxT(t))
+	wall := time.Since(t0)
+	if err != nil || h.Version != Version {
+		t.Fatalf("HealthTimed: %+v %v", h, err)
+	}
+	if d <= 0 || d > wall {
+		t.Errorf("health agent time %s, want in (0, %s]", d, wall)
+	}
+}
+
+func TestAgentTimeHeader(t *testing.T) {
+	for _, tc := range []struct {
+		v    string
+		want time.Duration
+	}{
+		{"", 0}, {"1234", 1234}, {"-5", 0}, {"x", 0}, {"99999999999999999999", 0},
+	} {
+		h := http.Header{}
+		if tc.v != "" {
+			h.Set(AgentTimeHeader, tc.v)
+		}
+		if got := AgentTime(h); got != tc.want {
+			t.Errorf("%q: got %d want %d", tc.v, got, tc.want)
+		}
+	}
+}
+
+// TestExecStatusFailure checks that a failure before the exit frame gives
+// code -1 and no agent time.
+func TestExecStatusFailure(t *testing.T) {
+	c := start(t)
+	st, err := c.ExecStatus(ctxT(t), ExecRequest{Argv: []string{"no-such-program-warren"}}, nil, nil)
+	if err == nil || st.Code != -1 || st.AgentNs != 0 {
+		t.Fatalf("%+v %v", st, err)
+	}
+}
+
+// TestExecReusesConnection checks that the client reads each exec stream
+// to its end, so that back-to-back calls share one connection (benchmarks
+// of the round trip would otherwise time a connect now and then).
+func TestExecReusesConnection(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(ProcessWaiter{}, Options{})
+	go s.Serve(l)
+	t.Cleanup(func() { s.Close() })
+	var dials atomic.Int32
+	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+		dials.Add(1)
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	})
+	defer c.Close()
+	for i := range 10 {
+		var out bytes.Buffer
+		if code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "echo " + strconv.Itoa(i)}}, &out, nil); err != nil || code != 0 || out.String() != strconv.Itoa(i)+"\n" {
+			t.Fatalf("exec %d: code %d out %q err %v", i, code, out.String(), err)
+		}
+		if _, err := c.Health(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Errorf("%d connections for 20 sequential calls, want 1", n)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 )
 
 // DialFunc opens a connection to the agent (a vsock connection through the
@@ -93,12 +94,21 @@ func (c *Client) getJSON(ctx context.Context, u string, v any) error {
 // req.OnStart is non-nil it is called with the process's pid (for Kill)
 // before any output is copied.
 func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Writer) (exitCode int, err error) {
+	st, err := c.ExecStatus(ctx, req, stdout, stderr)
+	return st.Code, err
+}
+
+// ExecStatus is Exec returning the whole ExitStatus, with the agent's own
+// time for the request (AgentNs). On a failure before the process exited
+// (no FrameExit) its Code is -1.
+func (c *Client) ExecStatus(ctx context.Context, req ExecRequest, stdout, stderr io.Writer) (ExitStatus, error) {
+	fail := ExitStatus{Code: -1}
 	if req.Input != nil {
 		req.Stdin = true
 	}
 	line, err := json.Marshal(req)
 	if err != nil {
-		return -1, err
+		return fail, err
 	}
 	line = append(line, '\n')
 	var body io.Reader = bytes.NewReader(line)
@@ -107,13 +117,13 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Wr
 	}
 	resp, err := c.do(ctx, http.MethodPost, endpoint("/exec", nil), body)
 	if err != nil {
-		return -1, err
+		return fail, err
 	}
 	defer resp.Body.Close()
 	if req.OnStart != nil {
 		pid, err := strconv.Atoi(resp.Header.Get(PidHeader))
 		if err != nil {
-			return -1, fmt.Errorf("agent: bad %s header: %w", PidHeader, err)
+			return fail, fmt.Errorf("agent: bad %s header: %w", PidHeader, err)
 		}
 		req.OnStart(pid)
 	}
@@ -124,7 +134,7 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Wr
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
 			}
-			return -1, fmt.Errorf("agent: exec stream: %w", err)
+			return fail, fmt.Errorf("agent: exec stream: %w", err)
 		}
 		if cap(payload) > cap(buf) {
 			buf = payload
@@ -139,25 +149,28 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Wr
 				continue
 			}
 			if _, err := w.Write(payload); err != nil {
-				return -1, err
+				return fail, err
 			}
 		case FrameExit:
 			var st ExitStatus
 			if err := json.Unmarshal(payload, &st); err != nil {
-				return -1, fmt.Errorf("agent: decode exit status: %w", err)
+				return fail, fmt.Errorf("agent: decode exit status: %w", err)
 			}
+			// Read the end of the stream (the agent sends it with this
+			// frame), so that the connection is reused, not closed.
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 			if st.TimedOut {
-				return st.Code, fmt.Errorf("%w (killed by %s)", ErrTimedOut, st.Signal)
+				return st, fmt.Errorf("%w (killed by %s)", ErrTimedOut, st.Signal)
 			}
-			return st.Code, nil
+			return st, nil
 		case FrameError:
 			e := &Error{}
 			if err := json.Unmarshal(payload, e); err != nil {
-				return -1, fmt.Errorf("agent: decode error frame: %w", err)
+				return fail, fmt.Errorf("agent: decode error frame: %w", err)
 			}
-			return -1, e
+			return fail, e
 		default:
-			return -1, fmt.Errorf("agent: unknown frame type %d", typ)
+			return fail, fmt.Errorf("agent: unknown frame type %d", typ)
 		}
 	}
 }
@@ -178,9 +191,34 @@ func (c *Client) Kill(ctx context.Context, pid int, signal string) error {
 
 // Health returns the guest's health.
 func (c *Client) Health(ctx context.Context) (Health, error) {
-	var h Health
-	err := c.getJSON(ctx, endpoint("/health", nil), &h)
+	h, _, err := c.HealthTimed(ctx)
 	return h, err
+}
+
+// HealthTimed is Health also returning the agent's own time for the
+// request in the guest (AgentTimeHeader); 0 from an agent that does not
+// report it.
+func (c *Client) HealthTimed(ctx context.Context) (Health, time.Duration, error) {
+	var h Health
+	resp, err := c.do(ctx, http.MethodGet, endpoint("/health", nil), nil)
+	if err != nil {
+		return h, 0, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		return h, 0, fmt.Errorf("agent: decode response: %w", err)
+	}
+	return h, AgentTime(resp.Header), nil
+}
+
+// AgentTime reads AgentTimeHeader from a response's header; 0 when it is
+// absent or malformed.
+func AgentTime(h http.Header) time.Duration {
+	ns, err := strconv.ParseInt(h.Get(AgentTimeHeader), 10, 64)
+	if err != nil || ns < 0 {
+		return 0
+	}
+	return time.Duration(ns)
 }
 
 // ReadFile copies the guest file at path (absolute) to w and returns its

@@ -11,7 +11,8 @@
 //
 //	POST /exec             run a process; the response is a framed stream (see Frame*)
 //	POST /kill?pid=N&signal=TERM   signal the process group of a running /exec process
-//	GET  /health           uptime, load, memory, agent version, re-syncs (JSON Health)
+//	GET  /health           uptime, load, memory, agent version, re-syncs (JSON Health);
+//	                       the handler's own time in the AgentTimeHeader header
 //	GET  /files?path=P     the file's bytes; its mode in the X-Warren-Mode header
 //	PUT  /files?path=P&mode=0644   replace the file with the request body
 //	GET  /stat?path=P      JSON FileInfo (lstat)

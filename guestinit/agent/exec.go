@@ -68,6 +68,10 @@ type frameWriter struct {
 	err error
 }
 
+// write writes one frame and flushes it to the client, except the final
+// FrameExit or FrameError: net/http flushes that together with the end of
+// the chunked stream when the handler returns, one write (one vsock
+// packet) instead of two.
 func (fw *frameWriter) write(typ byte, p []byte) error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
@@ -77,6 +81,9 @@ func (fw *frameWriter) write(typ byte, p []byte) error {
 	if err := WriteFrame(fw.w, typ, p); err != nil {
 		fw.err = err
 		return err
+	}
+	if typ == FrameExit || typ == FrameError {
+		return nil
 	}
 	if err := fw.rc.Flush(); err != nil {
 		fw.err = err
@@ -138,6 +145,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("decode exec request: %v", err))
 		return
 	}
+	decoded := time.Now() // the start of ExitStatus.AgentNs
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		writeError(w, badRequest("empty argv"))
 		return
@@ -350,6 +358,7 @@ wait:
 	default:
 		st.Code = -1
 	}
+	st.AgentNs = int64(time.Since(decoded))
 	b, _ := json.Marshal(st)
 	_ = fw.write(FrameExit, b)
 }

@@ -45,6 +45,13 @@ const ModeHeader = "X-Warren-Mode"
 // process's pid (also its process group id), for POST /kill.
 const PidHeader = "X-Warren-Pid"
 
+// AgentTimeHeader is the response header of GET /health holding the
+// handler's own time in the guest, in decimal nanoseconds: from the
+// handler's start to the response body ready to write. Benchmarks subtract
+// it from a round trip to see the transport's share (see
+// Client.HealthTimed).
+const AgentTimeHeader = "X-Warren-Agent-Ns"
+
 // ExecRequest asks the agent to run a process.
 type ExecRequest struct {
 	// Argv is the program and its arguments; Argv[0] without a slash is
@@ -81,6 +88,12 @@ type ExitStatus struct {
 	Signal string `json:"signal,omitempty"`
 	// TimedOut says the agent killed the process at its timeout.
 	TimedOut bool `json:"timed_out,omitempty"`
+	// AgentNs is the agent's own time for the request in the guest, in
+	// nanoseconds: from the request line decoded to this status ready
+	// (looking up the program, fork and exec, the wait, draining its
+	// output). Benchmarks subtract it from a round trip (see
+	// Client.ExecStatus); 0 from an agent that does not measure it.
+	AgentNs int64 `json:"agent_ns,omitempty"`
 }
 
 // Health is the /health response.

@@ -126,6 +126,7 @@ func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	t0 := time.Now()
 	if r.Method != http.MethodGet {
 		methodNotAllowed(w, r, "GET")
 		return
@@ -140,6 +141,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		st := s.sync.Stats()
 		h.Syncs, h.LastSync = st.Count, st.Last
 	}
+	w.Header().Set(AgentTimeHeader, strconv.FormatInt(int64(time.Since(t0)), 10))
 	writeJSON(w, h)
 }
 
