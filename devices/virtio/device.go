@@ -31,6 +31,13 @@ const (
 // vCPU threads; Activate once the driver sets DRIVER_OK; Reset when the
 // driver resets the device (or it must be reset), after which the device
 // must have stopped touching its queues and guest memory.
+//
+// The device's goroutines touch guest memory, the queues and the interrupt
+// only inside service passes (Activation.Enter to Leave), and push every
+// chain they pop before the pass ends, so that the transport can quiesce
+// the device for a snapshot (MMIO.Quiesce); host-side I/O into the device's
+// own buffers happens outside passes. A pass should end early, at a safe
+// point, when Activation.Quiescing reports true.
 type Device interface {
 	// Type is the virtio device ID.
 	Type() uint32
@@ -50,6 +57,10 @@ type Device interface {
 }
 
 // Activation is what a device gets when the driver is ready.
+//
+// Its workers use Mem, Queues, Interrupt and Broken only inside service
+// passes (Enter ... Leave), so that the transport can quiesce the device
+// for a snapshot; see MMIO.Quiesce.
 type Activation struct {
 	Mem      Memory
 	Features uint64   // negotiated
@@ -61,4 +72,8 @@ type Activation struct {
 	// Broken reports a driver fault found by the device (ErrBroken): the
 	// transport sets NEEDS_RESET and stops the device.
 	Broken func(error)
+
+	// gate holds the device's service passes (Enter, Leave) while the
+	// transport is quiesced; nil in an Activation built by hand.
+	gate *gate
 }

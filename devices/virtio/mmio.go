@@ -55,14 +55,25 @@ type Signaller interface {
 
 // MMIO is the virtio-mmio transport for one device. Its Read and Write are
 // called from vCPU threads; mu serialises them with device callbacks.
+// Quiesce and Resume (serialised by qmu) hold the device's workers at a
+// safe point for a snapshot; Save is then valid.
 type MMIO struct {
-	mu   sync.Mutex
+	// qmu serialises Quiesce and Resume; it is taken before mu.
+	qmu sync.Mutex
+	mu  sync.Mutex
+	// signals counts the configuration-change interrupts broken sends
+	// asynchronously; Quiesce waits for them.
+	signals sync.WaitGroup
+
+	// Immutable after NewMMIO.
 	dev  Device
 	mem  Memory
 	irq  Signaller
 	log  *slog.Logger
 	name string
 
+	// mu guards the fields below (the Queues too, while the device is not
+	// activated; see Queue).
 	status       uint32
 	devFeatSel   uint32
 	drvFeatSel   uint32
@@ -77,6 +88,11 @@ type MMIO struct {
 	// resetting is closed when an asynchronous device Reset started by
 	// broken has finished; activate and reset wait for it.
 	resetting chan struct{}
+	// gate is the current activation's pass gate (nil before the first).
+	gate *gate
+	// quiesced: Quiesce succeeded and Resume has not been called. An
+	// activation made while quiesced starts with its gate closed.
+	quiesced bool
 }
 
 // NewMMIO wraps dev in a transport. irq raises its interrupt; mem is guest
@@ -297,7 +313,12 @@ func (t *MMIO) activate() error {
 			defer t.mu.Unlock()
 			t.broken(err)
 		},
+		gate: &gate{},
 	}
+	if t.quiesced {
+		a.gate.shut()
+	}
+	t.gate = a.gate
 	for _, q := range t.queues {
 		q.EventIdx = t.drvFeatures&FeatureEventIdx != 0
 		if q.Ready {
@@ -335,7 +356,8 @@ func (t *MMIO) broken(err error) {
 	}
 	if t.status&StatusDriverOK != 0 {
 		t.intStatus |= intConfigChange
-		go t.signal()
+		t.signals.Add(1)
+		go func() { defer t.signals.Done(); t.signal() }()
 	}
 }
 
@@ -364,7 +386,8 @@ func (t *MMIO) reset() {
 	t.brokenLogged = false
 }
 
-// ConfigChanged tells the driver the device configuration changed.
+// ConfigChanged tells the driver the device configuration changed. It
+// raises an interrupt: not to be called while the transport is quiesced.
 func (t *MMIO) ConfigChanged() {
 	t.mu.Lock()
 	t.configGen++

@@ -8,9 +8,12 @@
 // serving it. Nothing the guest writes can make the VMM panic, spin, or
 // allocate without bound.
 //
-// Threads: a Queue is owned by its device's worker goroutine once the driver
-// has set DRIVER_OK; the transport touches it only while the device is not
-// activated (configuration) or after the worker has stopped (reset, save).
+// Threads: a Queue is owned by its device's worker goroutines once the
+// driver has set DRIVER_OK, and they touch it, and guest memory, only
+// inside service passes (Activation.Enter to Leave). The transport touches
+// it only while the device is not activated (configuration), after the
+// workers have stopped (reset, save), or while the transport is quiesced
+// (save): see MMIO.Quiesce for the whole invariant.
 package virtio
 
 import (

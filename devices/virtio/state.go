@@ -55,7 +55,14 @@ func restoreQueue(q *Queue, s QueueState) {
 }
 
 // Save captures the transport's state. The VM must be paused (no vCPU in
-// the transport) and the device quiescent.
+// the transport) and the device quiet: quiesced (Quiesce, and the VM may
+// resume after Save with Resume), or stopped (Shutdown, or not activated).
+// At that point every chain the device popped has been pushed, so the
+// queues' NextAvail and NextUsed agree with the rings in guest memory, and
+// a copy of guest memory taken before Resume matches the state: Restore
+// over that copy continues the rings where they were. Host-side data the
+// device held and had not yet put into guest memory (a received frame, a
+// vsock chunk) is not part of the state.
 func (t *MMIO) Save() (TransportState, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -77,7 +84,7 @@ func (t *MMIO) Save() (TransportState, error) {
 
 // Restore loads a saved state into a fresh transport (one that the driver
 // has not touched) and re-activates the device when the driver had it
-// running. It refuses a state of another version, device type or queue
+// running, not quiesced, with a kick on every queue. It refuses a state of another version, device type or queue
 // layout before changing anything.
 func (t *MMIO) Restore(s TransportState) error {
 	if s.Version != StateVersion {

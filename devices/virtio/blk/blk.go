@@ -33,6 +33,13 @@
 // complete, and its used entry published, before the next is taken, so a
 // quiesced device has nothing in flight to save.
 //
+// # Quiesce
+//
+// The worker serves requests inside service passes of the transport's gate
+// (virtio.Activation.Enter/Leave): MMIO.Quiesce waits for the request in
+// progress to complete and be pushed, the worker then takes no other until
+// MMIO.Resume, and neither reads nor writes guest memory meanwhile.
+//
 // # The image
 //
 // New opens a regular file (block devices are not supported) whose size
@@ -138,6 +145,9 @@ type Device struct {
 	log      *slog.Logger
 
 	workers virtio.Workers
+	// serveHook, when set (tests only, before activation), runs on the
+	// worker before each request is served.
+	serveHook func()
 }
 
 // New opens the raw image at path and returns a disk that serves it.

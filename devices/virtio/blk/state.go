@@ -42,9 +42,10 @@ type state struct {
 
 // SaveState implements virtio.Stateful. Requests in flight are not part of
 // it: the worker completes each request before taking the next, so a
-// quiesced device (transport Shutdown) has none. The guest's unflushed
-// writes are in the host page cache, that is in the image file, which the
-// caller snapshots alongside (a copy, or the same file left untouched).
+// quiet device (transport Quiesce or Shutdown) has none. The guest's
+// unflushed writes are in the host page cache, that is in the image file,
+// which the caller snapshots alongside (a copy, or the same file left
+// untouched).
 func (d *Device) SaveState() (json.RawMessage, error) {
 	m := &d.Metrics
 	return json.Marshal(state{

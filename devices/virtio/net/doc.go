@@ -22,6 +22,17 @@
 // a previous activation's goroutines only if no Reset came between (they
 // have then stopped themselves after a fault).
 //
+// Quiesce: each goroutine touches its queue, guest memory and the
+// interrupt only inside service passes (virtio.Activation.Enter/Leave):
+// the transmit goroutine's pass pops, sends and pushes chains; the receive
+// goroutine's pass delivers the frame it holds. Reading the backend into
+// the receive buffer and writing a frame to it (inside the transmit pass,
+// from the host copy) touch no guest memory. So while the transport is
+// quiesced (MMIO.Quiesce) the receive goroutine may read at most one frame
+// from the backend and holds it until Resume; further frames wait in the
+// backend. A transmit pass in progress when Quiesce is called finishes its
+// chain (the backend write included) before Quiesce returns.
+//
 // Back-pressure: the receive goroutine holds at most one frame. While the
 // guest has posted no receive buffers it stops reading the tap, so frames
 // queue in the tap's own (bounded) queue and the kernel drops the excess,

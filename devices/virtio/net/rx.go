@@ -11,12 +11,12 @@ import (
 // into d.rxBuf, delivers it into the guest's receive buffers, and only then
 // reads the next: while the guest has no buffers it holds that one frame
 // and waits for a kick on queue 0, leaving further frames in the backend.
+// The backend read happens outside service passes (it touches only
+// d.rxBuf); the delivery, inside one (a.Enter to a.Leave). So while the
+// transport is quiesced the goroutine holds at most the one frame it read,
+// and delivers it after Resume.
 func (d *Device) rxLoop(a *virtio.Activation, r *run, mergeable bool) {
 	q, stop := a.Queues[rxQueue], r.stop
-	broken := func(err error) {
-		d.Metrics.RxErrors.Add(1)
-		d.fault(a, r, r.txExit, fmt.Errorf("receive: %w", err))
-	}
 	held := 0 // length of the packet in d.rxBuf; 0 when none
 	for {
 		if held == 0 {
@@ -33,19 +33,20 @@ func (d *Device) rxLoop(a *virtio.Activation, r *run, mergeable bool) {
 			}
 			held = n
 		}
-		res, err := d.deliver(a.Mem, q, d.rxBuf[:held], mergeable)
+		if !a.Enter(stop) {
+			return
+		}
+		res, err := d.rxPass(a, q, d.rxBuf[:held], mergeable)
 		if err != nil {
-			broken(err)
+			d.Metrics.RxErrors.Add(1)
+			d.fault(a, r, r.txExit, fmt.Errorf("receive: %w", err))
+		}
+		a.Leave()
+		if err != nil {
 			return
 		}
 		switch res {
-		case rxDone:
-			held = 0
-			if err := a.InterruptIfNeeded(q); err != nil {
-				broken(err)
-				return
-			}
-		case rxDropped:
+		case rxDone, rxDropped:
 			held = 0
 		case rxWait:
 			select {
@@ -56,6 +57,22 @@ func (d *Device) rxLoop(a *virtio.Activation, r *run, mergeable bool) {
 		case rxRetry:
 		}
 	}
+}
+
+// rxPass is the service pass of the receive goroutine: it delivers pkt and
+// interrupts the driver if it wants to hear about it. Errors are driver
+// faults.
+func (d *Device) rxPass(a *virtio.Activation, q *virtio.Queue, pkt []byte, mergeable bool) (rxResult, error) {
+	res, err := d.deliver(a.Mem, q, pkt, mergeable)
+	if err != nil {
+		return 0, err
+	}
+	if res == rxDone {
+		if err := a.InterruptIfNeeded(q); err != nil {
+			return 0, err
+		}
+	}
+	return res, nil
 }
 
 // rxResult is what deliver did with a frame.

@@ -25,7 +25,9 @@ const stateVersion = 1
 
 // state is the device's saved state: its identity, checked on restore,
 // and its counters. Queues are saved by the transport. A frame held by the
-// receive goroutine is not saved (it is dropped, as on Reset).
+// receive goroutine is not saved: a VM that resumes in the same process
+// gets it after Resume; one restored elsewhere never does (as on Reset),
+// as if the link had dropped it.
 type state struct {
 	Version   int    `json:"version"`
 	Tap       string `json:"tap"`
@@ -40,8 +42,8 @@ type state struct {
 	TxErrors  uint64 `json:"tx_errors"`
 }
 
-// SaveState implements virtio.Stateful. The device must be quiescent
-// (reset or shut down by the transport).
+// SaveState implements virtio.Stateful. The device must be quiet:
+// quiesced (MMIO.Quiesce), reset or shut down by the transport.
 func (d *Device) SaveState() (json.RawMessage, error) {
 	m := &d.Metrics
 	return json.Marshal(state{Version: stateVersion, Tap: d.b.Name(), MAC: d.mac.String(),

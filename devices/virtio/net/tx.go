@@ -64,28 +64,25 @@ func (d *Device) transmit(c *virtio.Chain, stop <-chan struct{}) error {
 }
 
 // txLoop is the transmit goroutine: it drains queue 1 whenever the driver
-// kicks it, until stop is closed or the driver breaks the queue.
+// kicks it, until stop is closed or the driver breaks the queue. Each
+// drain is a service pass (a.Enter to a.Leave): it pops, transmits and
+// pushes every chain, and ends early when the transport is quiescing.
 func (d *Device) txLoop(a *virtio.Activation, r *run) {
 	q, stop := a.Queues[txQueue], r.stop
-	broken := func(err error) {
-		d.Metrics.TxErrors.Add(1)
-		d.fault(a, r, r.rxExit, fmt.Errorf("transmit: %w", err))
-	}
 	for {
-		if err := d.drainTx(a, q, stop); err != nil {
-			broken(err)
+		if !a.Enter(stop) {
 			return
 		}
-		if stopped(stop) {
+		more, err := d.txPass(a, q, stop)
+		if err != nil {
+			d.Metrics.TxErrors.Add(1)
+			d.fault(a, r, r.rxExit, fmt.Errorf("transmit: %w", err))
+		}
+		a.Leave()
+		if err != nil || stopped(stop) {
 			return
 		}
-		if err := q.EnableNotify(a.Mem); err != nil {
-			broken(err)
-			return
-		}
-		// A chain made available before the driver saw EnableNotify raised
-		// no kick: look once more before sleeping.
-		if more, err := q.Pending(a.Mem); err != nil || more {
+		if more {
 			continue
 		}
 		select {
@@ -96,11 +93,31 @@ func (d *Device) txLoop(a *virtio.Activation, r *run) {
 	}
 }
 
+// txPass drains the transmit queue, then asks the driver for a kick on its
+// next chain. It reports whether a chain may be waiting without a kick
+// coming for it (added before the driver saw the request); a pass cut short
+// by a quiescing transport reports false: Resume kicks the queue.
+func (d *Device) txPass(a *virtio.Activation, q *virtio.Queue, stop <-chan struct{}) (more bool, err error) {
+	if err := d.drainTx(a, q, stop); err != nil {
+		return false, err
+	}
+	if stopped(stop) || a.Quiescing() {
+		return false, nil
+	}
+	if err := q.EnableNotify(a.Mem); err != nil {
+		return false, err
+	}
+	// A chain made available before the driver saw EnableNotify raised
+	// no kick: look once more before sleeping.
+	return q.Pending(a.Mem)
+}
+
 // drainTx sends every available chain and returns each to the driver (a
 // frame that could not be sent is dropped, as by a NIC), then interrupts the
-// driver if it asked for that.
+// driver if it asked for that. It stops early when the transport is
+// quiescing, after pushing the chain in hand.
 func (d *Device) drainTx(a *virtio.Activation, q *virtio.Queue, stop <-chan struct{}) error {
-	for !stopped(stop) {
+	for !stopped(stop) && !a.Quiescing() {
 		c, err := q.Pop(a.Mem)
 		if err != nil {
 			return err

@@ -2,8 +2,10 @@
 // writable buffers from the host's getrandom(2), so the guest's CRNG is
 // seeded early in boot.
 //
-// Threads: one worker goroutine per activation owns the queue; Reset stops
-// it and waits.
+// Threads: one worker goroutine per activation owns the queue and touches
+// it and guest memory only inside service passes
+// (virtio.Activation.Enter/Leave), so MMIO.Quiesce finds it between
+// requests; Reset stops it and waits.
 package rng
 
 import (
@@ -67,12 +69,21 @@ func (d *Device) Activate(a *virtio.Activation) error {
 // Reset implements virtio.Device.
 func (d *Device) Reset() { d.workers.Stop() }
 
+// worker owns the queue until stop is closed: it serves every available
+// request in one service pass (a.Enter to a.Leave) and sleeps until a kick.
 func (d *Device) worker(a *virtio.Activation, stop <-chan struct{}) {
 	q := a.Queues[0]
 	for {
-		if err := d.drain(a, q); err != nil {
+		if !a.Enter(stop) {
+			return
+		}
+		err := d.drain(a, q)
+		if err != nil {
 			d.Metrics.Errors.Add(1)
 			a.Broken(err)
+		}
+		a.Leave()
+		if err != nil {
 			return
 		}
 		select {
@@ -83,9 +94,11 @@ func (d *Device) worker(a *virtio.Activation, stop <-chan struct{}) {
 	}
 }
 
-// drain serves every available request.
+// drain serves every available request, or stops early when the transport
+// is quiescing (Resume kicks the queue for the rest). Each request is
+// pushed before the next is popped.
 func (d *Device) drain(a *virtio.Activation, q *virtio.Queue) error {
-	for {
+	for !a.Quiescing() {
 		c, err := q.Pop(a.Mem)
 		if err != nil {
 			return err

@@ -55,6 +55,19 @@ func NewDriver(mem Memory, qi int, size uint16) *Driver {
 	return &Driver{Mem: mem, Q: q, bufNext: BufBase + uint64(qi)*0x40000}
 }
 
+// Clone returns a copy of m, as a snapshot of guest RAM.
+func (m Memory) Clone() Memory { return append(Memory(nil), m...) }
+
+// Clone returns a driver that carries on from d's progress over mem, a
+// copy of d.Mem taken at a snapshot (Memory.Clone): the guest driver as it
+// is restored with the VM. d is not changed.
+func (d *Driver) Clone(mem Memory) *Driver {
+	c := *d
+	q := *d.Q
+	c.Mem, c.Q = mem, &q
+	return &c
+}
+
 // Buf is one buffer of a chain the driver offers.
 type Buf struct {
 	Data     []byte // contents for a readable buffer
@@ -127,6 +140,9 @@ func (d *Driver) SetAvailIdx(v uint16) {
 	h := d.header(d.Q.Avail)
 	atomic.StoreUint32(h, atomic.LoadUint32(h)&0xffff|uint32(v)<<16)
 }
+
+// UsedIdx is the used ring's index as the device last published it.
+func (d *Driver) UsedIdx() uint16 { return uint16(atomic.LoadUint32(d.header(d.Q.Used)) >> 16) }
 
 // Used returns the used entries the device added since the last call.
 func (d *Driver) Used() (out [][2]uint32) {
@@ -202,6 +218,19 @@ func (s *Signals) Signal() error {
 	default:
 	}
 	return nil
+}
+
+// Drain empties the pending interrupts and returns how many there were.
+func (s *Signals) Drain() int {
+	n := 0
+	for {
+		select {
+		case <-s.C:
+			n++
+		default:
+			return n
+		}
+	}
 }
 
 // WaitUsed collects n used entries from d's queue, failing t after five

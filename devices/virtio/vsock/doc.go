@@ -31,6 +31,13 @@
 // (at most MaxPayload, and at most the guest's free credit) per
 // connection.
 //
+// Quiesce: the worker serves everything in service passes
+// (virtio.Activation.Enter/Leave), each complete (every chain it pops is
+// pushed) before Quiesce returns; while quiesced, host goroutines only
+// post events, which wait in the inbox, and per-connection bounds hold (one
+// granted chunk read, one write in flight). Host clients may still connect
+// and dials finish; their events wait too.
+//
 // Snapshots: connections are not saved. After a restore the restorer
 // calls Device.TransportReset, and the guest driver drops its sockets
 // and re-reads its CID.

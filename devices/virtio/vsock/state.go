@@ -30,8 +30,8 @@ type state struct {
 }
 
 // SaveState implements virtio.Stateful: the CID and the counters. The
-// device should be quiescent (the VM paused); open connections are not
-// part of the state.
+// device should be quiet (the VM paused and the transport quiesced, or
+// shut down); open connections are not part of the state.
 func (d *Device) SaveState() (json.RawMessage, error) {
 	m := &d.Metrics
 	return json.Marshal(state{Version: stateVersion, CID: d.CID,

@@ -98,13 +98,25 @@ func (s *session) post(e event) {
 	}
 }
 
+// run is the worker goroutine. Each service call is a service pass
+// (a.Enter to a.Leave): while the transport is quiesced the worker takes no
+// event, touches no queue, guest memory or connection, and host-side
+// goroutines can only post events (each connection's reader holds at most
+// its one granted chunk, its writer at most the one write it was given).
 func (s *session) run(stop <-chan struct{}) {
 	defer s.exit()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		if err := s.service(); err != nil {
+		if !s.a.Enter(stop) {
+			return
+		}
+		err := s.service()
+		if err != nil {
 			s.a.Broken(err)
+		}
+		s.a.Leave()
+		if err != nil {
 			return
 		}
 		if dl, ok := s.nextDeadline(); ok {
