@@ -12,7 +12,7 @@ TESTDISK := $(BUILD)/testdisk.img
 TEST_ENV := WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) WARREN_TESTDISK=$(CURDIR)/$(TESTDISK)
 GUEST_SRC := vmm/testdata/guests
 # Packages whose tests need /dev/kvm.
-KVM_PKGS := vmm/kvm vmm cmd/warren/cli
+KVM_PKGS := vmm/kvm vmm memsnap/vmsnap cmd/warren/cli
 HAVE_KVM := $(shell test -c /dev/kvm && echo yes)
 KVMHOST := bash .ci/kvmhost/run.sh --timeout 900
 RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"

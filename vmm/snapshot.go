@@ -160,7 +160,48 @@ func (v *VM) saveVCPU(c *kvm.VCPU, msrs []uint32, s *VCPUState) error {
 // parks it first with cfg.StartPaused, so the loaded state can be read back
 // with Pause and SaveState). Virtio devices are created afresh through
 // cfg.Virtio; restoring their state is their packages' business.
-func Restore(cfg Config, st *State, fill func(*guestmem.Memory) error) (_ *VM, err error) {
+func Restore(cfg Config, st *State, fill func(*guestmem.Memory) error) (*VM, error) {
+	if fill == nil {
+		return nil, fmt.Errorf("vmm: restore: no memory to fill guest RAM with")
+	}
+	return restore(cfg, st, func() (*guestmem.Memory, error) {
+		mem, err := guestmem.New(cfg.MemBytes)
+		if err != nil {
+			return nil, err
+		}
+		if err := fill(mem); err != nil {
+			mem.Close()
+			return nil, fmt.Errorf("vmm: restore: fill guest memory: %w", err)
+		}
+		return mem, nil
+	})
+}
+
+// RestoreMemory is Restore with guest RAM that the caller has already
+// made, such as a private mapping of a snapshot image for a lazy restore
+// (guestmem.NewPrivateFile): it must be cfg.MemBytes bytes. The VM owns
+// mem from the call on, and closes it on error too.
+func RestoreMemory(cfg Config, st *State, mem *guestmem.Memory) (*VM, error) {
+	if mem == nil {
+		return nil, fmt.Errorf("vmm: restore: no guest memory")
+	}
+	taken := false // the VM owns mem (and closes it on a later error)
+	v, err := restore(cfg, st, func() (*guestmem.Memory, error) {
+		if mem.Size() != cfg.MemBytes {
+			return nil, fmt.Errorf("vmm: restore: guest memory is %d bytes, the config %d", mem.Size(), cfg.MemBytes)
+		}
+		taken = true
+		return mem, nil
+	})
+	if err != nil && !taken {
+		mem.Close()
+	}
+	return v, err
+}
+
+// restore is Restore and RestoreMemory: makeMem returns guest RAM holding
+// the saved memory; it runs after st and cfg are checked.
+func restore(cfg Config, st *State, makeMem func() (*guestmem.Memory, error)) (_ *VM, err error) {
 	if err := checkConfig(cfg); err != nil {
 		return nil, err
 	}
@@ -170,9 +211,6 @@ func Restore(cfg Config, st *State, fill func(*guestmem.Memory) error) (_ *VM, e
 	if err := st.matches(cfg); err != nil {
 		return nil, err
 	}
-	if fill == nil {
-		return nil, fmt.Errorf("vmm: restore: no memory to fill guest RAM with")
-	}
 	v := newVM(cfg)
 	v.restore = st
 	v.cmdline = st.Machine.Cmdline
@@ -181,11 +219,8 @@ func Restore(cfg Config, st *State, fill func(*guestmem.Memory) error) (_ *VM, e
 			v.Close()
 		}
 	}()
-	if v.mem, err = guestmem.New(cfg.MemBytes); err != nil {
+	if v.mem, err = makeMem(); err != nil {
 		return nil, err
-	}
-	if err := fill(v.mem); err != nil {
-		return nil, fmt.Errorf("vmm: restore: fill guest memory: %w", err)
 	}
 	if err := v.createKVM(); err != nil {
 		return nil, err

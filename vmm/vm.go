@@ -158,6 +158,10 @@ func New(cfg Config) (_ *VM, err error) {
 	}); err != nil {
 		return nil, err
 	}
+	// The boot image's pages are no incremental snapshot's concern (the
+	// first snapshot is a full one); a full one's pre-copy need not copy
+	// them twice.
+	v.mem.TakeWritten()
 	if err := v.createKVM(); err != nil {
 		return nil, err
 	}
@@ -323,6 +327,9 @@ func (v *VM) DirtyPages(region int) ([]uint64, error) {
 	}
 	return bitmap, nil
 }
+
+// TracksDirty reports whether dirty-page logging is on (Config.TrackDirty).
+func (v *VM) TracksDirty() bool { return v.cfg.TrackDirty }
 
 // SerialInput queues bytes for the guest's COM1.
 func (v *VM) SerialInput(b []byte) { v.uart.Input(b) }

@@ -41,7 +41,8 @@ func (r Region) End() uint64 { return r.GPA + r.Size }
 // Memory is guest RAM backed by a memfd.
 type Memory struct {
 	fd      int
-	mem     []byte // MAP_SHARED mapping of the whole memfd
+	mem     []byte // MAP_SHARED mapping of the whole memfd (MAP_PRIVATE of a file: NewPrivateFile)
+	private bool   // mem is a private copy-on-write mapping of a file (NewPrivateFile)
 	regions []Region
 	// written has one bit per page of the memfd (flat offset / PageSize)
 	// that the VMM wrote since the last TakeWritten; see MarkWritten.
@@ -85,8 +86,86 @@ func New(size uint64) (*Memory, error) {
 		written: make([]atomic.Uint64, (size/PageSize+63)/64)}, nil
 }
 
-// FD returns the memfd.
+// NewPrivateFile maps size bytes of the file at path (a raw image of guest
+// RAM, e.g. a flattened snapshot) copy-on-write as guest RAM: pages are read
+// from the file when first touched and the guest's and VMM's writes stay
+// private to this Memory. The file must be at least size bytes and must not
+// change while the Memory lives (a changed page not yet written would show
+// through). FD then returns the file's descriptor, opened read-only.
+func NewPrivateFile(path string, size uint64) (*Memory, error) {
+	if size == 0 || size%PageSize != 0 {
+		return nil, fmt.Errorf("guestmem: size %d is not a positive multiple of %d", size, PageSize)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("guestmem: open %s: %w", path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("guestmem: stat %s: %w", path, err)
+	}
+	if uint64(st.Size) < size {
+		unix.Close(fd)
+		return nil, fmt.Errorf("guestmem: %s is %d bytes, guest RAM is %d", path, st.Size, size)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_NORESERVE)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("guestmem: mmap %s (%d bytes, private): %w", path, size, err)
+	}
+	return &Memory{fd: fd, mem: mem, private: true, regions: Layout(size),
+		written: make([]atomic.Uint64, (size/PageSize+63)/64)}, nil
+}
+
+// FD returns the memfd (for NewPrivateFile, the read-only image file: it
+// does not hold the guest's writes).
 func (m *Memory) FD() int { return m.fd }
+
+// Private reports whether the memory is a private mapping of a file
+// (NewPrivateFile).
+func (m *Memory) Private() bool { return m.private }
+
+// Populated returns a bitmap of the pages (flat memfd offset / PageSize,
+// bit p%64 of word p/64) that may hold non-zero bytes: for a memfd, the
+// pages that are not holes (SEEK_DATA/SEEK_HOLE), so a full snapshot need
+// not read, and thereby allocate, pages the guest never touched; for a
+// private file mapping, every page. Call it with the VM paused.
+func (m *Memory) Populated() ([]uint64, error) {
+	pages := m.Size() / PageSize
+	bm := make([]uint64, (pages+63)/64)
+	set := func(first, last uint64) { // pages [first, last)
+		for p := first; p < last; p++ {
+			bm[p/64] |= 1 << (p % 64)
+		}
+	}
+	if m.private {
+		set(0, pages)
+		return bm, nil
+	}
+	size := int64(m.Size())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(m.fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // no data beyond off
+		}
+		if err != nil {
+			return nil, fmt.Errorf("guestmem: SEEK_DATA: %w", err)
+		}
+		hole, err := unix.Seek(m.fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return nil, fmt.Errorf("guestmem: SEEK_HOLE: %w", err)
+		}
+		hole = min(hole, size)
+		set(uint64(data)/PageSize, (uint64(hole)+PageSize-1)/PageSize)
+		off = hole
+	}
+	return bm, nil
+}
+
+// Flat returns the VMM mapping of the whole flat image (memfd offset 0 ..
+// Size), for snapshot code that copies pages while the VM is paused.
+func (m *Memory) Flat() []byte { return m.mem }
 
 // Size is the total RAM in bytes.
 func (m *Memory) Size() uint64 { return uint64(len(m.mem)) }

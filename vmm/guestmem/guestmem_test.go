@@ -3,6 +3,7 @@ package guestmem
 import (
 	"bytes"
 	"errors"
+	"os"
 	"sync/atomic"
 	"testing"
 )
@@ -70,5 +71,58 @@ func TestMarkWritten(t *testing.T) {
 		if w != 0 {
 			t.Fatalf("word %d not cleared: %#x", i, w)
 		}
+	}
+}
+
+// TestPopulated checks that a fresh memfd reports only the pages written.
+func TestPopulated(t *testing.T) {
+	m, err := New(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.WriteAt([]byte{1}, 5*PageSize+10); err != nil {
+		t.Fatal(err)
+	}
+	m.Flat()[200*PageSize] = 2
+	bm, err := m.Populated()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := uint64(0); p < 256; p++ {
+		set := bm[p/64]&(1<<(p%64)) != 0
+		if set != (p == 5 || p == 200) {
+			t.Errorf("page %d: populated=%v", p, set)
+		}
+	}
+}
+
+// TestNewPrivateFile maps an image copy-on-write: writes stay private and
+// the file is unchanged.
+func TestNewPrivateFile(t *testing.T) {
+	path := t.TempDir() + "/ram"
+	img := bytes.Repeat([]byte{7}, 64<<10)
+	if err := os.WriteFile(path, img, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewPrivateFile(path, 128<<10); err == nil {
+		t.Error("a file shorter than RAM was accepted")
+	}
+	m, err := NewPrivateFile(path, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Private() || !bytes.Equal(m.Flat(), img) {
+		t.Fatal("the mapping does not show the file")
+	}
+	if _, err := m.WriteAt([]byte{9}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if bm, _ := m.Populated(); bm[0] != ^uint64(0)>>48 {
+		t.Errorf("private mapping populated bitmap %#x, want all 16 pages", bm[0])
+	}
+	m.Close()
+	if b, _ := os.ReadFile(path); !bytes.Equal(b, img) {
+		t.Error("a write to the private mapping reached the file")
 	}
 }

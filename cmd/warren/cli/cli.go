@@ -8,10 +8,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/warrenvm/warren/vmm"
 )
 
 const usage = `usage: warren <command> [flags]
@@ -21,8 +22,14 @@ commands:
   exec     run a command in a VM's guest: warren exec VM -- PROGRAM [ARGS...]
   cp       copy a file into or out of a VM: warren cp SRC DST (VM:/path on one side)
   health   show a VM's guest agent health: warren health VM
+  pause    pause a running VM: warren pause API
+  resume   resume a paused VM: warren resume API
+  snapshot snapshot a running VM: warren snapshot [--incremental] [--every D --max-chain N] API DIR/NAME
+  restore  run a VM from a snapshot: warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] DIR/NAME
+  compact  merge a snapshot's memory chain into a new full snapshot: warren compact DIR/NAME DIR/NEW
 
-VM is the path of the VM's vsock unix socket (warren run --vsock PATH).
+VM is the path of the VM's vsock unix socket (warren run --vsock PATH); API the
+path of its control socket (warren run --api PATH).
 `
 
 // Main runs the warren command with args (without the program name) and
@@ -41,6 +48,14 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return cpCmd(args[1:], stdin, stdout, stderr)
 	case "health":
 		return healthCmd(args[1:], stdout, stderr)
+	case "pause", "resume":
+		return pauseCmd(args[0], args[1:], stdout, stderr)
+	case "snapshot":
+		return snapshotCmd(args[1:], stdout, stderr)
+	case "restore":
+		return restoreCmd(args[1:], stdin, stdout, stderr)
+	case "compact":
+		return compactCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -68,6 +83,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	macFlag := fs.String("mac", "", "guest MAC address for --tap (default: random, locally administered)")
 	vsockPath := fs.String("vsock", "", "attach virtio-vsock; the host reaches the guest through this unix socket (CONNECT <port>), and the agent answers warren exec/cp/health on it")
 	cid := fs.Uint64("cid", 3, "the guest's vsock context ID, with --vsock")
+	api := fs.String("api", "", "serve the VM's control API (pause, resume, snapshot) on this unix socket; turns on dirty-page tracking")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -95,20 +111,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return fail("read initramfs: %v", err)
 		}
 	}
-	out := stdout
-	if *console != "" {
-		f, err := os.Create(*console)
-		if err != nil {
-			return fail("console: %v", err)
-		}
-		defer f.Close()
-		out = f
+	out, closeOut, err := openConsole(*console, stdout)
+	if err != nil {
+		return fail("%v", err)
 	}
-	level := slog.LevelWarn
-	if *verbose {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	defer closeOut()
+	log := newLogger(stderr, *verbose)
 	mac, err := parseMAC(*macFlag)
 	if err != nil {
 		return fail("%v", err)
@@ -116,16 +124,30 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if *macFlag != "" && *tap == "" {
 		return fail("--mac needs --tap")
 	}
-	vm, closeAll, err := buildVM(vmOptions{
+	o := vmOptions{
 		memMiB: *memMiB, cpus: *cpus, kernel: k, initramfs: rd, cmdline: *cmdline,
 		console: out, kvmPath: *kvmPath, log: log, rng: !*noRNG,
 		disks: disks, tap: *tap, mac: mac, vsock: *vsockPath, cid: *cid,
-	})
+		trackDirty: *api != "",
+	}
+	b, err := build(o)
 	if err != nil {
 		return fail("%v", err)
 	}
-	defer closeAll()
+	defer b.close()
+	if *api != "" {
+		stopAPI, err := startAPI(*api, b, o, log, "", "")
+		if err != nil {
+			return fail("%v", err)
+		}
+		defer stopAPI()
+	}
+	return runForeground(b.vm, stdin, fail)
+}
 
+// runForeground feeds stdin to the guest's console and runs vm until it
+// powers off (0), fails or is interrupted (fail's code).
+func runForeground(vm *vmm.VM, stdin io.Reader, fail func(string, ...any) int) int {
 	// The console's input: what arrives on stdin goes to the guest's COM1
 	// (as with QEMU's -serial stdio). A terminal stays in its normal mode,
 	// so lines are sent on Enter and Ctrl-C still stops warren.

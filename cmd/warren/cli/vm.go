@@ -12,12 +12,14 @@ import (
 	"github.com/warrenvm/warren/devices/virtio/rng"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
 	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
 	"github.com/warrenvm/warren/vmm/hostprofile"
 )
 
-// vmOptions is what `warren run` builds a VM from, after flag parsing.
+// vmOptions is what `warren run` and `warren restore` build a VM from,
+// after flag parsing.
 type vmOptions struct {
 	memMiB, cpus int
 	kernel       []byte
@@ -32,6 +34,13 @@ type vmOptions struct {
 	mac          net.HardwareAddr
 	vsock        string // virtio-vsock with its host unix socket here, when set
 	cid          uint64 // the guest's vsock CID
+	trackDirty   bool   // KVM dirty-page logging, for incremental snapshots
+
+	// restore, when set, makes the VM from this snapshot instead of the
+	// kernel (kernel, initramfs and cmdline are then unused), lazily when
+	// lazy is set; the devices' states are restored and vsock is reset.
+	restore *vmsnap.Snapshot
+	lazy    bool
 }
 
 // buildVM wires the VM and its devices: disks first (vda, vdb, ... in
@@ -43,21 +52,47 @@ func buildVM(o vmOptions) (*vmm.VM, func(), error) {
 	return vm, closeAll, err
 }
 
+// built is a VM made by build, with its devices and the function that
+// closes them all.
+type built struct {
+	vm    *vmm.VM
+	devs  vmDevices
+	close func()
+}
+
+// build is buildVMWithDevices returning a built.
+func build(o vmOptions) (*built, error) {
+	vm, d, closeAll, err := buildVMWithDevices(o)
+	if err != nil {
+		return nil, err
+	}
+	return &built{vm: vm, devs: d, close: closeAll}, nil
+}
+
 // vmDevices are device models that callers reach after the build: tests
-// read their counters and trigger vsock transport resets. Each is nil
-// when not asked for.
+// read their counters and trigger vsock transport resets; snapshots save
+// the transports. Each model is nil when not asked for.
 type vmDevices struct {
 	rng   *rng.Device
 	vsock *vsock.Device
+	// snap are the virtio transports in VM order, for vmsnap.
+	snap []vmsnap.Device
+	// profile is the host profile the VM was built for.
+	profile hostprofile.Profile
 }
 
 // buildVMWithDevices is buildVM that also returns some device models.
+// Every virtio transport's Quiesce and Resume are registered as the VM's
+// pause hooks.
 func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), err error) {
 	profile := hostprofile.Detect("/sys/module")
+	d.profile = profile
 	o.log.Debug("host profile", "profile", profile.String())
 	var (
 		devs    []vmm.VirtioSpec
 		closers []func() error
+		mmios   = map[string]*virtio.MMIO{} // filled as the VM creates the transports
+		resets  = map[string]func(){}
 	)
 	closeDevs := func() {
 		for _, c := range closers {
@@ -69,13 +104,16 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 			closeDevs()
 		}
 	}()
+	add := func(name string, queues int, dev virtio.Device) {
+		devs = append(devs, virtioSpec(name, queues, dev, o.log, mmios))
+	}
 	for i, disk := range o.disks {
 		dev, err := blk.New(disk.path, blk.Options{ReadOnly: disk.readOnly, ID: fmt.Sprintf("warren%d", i)})
 		if err != nil {
 			return nil, d, nil, fmt.Errorf("--disk %s: %w", disk.path, err)
 		}
 		closers = append(closers, dev.Close)
-		devs = append(devs, virtioSpec(fmt.Sprintf("blk%d", i), 1, dev, o.log))
+		add(fmt.Sprintf("blk%d", i), 1, dev)
 	}
 	if o.tap != "" {
 		dev, err := vnet.New(o.tap, o.mac, vnet.Options{})
@@ -83,11 +121,11 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 			return nil, d, nil, fmt.Errorf("--tap %s: %w", o.tap, err)
 		}
 		closers = append(closers, dev.Close)
-		devs = append(devs, virtioSpec("net0", 2, dev, o.log))
+		add("net0", 2, dev)
 	}
 	if o.rng {
 		d.rng = rng.New()
-		devs = append(devs, virtioSpec("rng", 1, d.rng, o.log))
+		add("rng", 1, d.rng)
 	}
 	if o.vsock != "" {
 		dev := &vsock.Device{CID: o.cid, UDSPath: o.vsock,
@@ -96,25 +134,53 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 			return nil, d, nil, fmt.Errorf("--vsock %s: %w", o.vsock, err)
 		}
 		closers = append(closers, dev.Close)
-		devs = append(devs, virtioSpec("vsock", 3, dev, o.log))
+		add("vsock", 3, dev)
 		d.vsock = dev
+		resets["vsock"] = dev.TransportReset
 	}
-	vm, err := vmm.New(vmm.Config{
+	cfg := vmm.Config{
 		MemBytes: uint64(o.memMiB) << 20, CPUs: o.cpus, Kernel: o.kernel, Initramfs: o.initramfs,
 		Cmdline: o.cmdline, Console: o.console, Profile: profile, KVMPath: o.kvmPath, Log: o.log,
-		Virtio: devs,
-	})
+		Virtio: devs, TrackDirty: o.trackDirty,
+	}
+	var vm *vmm.VM
+	if o.restore != nil {
+		vm, err = o.restore.Restore(cfg, o.lazy)
+	} else {
+		vm, err = vmm.New(cfg)
+	}
 	if err != nil {
 		return nil, d, nil, err
 	}
-	o.log.Debug("booting", "format", vm.Format().String(), "cmdline", vm.Cmdline())
+	for _, spec := range devs {
+		t := mmios[spec.Name]
+		d.snap = append(d.snap, vmsnap.Device{Name: spec.Name, Transport: t, AfterRestore: resets[spec.Name]})
+		vm.AddPauseHook(pauseHook(spec.Name, t))
+	}
+	if o.restore != nil {
+		if err := o.restore.RestoreDevices(d.snap); err != nil {
+			vm.Close()
+			return nil, d, nil, err
+		}
+	} else {
+		o.log.Debug("booting", "format", vm.Format().String(), "cmdline", vm.Cmdline())
+	}
 	return vm, d, func() { vm.Close(); closeDevs() }, nil
 }
 
-// virtioSpec puts dev behind a virtio-mmio transport.
-func virtioSpec(name string, queues int, dev virtio.Device, log *slog.Logger) vmm.VirtioSpec {
+// pauseHook makes transport t's Quiesce and Resume the VM's pause hook for
+// device name: a snapshot then sees no device touching guest memory.
+func pauseHook(name string, t *virtio.MMIO) vmm.PauseHook {
+	return vmm.PauseHook{Name: name, Quiesce: t.Quiesce, Resume: t.Resume}
+}
+
+// virtioSpec puts dev behind a virtio-mmio transport, recorded in mmios
+// under name when the VM creates it.
+func virtioSpec(name string, queues int, dev virtio.Device, log *slog.Logger, mmios map[string]*virtio.MMIO) vmm.VirtioSpec {
 	return vmm.VirtioSpec{Name: name, Queues: queues,
 		New: func(mem *guestmem.Memory, irq vmm.Signaller) (vmm.VirtioTransport, error) {
-			return virtio.NewMMIO(name, dev, mem, irq, log), nil
+			t := virtio.NewMMIO(name, dev, mem, irq, log)
+			mmios[name] = t
+			return t, nil
 		}}
 }

@@ -1,0 +1,178 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/warrenvm/warren/memsnap/vmsnap"
+	"github.com/warrenvm/warren/vmm"
+)
+
+// The control API of a running VM (`warren run --api PATH`): JSON over
+// HTTP/1.1 on the unix socket PATH.
+//
+//	POST /v1/pause     {}                                   -> {"paused": true}
+//	POST /v1/resume    {}                                   -> {"paused": false}
+//	POST /v1/snapshot  {"path": "/abs/DIR/NAME", "kind": "full"|"incremental"}
+//	                                                        -> snapshotReply
+//
+// Errors are answered with a 4xx or 5xx status and {"error": "..."}.
+
+// snapshotRequest is the body of POST /v1/snapshot.
+type snapshotRequest struct {
+	Path string      `json:"path"`
+	Kind vmsnap.Kind `json:"kind"`
+}
+
+// snapshotReply describes a snapshot taken.
+type snapshotReply struct {
+	Path       string  `json:"path"`
+	Kind       string  `json:"kind"`
+	PauseMS    float64 `json:"pause_ms"`
+	TotalMS    float64 `json:"total_ms"`
+	Pages      uint64  `json:"pages"`
+	LayerBytes int64   `json:"layer_bytes"`
+	StateBytes int64   `json:"state_bytes"`
+	Layer      string  `json:"layer"`
+	// Line is the one-line summary `warren snapshot` prints.
+	Line string `json:"line"`
+}
+
+// pauseReply is the body of the pause and resume answers.
+type pauseReply struct {
+	Paused bool `json:"paused"`
+}
+
+// errorReply is the body of an error answer.
+type errorReply struct {
+	Error string `json:"error"`
+}
+
+// apiServer serves the control API of one VM.
+type apiServer struct {
+	vm   *vmm.VM
+	snap *vmsnap.Snapshotter
+	log  *slog.Logger
+}
+
+// serveAPI listens on the unix socket path (replacing a stale socket file)
+// and serves the control API until the returned function is called.
+func serveAPI(path string, vm *vmm.VM, snap *vmsnap.Snapshotter, log *slog.Logger) (func(), error) {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		if c, err := net.Dial("unix", path); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("--api %s: another VM serves there", path)
+		}
+		os.Remove(path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("--api %s: %w", path, err)
+	}
+	a := &apiServer{vm: vm, snap: snap, log: log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/pause", a.pause)
+	mux.HandleFunc("POST /v1/resume", a.resume)
+	mux.HandleFunc("POST /v1/snapshot", a.snapshot)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	return func() { srv.Close(); os.Remove(path) }, nil
+}
+
+func reply(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func replyErr(w http.ResponseWriter, status int, err error) {
+	reply(w, status, errorReply{Error: err.Error()})
+}
+
+func (a *apiServer) pause(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	if err := a.vm.Pause(ctx); err != nil {
+		replyErr(w, http.StatusConflict, err)
+		return
+	}
+	reply(w, http.StatusOK, pauseReply{Paused: true})
+}
+
+func (a *apiServer) resume(w http.ResponseWriter, r *http.Request) {
+	if err := a.vm.Resume(); err != nil {
+		replyErr(w, http.StatusConflict, err)
+		return
+	}
+	reply(w, http.StatusOK, pauseReply{Paused: false})
+}
+
+func (a *apiServer) snapshot(w http.ResponseWriter, r *http.Request) {
+	var req snapshotRequest
+	d := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&req); err != nil {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("bad request: %w", err))
+		return
+	}
+	if !filepath.IsAbs(req.Path) {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("snapshot path %q is not absolute", req.Path))
+		return
+	}
+	rep, err := a.snap.Take(r.Context(), req.Path, req.Kind)
+	if err != nil {
+		replyErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	a.log.Debug("snapshot", "report", rep.String())
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	reply(w, http.StatusOK, snapshotReply{Path: rep.Path, Kind: string(rep.Kind), PauseMS: ms(rep.Pause), TotalMS: ms(rep.Total),
+		Pages: rep.Pages, LayerBytes: rep.LayerBytes, StateBytes: rep.StateBytes, Layer: rep.LayerPath, Line: rep.String()})
+}
+
+// apiCall posts req to verb on the control API at sock and decodes the
+// answer into resp.
+func apiCall(ctx context.Context, sock, verb string, req, resp any) error {
+	c := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
+	defer c.CloseIdleConnections()
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://warren/v1/"+verb, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	res, err := c.Do(hr)
+	if err != nil {
+		return fmt.Errorf("VM control API %s: %w", sock, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if res.StatusCode != http.StatusOK {
+		var e errorReply
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			return errors.New(e.Error)
+		}
+		return fmt.Errorf("%s: %s", res.Status, bytes.TrimSpace(b))
+	}
+	return json.Unmarshal(b, resp)
+}

@@ -1,0 +1,309 @@
+package cli
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/warrenvm/warren/memsnap/vmsnap"
+	"github.com/warrenvm/warren/vmm/hostprofile"
+)
+
+// runOptions are the `warren run` options a snapshot records (opaquely, as
+// vmsnap Meta.Options) so that `warren restore` rebuilds the same devices.
+type runOptions struct {
+	MemMiB int          `json:"mem_mib"`
+	CPUs   int          `json:"cpus"`
+	Disks  []diskOption `json:"disks,omitempty"`
+	Tap    string       `json:"tap,omitempty"`
+	MAC    string       `json:"mac,omitempty"`
+	RNG    bool         `json:"rng"`
+	Vsock  string       `json:"vsock,omitempty"`
+	CID    uint64       `json:"cid,omitempty"`
+}
+
+// diskOption is one --disk in runOptions (an absolute path).
+type diskOption struct {
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"ro,omitempty"`
+}
+
+// recordOptions returns o's device options as runOptions JSON.
+func recordOptions(o vmOptions) (json.RawMessage, error) {
+	r := runOptions{MemMiB: o.memMiB, CPUs: o.cpus, Tap: o.tap, RNG: o.rng, Vsock: o.vsock}
+	if o.vsock != "" {
+		r.CID = o.cid
+	}
+	if o.tap != "" {
+		r.MAC = o.mac.String()
+	}
+	for _, d := range o.disks {
+		p, err := filepath.Abs(d.path)
+		if err != nil {
+			return nil, err
+		}
+		r.Disks = append(r.Disks, diskOption{Path: p, ReadOnly: d.readOnly})
+	}
+	if r.Vsock != "" {
+		p, err := filepath.Abs(r.Vsock)
+		if err != nil {
+			return nil, err
+		}
+		r.Vsock = p
+	}
+	return json.Marshal(r)
+}
+
+// applyOptions fills o's device options from a snapshot's runOptions.
+func applyOptions(o *vmOptions, raw json.RawMessage) error {
+	var r runOptions
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return fmt.Errorf("the snapshot's run options: %w", err)
+	}
+	o.memMiB, o.cpus, o.tap, o.rng, o.vsock, o.cid = r.MemMiB, r.CPUs, r.Tap, r.RNG, r.Vsock, r.CID
+	if r.MAC != "" {
+		mac, err := net.ParseMAC(r.MAC)
+		if err != nil {
+			return fmt.Errorf("the snapshot's MAC %q: %w", r.MAC, err)
+		}
+		o.mac = mac
+	}
+	for _, d := range r.Disks {
+		o.disks = append(o.disks, diskSpec{path: d.Path, readOnly: d.ReadOnly})
+	}
+	return nil
+}
+
+// startAPI serves the control API of a VM built from o on sock; layer and
+// name, when set, are the snapshot the VM was restored from (the parent
+// of its first incremental snapshot).
+func startAPI(sock string, b *built, o vmOptions, log *slog.Logger, layer, name string) (func(), error) {
+	opts, err := recordOptions(o)
+	if err != nil {
+		return nil, err
+	}
+	fp, err := vmsnap.HostFingerprint(o.kvmPath, b.devs.profile)
+	if err != nil {
+		return nil, err
+	}
+	s := vmsnap.NewSnapshotter(b.vm, b.devs.snap, opts, fp)
+	if layer != "" {
+		s.SetParent(layer, name)
+	}
+	return serveAPI(sock, b.vm, s, log)
+}
+
+// pauseCmd is `warren pause API` and `warren resume API`.
+func pauseCmd(verb string, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("warren "+verb, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintf(stderr, "usage: warren %s API\n\nAPI is the VM's control socket (warren run --api PATH).\n", verb)
+		return 2
+	}
+	ctx, stop := interruptContext()
+	defer stop()
+	var r pauseReply
+	if err := apiCall(ctx, fs.Arg(0), verb, struct{}{}, &r); err != nil {
+		fmt.Fprintf(stderr, "warren %s: %v\n", verb, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "paused=%v\n", r.Paused)
+	return 0
+}
+
+// snapshotCmd is `warren snapshot [--incremental] [--every D --max-chain N] API DIR/NAME`.
+func snapshotCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("warren snapshot", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "usage: warren snapshot [--incremental] [--every D [--max-chain N] [--count N]] API DIR/NAME\n\n"+
+			"API is the VM's control socket (warren run --api PATH). With --every, snapshots\n"+
+			"DIR/NAME-0001, DIR/NAME-0002, ... are taken every D: a full one, then incremental\n"+
+			"ones, and a full one again once the chain has --max-chain layers.\n\n")
+		fs.PrintDefaults()
+	}
+	incremental := fs.Bool("incremental", false, "store only the pages written since the VM's previous snapshot (in the same DIR)")
+	every := fs.Duration("every", 0, "keep taking snapshots at this interval until interrupted")
+	maxChain := fs.Int("max-chain", 8, "with --every: most layers in a chain before a new full snapshot")
+	count := fs.Int("count", 0, "with --every: stop after this many snapshots (0: when interrupted)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 2 || *every < 0 || *maxChain < 1 || *count < 0 {
+		fs.Usage()
+		return 2
+	}
+	sock := fs.Arg(0)
+	path, err := filepath.Abs(fs.Arg(1))
+	if err == nil {
+		_, _, _, err = vmsnap.Paths(path)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "warren snapshot: %v\n", err)
+		return 2
+	}
+	ctx, stop := interruptContext()
+	defer stop()
+	take := func(p string, kind vmsnap.Kind) error {
+		var r snapshotReply
+		if err := apiCall(ctx, sock, "snapshot", snapshotRequest{Path: p, Kind: kind}, &r); err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, r.Line)
+		return nil
+	}
+	kind := vmsnap.Full
+	if *incremental {
+		kind = vmsnap.Incremental
+	}
+	if *every == 0 {
+		if err := take(path, kind); err != nil {
+			fmt.Fprintf(stderr, "warren snapshot: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	chain := 0 // layers in the current chain; 0 before the first snapshot
+	if *incremental {
+		chain = 1 // the VM's previous snapshot is the chain's first layer, as far as we know
+	}
+	for seq := 1; ; seq++ {
+		if chain == 0 || chain >= *maxChain {
+			kind, chain = vmsnap.Full, 0
+		} else {
+			kind = vmsnap.Incremental
+		}
+		if err := take(fmt.Sprintf("%s-%04d", path, seq), kind); err != nil {
+			if ctx.Err() != nil {
+				return 0
+			}
+			fmt.Fprintf(stderr, "warren snapshot: %v\n", err)
+			return 1
+		}
+		chain++
+		if seq == *count {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-time.After(*every):
+		}
+	}
+}
+
+// restoreCmd is `warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] DIR/NAME`:
+// it rebuilds the VM of a snapshot, with the devices of the `warren run`
+// that took it, and runs it in the foreground like `warren run`.
+func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("warren restore", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	lazy := fs.Bool("lazy", false, "map the snapshot's memory copy-on-write (flattened once to DIR/NAME.<hash>.wraw) instead of reading it all first")
+	api := fs.String("api", "", "serve the VM's control API (pause, resume, snapshot) on this unix socket")
+	vsockPath := fs.String("vsock", "", "the vsock unix socket (default: the snapshotted VM's)")
+	console := fs.String("console", "", "write the guest console to FILE instead of stdout")
+	kvmPath := fs.String("kvm", "/dev/kvm", "KVM device")
+	verbose := fs.Bool("v", false, "log VMM diagnostics to stderr")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprint(stderr, "usage: warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] DIR/NAME\n")
+		return 2
+	}
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "warren restore: "+format+"\n", a...)
+		return 1
+	}
+	log := newLogger(stderr, *verbose)
+	start := time.Now()
+	// Everything is checked before a VM is created.
+	snap, err := vmsnap.Load(fs.Arg(0), vmsnap.HostFingerprintSource(*kvmPath, hostprofile.Detect("/sys/module")))
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer snap.Close()
+	o := vmOptions{kvmPath: *kvmPath, log: log, trackDirty: *api != "", restore: snap, lazy: *lazy}
+	if err := applyOptions(&o, snap.Meta.Options); err != nil {
+		return fail("%v", err)
+	}
+	if *vsockPath != "" {
+		if o.vsock == "" {
+			return fail("--vsock: the snapshotted VM had no vsock device")
+		}
+		o.vsock = *vsockPath
+	}
+	out, closeOut, err := openConsole(*console, stdout)
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer closeOut()
+	o.console = out
+	b, err := build(o)
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer b.close()
+	layer, name := snap.Layer(), snap.Name()
+	snap.Close() // the VM holds its memory now
+	log.Debug("restored", "snapshot", fs.Arg(0), "lazy", *lazy, "ms", time.Since(start).Milliseconds())
+	if *api != "" {
+		stopAPI, err := startAPI(*api, b, o, log, layer, name)
+		if err != nil {
+			return fail("%v", err)
+		}
+		defer stopAPI()
+	}
+	return runForeground(b.vm, stdin, fail)
+}
+
+// compactCmd is `warren compact DIR/NAME DIR/NEW`.
+func compactCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("warren compact", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 2 {
+		fmt.Fprint(stderr, "usage: warren compact DIR/NAME DIR/NEW\n\nwrites one full snapshot NEW equal to NAME (its memory chain merged).\n")
+		return 2
+	}
+	res, err := vmsnap.Compact(fs.Arg(0), fs.Arg(1), nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "warren compact: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "full %s: %d pages, layer %d bytes (%s)\n", res.StatePath, res.Pages, res.LayerBytes, filepath.Base(res.LayerPath))
+	return 0
+}
+
+// openConsole returns the console writer: FILE when set, else stdout.
+func openConsole(file string, stdout io.Writer) (io.Writer, func(), error) {
+	if file == "" {
+		return stdout, func() {}, nil
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, nil, fmt.Errorf("console: %w", err)
+	}
+	return f, func() { f.Close() }, nil
+}
+
+// newLogger logs warnings (everything with verbose) to w.
+func newLogger(w io.Writer, verbose bool) *slog.Logger {
+	level := slog.LevelWarn
+	if verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}

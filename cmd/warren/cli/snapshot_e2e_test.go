@@ -1,0 +1,138 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSnapshotEndToEnd boots the Linux guest with vsock and the control
+// API, writes a file in /tmp through the agent, takes a full snapshot,
+// writes a second file, takes an incremental one, and restores each in a
+// new process (`warren restore`, eager and lazy, with its own vsock
+// socket): the agent answers, and exactly the files written before the
+// snapshot are there.
+func TestSnapshotEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	sock, api := filepath.Join(dir, "vm.sock"), filepath.Join(dir, "api.sock")
+	o := vmOptions{rng: true, vsock: sock, cid: 3, trackDirty: true, cmdline: "warren.hostname=snap-e2e"}
+	g := bootGuest(t, o)
+	o.memMiB, o.cpus = 256, 1
+	stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAPI()
+	run := func(args ...string) string {
+		t.Helper()
+		code, out, errOut := cli(t, nil, args...)
+		if code != 0 {
+			t.Fatalf("warren %s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
+		}
+		return out
+	}
+	run("health", "--wait", "3m", sock)
+	run("exec", sock, "--", "sh", "-c", "echo first > /tmp/first")
+	snaps := filepath.Join(dir, "snaps")
+	os.Mkdir(snaps, 0o755)
+	t.Logf("%s", run("snapshot", api, filepath.Join(snaps, "one")))
+	run("exec", sock, "--", "sh", "-c", "echo second > /tmp/second")
+	t.Logf("%s", run("snapshot", "--incremental", api, filepath.Join(snaps, "two")))
+	if out := run("pause", api); out != "paused=true\n" {
+		t.Errorf("warren pause: %q", out)
+	}
+	if out := run("resume", api); out != "paused=false\n" {
+		t.Errorf("warren resume: %q", out)
+	}
+	t.Logf("%s", run("compact", filepath.Join(snaps, "two"), filepath.Join(snaps, "two-flat")))
+	// Rolling snapshots: full, incremental, and full again at --max-chain 2.
+	roll := run("snapshot", "--every", "200ms", "--max-chain", "2", "--count", "3", api, filepath.Join(snaps, "roll"))
+	t.Logf("%s", roll)
+	if lines := strings.Split(strings.TrimSpace(roll), "\n"); len(lines) != 3 || !strings.HasPrefix(lines[0], "full ") ||
+		!strings.HasPrefix(lines[1], "incremental ") || !strings.HasPrefix(lines[2], "full ") || !strings.Contains(lines[1], "roll-0002") {
+		t.Errorf("rolling snapshots: %q", roll)
+	}
+	g.vm.Stop(nil) // the restored copies run alone
+
+	for _, c := range []struct {
+		name    string
+		lazy    bool
+		present []string // files in /tmp
+		absent  []string
+		// then runs against the restored VM's vsock and API sockets.
+		then func(t *testing.T, sock, api string)
+	}{
+		{name: "one", present: []string{"first"}, absent: []string{"second"}},
+		{name: "two", lazy: true, present: []string{"first", "second"}, then: func(t *testing.T, sock, api string) {
+			// An incremental snapshot of a restored VM is relative to the
+			// snapshot it was restored from.
+			run("exec", sock, "--", "sh", "-c", "echo third > /tmp/third")
+			t.Logf("%s", run("snapshot", "--incremental", api, filepath.Join(snaps, "three")))
+		}},
+		{name: "two-flat", present: []string{"first", "second"}, absent: []string{"third"}},
+		{name: "three", present: []string{"first", "second", "third"}},
+		{name: "roll-0002", present: []string{"first", "second"}, absent: []string{"third"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sock2, api2 := filepath.Join(dir, c.name+".sock"), filepath.Join(dir, c.name+".api")
+			args := []string{"restore", "--vsock", sock2, "--api", api2, "--console", filepath.Join(dir, c.name+".console")}
+			if c.lazy {
+				args = append(args, "--lazy")
+			}
+			args = append(args, filepath.Join(snaps, c.name))
+			cmd := exec.Command(os.Args[0], "-test.run=^TestRestoreProcess$", "-test.count=1", "-test.v")
+			enc, _ := json.Marshal(args)
+			cmd.Env = append(os.Environ(), "WARREN_RESTORE_ARGS="+string(enc))
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			start := time.Now()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				cmd.Process.Kill()
+				cmd.Wait()
+				if t.Failed() {
+					con, _ := os.ReadFile(filepath.Join(dir, c.name+".console"))
+					t.Logf("restore process:\n%s\nconsole:\n%s", out.String(), tail(con))
+				}
+			}()
+			run("health", "--wait", "3m", sock2)
+			t.Logf("restored %s (lazy %v): the agent answered %v after the process started", c.name, c.lazy, time.Since(start))
+			for _, f := range c.present {
+				if got := run("exec", sock2, "--", "cat", "/tmp/"+f); got != f+"\n" {
+					t.Errorf("/tmp/%s: %q", f, got)
+				}
+			}
+			for _, f := range c.absent {
+				if code, got, _ := cli(t, nil, "exec", sock2, "--", "cat", "/tmp/"+f); code == 0 {
+					t.Errorf("/tmp/%s is there (%q) in a snapshot taken before it was written", f, got)
+				}
+			}
+			if c.then != nil {
+				c.then(t, sock2, api2)
+			}
+		})
+	}
+}
+
+// TestRestoreProcess runs `warren restore` with the arguments in
+// $WARREN_RESTORE_ARGS (a JSON array): the new process of
+// TestSnapshotEndToEnd. It skips unless run by it.
+func TestRestoreProcess(t *testing.T) {
+	args := os.Getenv("WARREN_RESTORE_ARGS")
+	if args == "" {
+		t.Skip("run by TestSnapshotEndToEnd")
+	}
+	var argv []string
+	if err := json.Unmarshal([]byte(args), &argv); err != nil {
+		t.Fatal(err)
+	}
+	code := Main(argv, nil, os.Stdout, os.Stderr)
+	t.Fatalf("warren restore exited %d", code)
+}

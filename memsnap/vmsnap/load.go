@@ -1,0 +1,225 @@
+package vmsnap
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/warrenvm/warren/memsnap"
+	"github.com/warrenvm/warren/memsnap/statefile"
+	"github.com/warrenvm/warren/vmm"
+	"github.com/warrenvm/warren/vmm/guestmem"
+)
+
+// Snapshot is a loaded and verified snapshot, ready to restore. It owns
+// its memory chain; Close it after use (a restored VM does not need it).
+type Snapshot struct {
+	// Path is the state file.
+	Path        string
+	Dir         string
+	Meta        Meta
+	State       *vmm.State
+	Devices     []DeviceState
+	Fingerprint []byte
+	// Chain is the memory: the layer the state file names and its parents.
+	Chain *memsnap.Chain
+
+	name string // from the path (Meta.Name is the name it was taken as)
+}
+
+// Load reads the snapshot at path (DIR/NAME or DIR/NAME.wstate) and
+// checks all of it before anything is built from it: the state file's
+// checksums and versions, that its fingerprint is host's (ErrIncompatibleCPU
+// otherwise), the memory chain (each layer opened and verified, parents
+// found by hash, the top the layer recorded), and the machine state. The
+// errors name the file and wrap statefile.ErrCorrupt, statefile.ErrVersion,
+// ErrIncompatibleCPU or memsnap's sentinels. A nil host skips the host
+// check (for tools that only read snapshots, such as Compact); the layers
+// must still carry the state file's fingerprint.
+func Load(path string, host FingerprintSource) (_ *Snapshot, err error) {
+	dir, name, statePath, err := Paths(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := statefile.Read(statePath)
+	if err != nil {
+		return nil, fmt.Errorf("vmsnap: load: %w", err)
+	}
+	hostFP := f.Fingerprint
+	if host != nil {
+		if hostFP, err = host(); err != nil {
+			return nil, fmt.Errorf("vmsnap: load %s: %w", statePath, err)
+		}
+		if err := checkFingerprint(statePath, f.Fingerprint, hostFP); err != nil {
+			return nil, err
+		}
+	}
+	s := &Snapshot{Path: statePath, Dir: dir, name: name, Fingerprint: f.Fingerprint}
+	section := func(name string, v any) error {
+		b, ok := f.Section(name)
+		if !ok {
+			return fmt.Errorf("vmsnap: load %s: no %q section: %w", statePath, name, statefile.ErrCorrupt)
+		}
+		d := json.NewDecoder(bytes.NewReader(b))
+		d.DisallowUnknownFields()
+		if err := d.Decode(v); err != nil {
+			return fmt.Errorf("vmsnap: load %s: section %q: %v: %w", statePath, name, err, statefile.ErrCorrupt)
+		}
+		return nil
+	}
+	if err := section(secMeta, &s.Meta); err != nil {
+		return nil, err
+	}
+	if s.Meta.Version != MetaVersion {
+		return nil, fmt.Errorf("vmsnap: load %s: snapshot version %d, this Warren reads version %d: %w", statePath, s.Meta.Version, MetaVersion, statefile.ErrVersion)
+	}
+	if s.Meta.Kind != Full && s.Meta.Kind != Incremental {
+		return nil, fmt.Errorf("vmsnap: load %s: unknown kind %q: %w", statePath, s.Meta.Kind, statefile.ErrCorrupt)
+	}
+	machine, ok := f.Section(secMachine)
+	if !ok {
+		return nil, fmt.Errorf("vmsnap: load %s: no %q section: %w", statePath, secMachine, statefile.ErrCorrupt)
+	}
+	if s.State, err = vmm.UnmarshalState(machine); err != nil {
+		return nil, fmt.Errorf("vmsnap: load %s: %w", statePath, err)
+	}
+	if err := section(secDevices, &s.Devices); err != nil {
+		return nil, err
+	}
+	if len(s.Devices) != len(s.State.Machine.Virtio) {
+		return nil, fmt.Errorf("vmsnap: load %s: %d device states for %d virtio devices: %w", statePath, len(s.Devices), len(s.State.Machine.Virtio), statefile.ErrCorrupt)
+	}
+	for i, d := range s.Devices {
+		if d.Name != s.State.Machine.Virtio[i] {
+			return nil, fmt.Errorf("vmsnap: load %s: device state %d is %q, the machine's device %q: %w", statePath, i, d.Name, s.State.Machine.Virtio[i], statefile.ErrCorrupt)
+		}
+	}
+	var ref memoryRef
+	if err := section(secMemory, &ref); err != nil {
+		return nil, err
+	}
+	if ref.Layer == "" || ref.Layer != filepath.Base(ref.Layer) || ref.Layer == "." || ref.Layer == ".." {
+		return nil, fmt.Errorf("vmsnap: load %s: memory layer %q is not a file name: %w", statePath, ref.Layer, statefile.ErrCorrupt)
+	}
+	if ref.Size != s.State.Machine.MemBytes {
+		return nil, fmt.Errorf("vmsnap: load %s: memory of %d bytes for a machine of %d: %w", statePath, ref.Size, s.State.Machine.MemBytes, statefile.ErrCorrupt)
+	}
+	chain, err := memsnap.OpenChain(filepath.Join(dir, ref.Layer), memsnap.Dir(dir))
+	if err != nil {
+		return nil, fmt.Errorf("vmsnap: load %s: memory: %w", statePath, err)
+	}
+	defer func() {
+		if err != nil {
+			chain.Close()
+		}
+	}()
+	if got := chain.Top().Hash().String(); got != ref.Hash {
+		return nil, fmt.Errorf("vmsnap: load %s: memory layer %s has hash %s, the state file names %s: %w", statePath, ref.Layer, got, ref.Hash, memsnap.ErrCorrupt)
+	}
+	if err := chain.CheckFingerprint(hostFP); err != nil {
+		return nil, fmt.Errorf("vmsnap: load %s: %w: %w", statePath, ErrIncompatibleCPU, err)
+	}
+	if chain.MemSize() != ref.Size || chain.PageSize() != pageSize {
+		return nil, fmt.Errorf("vmsnap: load %s: memory chain of %d bytes in pages of %d: %w", statePath, chain.MemSize(), chain.PageSize(), memsnap.ErrIncompatible)
+	}
+	if err := chain.Verify(); err != nil {
+		return nil, fmt.Errorf("vmsnap: load %s: memory: %w", statePath, err)
+	}
+	s.Chain = chain
+	return s, nil
+}
+
+// Close closes the memory chain.
+func (s *Snapshot) Close() error {
+	if s.Chain == nil {
+		return nil
+	}
+	err := s.Chain.Close()
+	s.Chain = nil
+	return err
+}
+
+// Name is the snapshot's name: its state file's base name.
+func (s *Snapshot) Name() string { return s.name }
+
+// Layer is the path of the snapshot's own (top) memory layer.
+func (s *Snapshot) Layer() string { return s.Chain.Top().Path() }
+
+// Restore creates a VM from the snapshot (vmm.Restore): cfg supplies what
+// the snapshot does not hold (devices, console, KVM device, profile, log;
+// its MemBytes and CPUs must be the snapshot's, and its Virtio the same
+// devices in the same order). Eager (lazy false): the chain is decoded into
+// the new VM's memfd. Lazy: the chain is flattened once into DIR/NAME.<hash>.wraw
+// (reused while it exists) and mapped copy-on-write as guest RAM, so pages
+// are read when the guest first touches them. Restore the device states
+// with RestoreDevices before running the VM.
+func (s *Snapshot) Restore(cfg vmm.Config, lazy bool) (*vmm.VM, error) {
+	if !lazy {
+		return vmm.Restore(cfg, s.State, func(m *guestmem.Memory) error {
+			return s.Chain.Restore(m.Flat())
+		})
+	}
+	raw, err := s.Flattened()
+	if err != nil {
+		return nil, err
+	}
+	mem, err := guestmem.NewPrivateFile(raw, s.Chain.MemSize())
+	if err != nil {
+		return nil, fmt.Errorf("vmsnap: restore %s: %w", s.Path, err)
+	}
+	return vmm.RestoreMemory(cfg, s.State, mem)
+}
+
+// Flattened returns the raw image of the snapshot's memory beside the
+// snapshot (DIR/NAME.<top hash>.wraw), flattening the chain the first time.
+// The file is named by the top layer's content hash, so it always matches
+// the chain; it is written under a temporary name and renamed into place.
+func (s *Snapshot) Flattened() (string, error) {
+	raw := filepath.Join(s.Dir, fmt.Sprintf("%s.%.16s%s", s.name, s.Chain.Top().Hash().String(), RawExt))
+	if fi, err := os.Stat(raw); err == nil && fi.Mode().IsRegular() && uint64(fi.Size()) == s.Chain.MemSize() {
+		return raw, nil
+	}
+	if err := s.Chain.Flatten(raw); err != nil {
+		return "", fmt.Errorf("vmsnap: restore %s: %w", s.Path, err)
+	}
+	return raw, nil
+}
+
+// RestoreDevices loads each saved transport state into the device of the
+// same name (devices must be the restored VM's, in its order), then calls
+// every device's AfterRestore. Call it after Restore and before Run.
+func (s *Snapshot) RestoreDevices(devices []Device) error {
+	if len(devices) != len(s.Devices) {
+		return fmt.Errorf("vmsnap: restore %s: %d devices for %d saved device states", s.Path, len(devices), len(s.Devices))
+	}
+	for i, d := range devices {
+		if d.Name != s.Devices[i].Name {
+			return fmt.Errorf("vmsnap: restore %s: device %d is %q, the saved one %q", s.Path, i, d.Name, s.Devices[i].Name)
+		}
+		if err := d.Transport.Restore(s.Devices[i].State); err != nil {
+			return fmt.Errorf("vmsnap: restore %s: %w", s.Path, err)
+		}
+	}
+	for _, d := range devices {
+		if d.AfterRestore != nil {
+			d.AfterRestore()
+		}
+	}
+	return nil
+}
+
+// Compact writes a new full snapshot to out (DIR/NEW) whose memory is the
+// effective memory of top's chain and whose state is top's, so the chain's
+// files can be retired. top is loaded and verified first (Load, with host;
+// nil: any host).
+func Compact(top, out string, host FingerprintSource) (*Result, error) {
+	s, err := Load(top, host)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	return Write(out, &Capture{Kind: Full, State: s.State, Devices: s.Devices, Options: s.Meta.Options,
+		Fingerprint: s.Fingerprint, Memory: s.Chain.Reader()})
+}
