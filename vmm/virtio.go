@@ -84,6 +84,7 @@ func (v *VM) attachVirtio() error {
 			return fmt.Errorf("vmm: %s: %w", spec.Name, err)
 		}
 		v.closers = append(v.closers, t.Shutdown)
+		v.transports = append(v.transports, t)
 		if err := v.MMIO.Add(base, VirtioMMIOSize, t); err != nil {
 			return err
 		}
@@ -122,4 +123,21 @@ func (v *VM) notifyFD(t VirtioTransport, base uint64, q uint32) error {
 		}
 	}()
 	return nil
+}
+
+// pendingRaiser is a transport that can re-signal an interrupt it raised
+// but the guest has not acknowledged (virtio.MMIO does).
+type pendingRaiser interface{ RaisePending() }
+
+// raisePendingVirtio re-signals the virtio interrupts still pending once a
+// restored VM's LAPICs hold their saved state: a device restored and
+// activated before that may have signalled into an irqchip whose LAPIC
+// state was then overwritten, and with event-idx the device would not
+// signal again until the driver, which never saw the first, acknowledges.
+func (v *VM) raisePendingVirtio() {
+	for _, t := range v.transports {
+		if r, ok := t.(pendingRaiser); ok {
+			r.RaisePending()
+		}
+	}
 }

@@ -80,6 +80,10 @@ type Config struct {
 	// guest instruction, as if Pause had been called: Pause then returns once
 	// they are parked (SaveState works), and Resume lets the guest run.
 	StartPaused bool
+	// OnFirstRun, when non-nil, is called once, by vCPU 0's thread just
+	// before its first KVM_RUN (for timing: `warren restore --timing`). It
+	// runs on the vCPU's thread, so it must return at once.
+	OnFirstRun func()
 }
 
 // ErrPanic is wrapped by Run's error when the guest kernel panicked.
@@ -105,8 +109,9 @@ type VM struct {
 	console *panicWatcher
 	conbuf  *lineBuffer // between console and the UART
 
-	manualProtect bool     // dirty pages stay logged until DirtyPages clears them
-	closers       []func() // run by Close, last first
+	manualProtect bool              // dirty pages stay logged until DirtyPages clears them
+	closers       []func()          // run by Close, last first
+	transports    []VirtioTransport // in Config.Virtio order
 
 	stopping atomic.Bool
 	stopOnce sync.Once
@@ -356,8 +361,10 @@ func (v *VM) Run(ctx context.Context) error {
 	if setupErr == nil && v.restore != nil {
 		setupErr = v.restoreClock()
 		// Now that the LAPICs exist, an interrupt the UART raised while
-		// the VM was being restored can be delivered.
+		// the VM was being restored can be delivered; so can those of
+		// virtio devices restored and activated before the vCPUs.
 		v.uart.RaisePending()
+		v.raisePendingVirtio()
 	}
 	if setupErr != nil {
 		v.Stop(setupErr)

@@ -293,6 +293,21 @@ func (t *MMIO) setStatus(v uint32) {
 	t.status = v | t.status&StatusNeedsReset
 }
 
+// RaisePending signals the interrupt line again when an interrupt is
+// pending (InterruptStatus not yet acknowledged by the driver). The VMM
+// calls it once a restored VM's vCPUs hold their saved LAPIC state: a
+// device restored before that may have signalled into an irqchip whose
+// LAPIC state was then loaded over the interrupt, and the guest would
+// never hear of it.
+func (t *MMIO) RaisePending() {
+	t.mu.Lock()
+	pending := t.intStatus != 0
+	t.mu.Unlock()
+	if pending {
+		t.signal()
+	}
+}
+
 func (t *MMIO) activate() error {
 	t.waitReset()
 	if t.status&StatusFeaturesOK == 0 {

@@ -312,3 +312,32 @@ func TestQuiesceStress(t *testing.T) {
 		t.Fatal("nothing served")
 	}
 }
+
+// TestRaisePending: a restored transport whose saved state has an
+// unacknowledged interrupt signals it again on RaisePending (the VMM calls
+// it once the vCPUs' LAPICs are loaded); one with none pending does not.
+func TestRaisePending(t *testing.T) {
+	for _, c := range []struct {
+		intStatus uint32
+		want      int
+	}{{0, 0}, {1, 1}} {
+		tr := virtio.NewMMIO("fill", &fillDev{}, make(vt.Memory, vt.MemSize), nil, nil)
+		st, err := tr.Save()
+		tr.Shutdown()
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.IntStatus = c.intStatus
+		sig := vt.NewSignals()
+		tr2 := virtio.NewMMIO("fill", &fillDev{}, make(vt.Memory, vt.MemSize), sig, nil)
+		if err := tr2.Restore(st); err != nil {
+			t.Fatal(err)
+		}
+		sig.Drain()
+		tr2.RaisePending()
+		if got := sig.Drain(); got != c.want {
+			t.Errorf("interrupt status %#x: %d signals, want %d", c.intStatus, got, c.want)
+		}
+		tr2.Shutdown()
+	}
+}

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
@@ -19,6 +20,50 @@ import (
 	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/agentclient"
 )
+
+// dumpGuest logs what a test can see of a guest that does not answer:
+// the vsock device's counters and where each vCPU is.
+func dumpGuest(t *testing.T, g *guest) {
+	if g.dev.vsock != nil {
+		st, _ := g.dev.vsock.SaveState()
+		t.Logf("vsock state: %s", st)
+	}
+	if err := g.vm.Pause(context.Background()); err != nil {
+		t.Logf("pause: %v", err)
+		return
+	}
+	defer g.vm.Resume()
+	st, err := g.vm.SaveState()
+	if err != nil {
+		t.Logf("save state: %v", err)
+		return
+	}
+	le := binary.LittleEndian
+	for _, c := range st.VCPUs {
+		t.Logf("vCPU %d: rip %#x rsp %#x rflags %#x mp_state %d", c.ID, c.Regs.RIP, c.Regs.RSP, c.Regs.RFLAGS, c.MPState)
+		if len(c.LAPIC) >= 0x400 {
+			var isr, irr []string
+			for i := 0; i < 8; i++ {
+				isr = append(isr, fmt.Sprintf("%08x", le.Uint32(c.LAPIC[0x100+16*i:])))
+				irr = append(irr, fmt.Sprintf("%08x", le.Uint32(c.LAPIC[0x200+16*i:])))
+			}
+			t.Logf("  lapic: lvt_timer %#x tmict %#x tmcct %#x isr %v irr %v", le.Uint32(c.LAPIC[0x320:]),
+				le.Uint32(c.LAPIC[0x380:]), le.Uint32(c.LAPIC[0x390:]), isr, irr)
+		}
+		for _, m := range c.MSRs {
+			if m.Index == 0x6e0 || m.Index == 0x10 {
+				t.Logf("  msr %#x = %#x", m.Index, m.Data)
+			}
+		}
+	}
+	if len(st.IOAPIC) >= 24+8*24 {
+		for pin := 0; pin < 12; pin++ {
+			e := le.Uint64(st.IOAPIC[24+8*pin:])
+			t.Logf("  ioapic pin %d: %#016x (vector %d, remote_irr %d, level %d, masked %d)", pin, e, e&0xff, e>>14&1, e>>15&1, e>>16&1)
+		}
+		t.Logf("  ioapic irr %#x", le.Uint32(st.IOAPIC[16:]))
+	}
+}
 
 // cli runs the warren command as a user would (in-process) and returns its
 // exit code and output.
@@ -53,14 +98,14 @@ func (endless) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestAgentEndToEnd boots one guest with virtio-vsock and drives its agent
+// TestAgentEndToEnd restores one guest (the Linux template) and drives its agent
 // through the CLI (exec, cp, health) and the client: exit codes, 10 MiB of
 // stdout intact, 16 concurrent execs, a 5 MiB file round trip, timeouts
 // that kill, streams that stall without stalling others, and a transport
 // reset after which the agent re-syncs the guest clock and answers again.
 func TestAgentEndToEnd(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "vm.sock")
-	g := bootGuest(t, vmOptions{rng: true, vsock: sock, cid: 3, cmdline: "warren.hostname=agent-e2e"})
+	g := restoreTemplate(t, sock)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	c := agentclient.New(sock)
@@ -69,6 +114,7 @@ func TestAgentEndToEnd(t *testing.T) {
 	t.Run("health", func(t *testing.T) {
 		code, out, errOut := cli(t, nil, "health", "--wait", "2m", sock)
 		if code != 0 || !strings.Contains(out, `"version": "`+agent.Version+`"`) {
+			dumpGuest(t, g)
 			t.Fatalf("warren health: exit %d, stdout %q, stderr %q", code, out, errOut)
 		}
 		// The agent syncs the clock right after it starts listening, so

@@ -53,6 +53,9 @@ type guest struct {
 	from int // console offset searched by the next wait
 	rng  *rng.Device
 	dev  vmDevices
+	// snapLayer and snapName are the snapshot a restored guest came from
+	// (for startAPI, so its incremental snapshots build on it).
+	snapLayer, snapName string
 }
 
 // bootGuest boots the project kernel and initramfs with opts and waits for

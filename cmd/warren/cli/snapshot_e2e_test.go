@@ -11,8 +11,8 @@ import (
 	"time"
 )
 
-// TestSnapshotEndToEnd boots the Linux guest with vsock and the control
-// API, writes a file in /tmp through the agent, takes a full snapshot,
+// TestSnapshotEndToEnd restores the Linux template with vsock and the
+// control API, writes a file in /tmp through the agent, takes a full snapshot,
 // writes a second file, takes an incremental one, and restores each in a
 // new process (`warren restore`, eager and lazy, with its own vsock
 // socket): the agent answers, and exactly the files written before the
@@ -20,10 +20,9 @@ import (
 func TestSnapshotEndToEnd(t *testing.T) {
 	dir := t.TempDir()
 	sock, api := filepath.Join(dir, "vm.sock"), filepath.Join(dir, "api.sock")
-	o := vmOptions{rng: true, vsock: sock, cid: 3, trackDirty: true, cmdline: "warren.hostname=snap-e2e"}
-	g := bootGuest(t, o)
-	o.memMiB, o.cpus = 256, 1
-	stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), "", "")
+	g := restoreTemplate(t, sock)
+	o := vmOptions{rng: true, vsock: sock, cid: 3, trackDirty: true, memMiB: 256, cpus: 1}
+	stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), g.snapLayer, g.snapName)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,100 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/warrenvm/warren/memsnap/vmsnap"
+	"github.com/warrenvm/warren/vmm/hostprofile"
+)
+
+// The Linux template: the project's kernel and initramfs booted once per
+// test binary (virtio-rng and vsock, dirty tracking on, agent answering),
+// snapshotted, and stopped. End-to-end tests that need a running Linux
+// guest with its agent restore it instead of booting (a boot takes about a
+// minute on a PVM host); tests about booting itself, and those needing
+// other devices (disk, tap), still boot.
+var template struct {
+	once sync.Once
+	dir  string // removed by TestMain
+	path string // DIR/NAME of the snapshot
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if template.dir != "" {
+		os.RemoveAll(template.dir)
+	}
+	os.Exit(code)
+}
+
+// linuxTemplate returns the template snapshot, making it on first use.
+// The test that makes it fails if the boot or snapshot fails; later ones
+// skip with the reason.
+func linuxTemplate(t *testing.T) string {
+	t.Helper()
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
+	}
+	made := false
+	template.once.Do(func() {
+		made = true
+		template.dir, template.err = os.MkdirTemp("", "warren-template-")
+		if template.err != nil {
+			return
+		}
+		sock := filepath.Join(template.dir, "template.sock")
+		api := filepath.Join(template.dir, "template.api")
+		o := vmOptions{rng: true, vsock: sock, cid: 3, trackDirty: true, memMiB: 256, cpus: 1,
+			cmdline: "warren.hostname=template"}
+		g := bootGuest(t, o)
+		defer g.vm.Stop(nil)
+		stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), "", "")
+		if err != nil {
+			template.err = err
+			return
+		}
+		defer stopAPI()
+		if code, out, errOut := cli(t, nil, "health", "--wait", "3m", sock); code != 0 {
+			t.Fatalf("template: the agent did not answer: %s%s", out, errOut)
+		}
+		template.path = filepath.Join(template.dir, "linux")
+		if code, out, errOut := cli(t, nil, "snapshot", api, template.path); code != 0 {
+			t.Fatalf("template: snapshot: exit %d: %s%s", code, out, errOut)
+		}
+	})
+	if template.path == "" && !made {
+		t.Skipf("skipped: making the Linux template failed in an earlier test (%v)", template.err)
+	}
+	if template.err != nil {
+		t.Fatal(template.err)
+	}
+	return template.path
+}
+
+// restoreTemplate restores the Linux template in this process, with its
+// vsock device on sock (and dirty tracking, so the guest can be
+// snapshotted again). The guest is stopped when the test ends.
+func restoreTemplate(t *testing.T, sock string) *guest {
+	t.Helper()
+	path := linuxTemplate(t)
+	snap, err := vmsnap.Load(path, vmsnap.HostFingerprintSource("/dev/kvm", hostprofile.Detect("/sys/module")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Close()
+	o := vmOptions{restore: snap, trackDirty: true}
+	if err := applyOptions(&o, snap.Meta.Options); err != nil {
+		t.Fatal(err)
+	}
+	o.vsock = sock
+	g, err := startGuest(t, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.snapLayer, g.snapName = snap.Layer(), snap.Name()
+	return g
+}
