@@ -1,5 +1,5 @@
 // Package cow owns copy-on-write forks of guest memory and disks, and rollback (the Fork and rollback issue).
 //
-// It is empty until that issue lands; the folder exists so the layout in
-// README.md is visible from the start.
+// Package cow itself is empty until that issue lands; its subpackage disk
+// (copy-on-write disk overlays over a shared base image) is the groundwork.
 package cow

@@ -1,0 +1,241 @@
+package disk
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math/bits"
+)
+
+// Format constants.
+const (
+	// Magic opens every overlay file.
+	Magic = "WRNCOWD1"
+	// Version is the format version this build reads and writes.
+	Version = 1
+	// HeaderSize is the size of the header region; the bitmap follows it.
+	HeaderSize = 4096
+	// DefaultBlockSize is the allocation unit when Create is given none.
+	DefaultBlockSize = 64 << 10
+	// MinBlockSize and MaxBlockSize bound the block size (a power of two).
+	MinBlockSize = 4 << 10
+	MaxBlockSize = 16 << 20
+	// MaxVirtualSize bounds the disk size (1 PiB), which keeps all offset
+	// arithmetic far from overflow.
+	MaxVirtualSize = 1 << 50
+	// MaxBasePath is the longest base path the header holds.
+	MaxBasePath = HeaderSize - fixedLen - 4
+	// identityWindow is how much of each end of the base Identity hashes.
+	identityWindow = 1 << 20
+	// bitmapPage is the unit in which the bitmap is padded and written.
+	bitmapPage = 4096
+)
+
+// fixedLen is the length of the fixed header fields, up to the base path.
+const fixedLen = 98
+
+// Errors Open and ParseHeader wrap; test with errors.Is.
+var (
+	// ErrNotOverlay: the file does not start with Magic.
+	ErrNotOverlay = errors.New("not a warren overlay (bad magic)")
+	// ErrVersion: the format version is not Version.
+	ErrVersion = errors.New("unsupported overlay format version")
+	// ErrCorrupt: the header or bitmap is inconsistent or fails its checksum.
+	ErrCorrupt = errors.New("corrupt overlay")
+	// ErrBaseMismatch: the base is not the image the overlay was made over.
+	ErrBaseMismatch = errors.New("base image does not match the overlay")
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Header is the decoded header of an overlay file.
+type Header struct {
+	BlockSize   uint32
+	VirtualSize uint64
+	BaseSize    uint64
+	BaseDigest  [32]byte // Identity of the base
+	BasePath    string   // as given to Create; informational, used by OpenChain
+}
+
+// Blocks is the number of blocks of the virtual disk (the last may be
+// short).
+func (h Header) Blocks() uint64 {
+	return (h.VirtualSize + uint64(h.BlockSize) - 1) / uint64(h.BlockSize)
+}
+
+// BitmapOffset is where the bitmap starts in the file.
+func (h Header) BitmapOffset() uint64 { return HeaderSize }
+
+// BitmapSize is the bitmap's size in the file: one bit per block, padded to
+// whole 4 KiB pages.
+func (h Header) BitmapSize() uint64 {
+	return roundUp((h.Blocks()+7)/8, bitmapPage)
+}
+
+// DataOffset is where block 0's data starts in the file: the bitmap's end
+// rounded up to the block size, so that blocks are aligned in the file.
+func (h Header) DataOffset() uint64 {
+	return roundUp(h.BitmapOffset()+h.BitmapSize(), uint64(h.BlockSize))
+}
+
+// FileSize is the length of the overlay file: data offset plus virtual size.
+func (h Header) FileSize() uint64 { return h.DataOffset() + h.VirtualSize }
+
+// check validates the fields a caller may set; ParseHeader wraps its
+// errors with ErrCorrupt.
+func (h Header) check() error {
+	switch {
+	case h.BlockSize < MinBlockSize || h.BlockSize > MaxBlockSize || bits.OnesCount32(h.BlockSize) != 1:
+		return fmt.Errorf("block size %d is not a power of two in [%d, %d]", h.BlockSize, MinBlockSize, MaxBlockSize)
+	case h.VirtualSize > MaxVirtualSize:
+		return fmt.Errorf("virtual size %d is over %d", h.VirtualSize, uint64(MaxVirtualSize))
+	case h.BaseSize != h.VirtualSize:
+		return fmt.Errorf("base size %d differs from virtual size %d", h.BaseSize, h.VirtualSize)
+	case len(h.BasePath) > MaxBasePath:
+		return fmt.Errorf("base path is %d bytes, at most %d fit", len(h.BasePath), MaxBasePath)
+	case bytes.IndexByte([]byte(h.BasePath), 0) >= 0:
+		return errors.New("base path holds a NUL byte")
+	}
+	return nil
+}
+
+// Marshal encodes h into a HeaderSize block.
+func (h Header) Marshal() ([]byte, error) {
+	if err := h.check(); err != nil {
+		return nil, err
+	}
+	le := binary.LittleEndian
+	b := make([]byte, HeaderSize)
+	copy(b, Magic)
+	le.PutUint32(b[8:], Version)
+	le.PutUint32(b[12:], HeaderSize)
+	le.PutUint32(b[16:], h.BlockSize)
+	le.PutUint32(b[20:], 0)
+	le.PutUint64(b[24:], h.VirtualSize)
+	le.PutUint64(b[32:], h.BitmapOffset())
+	le.PutUint64(b[40:], h.BitmapSize())
+	le.PutUint64(b[48:], h.DataOffset())
+	le.PutUint64(b[56:], h.BaseSize)
+	copy(b[64:96], h.BaseDigest[:])
+	le.PutUint16(b[96:], uint16(len(h.BasePath)))
+	end := fixedLen + copy(b[fixedLen:], h.BasePath)
+	le.PutUint32(b[end:], crc32.Checksum(b[:end], castagnoli))
+	return b, nil
+}
+
+// ParseHeader decodes and validates the header at the start of b (which
+// comes from disk: every field is checked). It fails with ErrNotOverlay,
+// ErrVersion or ErrCorrupt.
+func ParseHeader(b []byte) (*Header, error) {
+	if len(b) < len(Magic) || string(b[:len(Magic)]) != Magic {
+		return nil, ErrNotOverlay
+	}
+	if len(b) < 12 {
+		return nil, fmt.Errorf("%w: header truncated to %d bytes", ErrCorrupt, len(b))
+	}
+	le := binary.LittleEndian
+	if v := le.Uint32(b[8:]); v != Version {
+		return nil, fmt.Errorf("%w: file has version %d, this build reads %d", ErrVersion, v, Version)
+	}
+	if len(b) < HeaderSize {
+		return nil, fmt.Errorf("%w: header truncated to %d bytes", ErrCorrupt, len(b))
+	}
+	b = b[:HeaderSize]
+	n := int(le.Uint16(b[96:]))
+	if n > MaxBasePath {
+		return nil, fmt.Errorf("%w: base path length %d is over %d", ErrCorrupt, n, MaxBasePath)
+	}
+	end := fixedLen + n
+	if sum := crc32.Checksum(b[:end], castagnoli); sum != le.Uint32(b[end:]) {
+		return nil, fmt.Errorf("%w: header checksum %#08x, computed %#08x", ErrCorrupt, le.Uint32(b[end:]), sum)
+	}
+	if !allZero(b[end+4:]) {
+		return nil, fmt.Errorf("%w: junk after the header fields", ErrCorrupt)
+	}
+	if hs := le.Uint32(b[12:]); hs != HeaderSize {
+		return nil, fmt.Errorf("%w: header size %d, want %d", ErrCorrupt, hs, HeaderSize)
+	}
+	if fl := le.Uint32(b[20:]); fl != 0 {
+		return nil, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, fl)
+	}
+	h := &Header{
+		BlockSize:   le.Uint32(b[16:]),
+		VirtualSize: le.Uint64(b[24:]),
+		BaseSize:    le.Uint64(b[56:]),
+		BasePath:    string(b[fixedLen:end]),
+	}
+	copy(h.BaseDigest[:], b[64:96])
+	if err := h.check(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	// The layout fields are derived; they are stored so that other tools
+	// can find the data without this code, and must agree.
+	for _, f := range []struct {
+		name      string
+		got, want uint64
+	}{
+		{"bitmap offset", le.Uint64(b[32:]), h.BitmapOffset()},
+		{"bitmap size", le.Uint64(b[40:]), h.BitmapSize()},
+		{"data offset", le.Uint64(b[48:]), h.DataOffset()},
+	} {
+		if f.got != f.want {
+			return nil, fmt.Errorf("%w: %s is %d, want %d", ErrCorrupt, f.name, f.got, f.want)
+		}
+	}
+	return h, nil
+}
+
+// Identity is the digest a header records for its base: SHA-256 over the
+// size (little-endian uint64), the first MiB and the last MiB of the
+// content (both clipped to the size; they overlap on a base under 2 MiB).
+func Identity(base Backing) ([32]byte, error) {
+	size := base.Size()
+	h := sha256.New()
+	var sz [8]byte
+	binary.LittleEndian.PutUint64(sz[:], uint64(size))
+	h.Write(sz[:])
+	w := min(size, identityWindow)
+	buf := make([]byte, w)
+	for _, off := range []int64{0, size - w} {
+		if err := readFull(base, buf, off); err != nil {
+			return [32]byte{}, fmt.Errorf("hash base at %d: %w", off, err)
+		}
+		h.Write(buf)
+	}
+	var d [32]byte
+	h.Sum(d[:0])
+	return d, nil
+}
+
+// readFull reads len(p) bytes at off from r; io.EOF with a full read is
+// success, as io.ReaderAt allows at the end.
+func readFull(r io.ReaderAt, p []byte, off int64) error {
+	n, err := r.ReadAt(p, off)
+	if n == len(p) {
+		return nil
+	}
+	if err == nil || err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+func roundUp(x, to uint64) uint64 { return (x + to - 1) / to * to }
+
+var zeros [64 << 10]byte
+
+// allZero reports whether b holds only zero bytes.
+func allZero(b []byte) bool {
+	for len(b) > 0 {
+		n := min(len(b), len(zeros))
+		if !bytes.Equal(b[:n], zeros[:n]) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
+}
