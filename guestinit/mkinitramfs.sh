@@ -8,8 +8,9 @@
 # Contents: one u-root busybox binary (bbin/bb) holding our PID 1
 # (guestinit/cmd/warren-init, linked as /init) and a few u-root commands for
 # debugging (gosh as /bin/sh, ls, cat, mount, dmesg, ps) and wget for
-# network tests, on top of a tiny base archive with dev/console, proc, sys
-# and tmp.
+# network tests, plus memtouch (guestinit/cmd/memtouch, the snapshot
+# benchmark's guest program), on top of a tiny base archive with
+# dev/console, proc, sys and tmp.
 #
 # Reproducible: two builds from the same tree with the same Go version give
 # byte-identical output. u-root zeroes mtimes, inodes and owners of every
@@ -76,7 +77,7 @@ log "writing base archive (dev/console, proc, sys, tmp)"
 	newc_record 'TRAILER!!!' 0
 } >"$work/base.cpio"
 
-pkgs=(./guestinit/cmd/warren-init)
+pkgs=(./guestinit/cmd/warren-init ./guestinit/cmd/memtouch)
 for c in "${UROOT_CMDS[@]}"; do
 	pkgs+=("github.com/u-root/u-root/cmds/core/$c")
 done

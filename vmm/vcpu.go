@@ -47,6 +47,7 @@ func (v *VM) vcpuThread(id int, ready chan<- error, start <-chan struct{}) {
 	}()
 	ready <- nil
 	<-start
+	firstRun := id == 0 && v.cfg.OnFirstRun != nil
 	for !v.stopping.Load() {
 		if v.pause.requested.Load() {
 			if err := v.park(c); err != nil {
@@ -54,6 +55,10 @@ func (v *VM) vcpuThread(id int, ready chan<- error, start <-chan struct{}) {
 				return
 			}
 			continue
+		}
+		if firstRun {
+			firstRun = false
+			v.cfg.OnFirstRun()
 		}
 		if err := c.Run(); err != nil {
 			if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/warrenvm/warren/memsnap/vmsnap"
@@ -214,11 +215,12 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	console := fs.String("console", "", "write the guest console to FILE instead of stdout")
 	kvmPath := fs.String("kvm", "/dev/kvm", "KVM device")
 	verbose := fs.Bool("v", false, "log VMM diagnostics to stderr")
+	timing := fs.String("timing", "", "write the wall-clock time of the first KVM_RUN (Unix ns, one decimal line) to FILE, for benchmarks")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() != 1 {
-		fmt.Fprint(stderr, "usage: warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] DIR/NAME\n")
+		fmt.Fprint(stderr, "usage: warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] [--timing FILE] DIR/NAME\n")
 		return 2
 	}
 	fail := func(format string, a ...any) int {
@@ -234,6 +236,9 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	defer snap.Close()
 	o := vmOptions{kvmPath: *kvmPath, log: log, trackDirty: *api != "", restore: snap, lazy: *lazy}
+	if *timing != "" {
+		o.onFirstRun = firstRunTimer(*timing, log)
+	}
 	if err := applyOptions(&o, snap.Meta.Options); err != nil {
 		return fail("%v", err)
 	}
@@ -265,6 +270,21 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		defer stopAPI()
 	}
 	return runForeground(b.vm, stdin, fail)
+}
+
+// firstRunTimer returns a vmm.Config.OnFirstRun that notes the time and
+// writes it to file (Unix ns, one decimal line) off the vCPU's thread.
+// Together with the time a caller started the process (bench/snapshot)
+// it gives process start to the guest's first instruction.
+func firstRunTimer(file string, log *slog.Logger) func() {
+	return func() {
+		t := time.Now().UnixNano()
+		go func() {
+			if err := os.WriteFile(file, []byte(strconv.FormatInt(t, 10)+"\n"), 0o644); err != nil {
+				log.Warn("--timing", "err", err)
+			}
+		}()
+	}
 }
 
 // compactCmd is `warren compact DIR/NAME DIR/NEW`.

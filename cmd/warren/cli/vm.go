@@ -41,6 +41,8 @@ type vmOptions struct {
 	// lazy is set; the devices' states are restored and vsock is reset.
 	restore *vmsnap.Snapshot
 	lazy    bool
+	// onFirstRun, when set, is vmm.Config.OnFirstRun (warren restore --timing).
+	onFirstRun func()
 }
 
 // buildVM wires the VM and its devices: disks first (vda, vdb, ... in
@@ -141,7 +143,7 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 	cfg := vmm.Config{
 		MemBytes: uint64(o.memMiB) << 20, CPUs: o.cpus, Kernel: o.kernel, Initramfs: o.initramfs,
 		Cmdline: o.cmdline, Console: o.console, Profile: profile, KVMPath: o.kvmPath, Log: o.log,
-		Virtio: devs, TrackDirty: o.trackDirty,
+		Virtio: devs, TrackDirty: o.trackDirty, OnFirstRun: o.onFirstRun,
 	}
 	var vm *vmm.VM
 	if o.restore != nil {

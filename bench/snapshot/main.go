@@ -1,0 +1,236 @@
+// Command snapshot measures Warren's VM snapshots against QEMU's nearest
+// equivalents, on the same kernel and initramfs, with the same guest agent:
+//
+//  1. Incremental snapshot against dirty memory. A guest program,
+//     memtouch (guestinit/cmd/memtouch), holds --touch-mib MiB filled with
+//     pseudo-random bytes and, on command, writes one byte in each page of
+//     the first K MiB. Each repetition takes a full base snapshot of
+//     Warren's VM, has memtouch dirty K MiB and takes an incremental one,
+//     recording its pause (vmsnap Report.Pause), its whole time and its
+//     layer's bytes. QEMU has no incremental snapshot to a file: its column
+//     is a full migration to a file each time (QMP migrate to
+//     "exec:cat > FILE", live, QEMU's default downtime limit, bandwidth
+//     unlimited), with query-migrate's downtime as the pause, its
+//     total-time and the file's size. The source VM is then continued.
+//
+//  2. Restore latency. A full snapshot of each idle VM (taken before
+//     memtouch starts) is restored --restore-runs times per variant: Warren
+//     eager and lazy (`warren restore [--lazy]`), QEMU with
+//     -incoming "exec:cat FILE" and the source's command line. It records
+//     process start to vCPU 0's first KVM_RUN (Warren only: `warren
+//     restore --timing`) and process start to the guest agent's first
+//     answer to GET /health (for QEMU over AF_VSOCK, after the
+//     vhost-vsock transport reset). Each variant runs warm (snapshot files
+//     in --warm-dir, by default the temporary directory, which in the
+//     nested KVM host is a tmpfs: the files are in memory) and cold
+//     (files in --cold-dir, `sync; echo 3 > /proc/sys/vm/drop_caches`
+//     before each run). All warm runs come first, then all cold ones
+//     (drop_caches evicts the VMM binaries too); within each, the variants
+//     take turns, one run each per round, after one unrecorded run each
+//     (which also makes the lazy restore's flattened image).
+//
+//     go run ./bench/snapshot --kernel build/vmlinux --initramfs build/initramfs.cpio [--reps 5] [--restore-runs 50]
+//
+// It prints one table per measurement with p50/p90/p99 of Warren and QEMU
+// side by side and their ratio (warren/qemu), and with --json writes the
+// samples. Needs root, /dev/kvm, /dev/vhost-vsock and qemu-system-x86.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// config is the command line.
+type config struct {
+	kernel, initramfs, warren, qemu string
+	memMiB, touchMiB                int
+	dirty                           []int
+	reps, restoreRuns               int
+	qemuCID                         int
+	warmDir, coldDir                string
+	timeout, restoreTimeout         time.Duration
+	jsonOut                         string
+	skipIncremental, skipRestore    bool
+	variants                        map[string]bool // restore variants: eager, lazy, qemu
+	caches                          map[string]bool // restore cache states: warm, cold
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.kernel, "kernel", "build/vmlinux", "guest kernel")
+	flag.StringVar(&c.initramfs, "initramfs", "build/initramfs.cpio", "initramfs (with the agent and memtouch)")
+	flag.StringVar(&c.warren, "warren", "bin/warren", "warren binary")
+	flag.StringVar(&c.qemu, "qemu", "qemu-system-x86_64", "QEMU binary")
+	flag.IntVar(&c.memMiB, "mem", 512, "guest memory, MiB")
+	flag.IntVar(&c.touchMiB, "touch-mib", 128, "memory memtouch holds, MiB")
+	dirty := flag.String("dirty", "1,16,128", "MiB memtouch dirties before each incremental snapshot, comma-separated")
+	flag.IntVar(&c.reps, "reps", 5, "repetitions per dirty size and system")
+	flag.IntVar(&c.restoreRuns, "restore-runs", 50, "recorded restores per variant")
+	flag.IntVar(&c.qemuCID, "qemu-cid", 42, "the QEMU guest's vsock CID")
+	flag.StringVar(&c.warmDir, "warm-dir", os.TempDir(), "directory for snapshots read warm (and for the incremental part)")
+	flag.StringVar(&c.coldDir, "cold-dir", "build/bench-snapshot-cold", "directory for snapshots read with dropped caches (on a file system whose pages drop_caches evicts: not a tmpfs)")
+	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "limit for a boot, a snapshot or a restore")
+	flag.DurationVar(&c.restoreTimeout, "restore-timeout", 30*time.Second, "limit for one restore to the agent's answer; a run past it counts as failed")
+	flag.StringVar(&c.jsonOut, "json", "", "also write results as JSON here")
+	flag.BoolVar(&c.skipIncremental, "skip-incremental", false, "skip measurement 1")
+	flag.BoolVar(&c.skipRestore, "skip-restore", false, "skip measurement 2")
+	variants := flag.String("variants", "eager,lazy,qemu", "restore variants to run: warren eager, warren lazy, qemu")
+	caches := flag.String("caches", "warm,cold", "restore cache states to run: warm, cold")
+	flag.Parse()
+	c.caches = map[string]bool{}
+	for _, v := range strings.Split(*caches, ",") {
+		c.caches[strings.TrimSpace(v)] = true
+	}
+	c.variants = map[string]bool{}
+	for _, v := range strings.Split(*variants, ",") {
+		c.variants[strings.TrimSpace(v)] = true
+	}
+	for _, f := range strings.Split(*dirty, ",") {
+		k, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || k < 0 {
+			fmt.Fprintf(os.Stderr, "bench/snapshot: bad --dirty entry %q\n", f)
+			os.Exit(2)
+		}
+		c.dirty = append(c.dirty, k)
+	}
+	if err := run(c); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/snapshot:", err)
+		os.Exit(1)
+	}
+}
+
+func run(c config) error {
+	if err := checkHost(c); err != nil {
+		return err
+	}
+	for _, k := range c.dirty {
+		if k > c.touchMiB {
+			return fmt.Errorf("--dirty %d is more than --touch-mib %d", k, c.touchMiB)
+		}
+	}
+	work, err := os.MkdirTemp(c.warmDir, "warren-bench-snapshot")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	if err := os.MkdirAll(c.coldDir, 0o755); err != nil {
+		return err
+	}
+	cold, err := os.MkdirTemp(c.coldDir, "run")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(cold)
+	sync, err := serveSync()
+	if err != nil {
+		return err
+	}
+	defer sync.Close()
+
+	w, q := newWarren(c, work), newQEMU(c, work)
+	vms := []*vm{w, q}
+	defer func() {
+		for _, v := range vms {
+			v.stop()
+		}
+	}()
+	t0 := time.Now()
+	for _, v := range vms { // both boot at once
+		if err := v.start(); err != nil {
+			return err
+		}
+	}
+	for _, v := range vms {
+		if err := v.waitAgent(c.timeout); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("both guests answering %s after start\n", time.Since(t0).Round(time.Millisecond))
+
+	// The restore sources: each idle VM, saved once, copied to the cold dir.
+	src := restoreSources{
+		warrenWarm: filepath.Join(work, "restore", "base"), warrenCold: filepath.Join(cold, "restore", "base"),
+		qemuWarm: filepath.Join(work, "qemu-restore.mig"), qemuCold: filepath.Join(cold, "qemu-restore.mig"),
+	}
+	var srcInfo map[string]any
+	if !c.skipRestore {
+		if srcInfo, err = saveRestoreSources(w, q, src); err != nil {
+			return err
+		}
+	}
+
+	out := map[string]any{
+		"benchmark": "snapshot",
+		"mem_mib":   c.memMiB, "touch_mib": c.touchMiB,
+		"host_note": "inside the nested KVM host everything is emulated: compare ratios",
+	}
+	if !c.skipIncremental {
+		res, err := incremental(c, w, q, work)
+		if err != nil {
+			return err
+		}
+		printIncremental(c, res)
+		out["incremental"] = incrementalJSON(res)
+	}
+	for _, v := range vms {
+		v.stop()
+	}
+	if !c.skipRestore {
+		res, err := restores(c, src, work)
+		if err != nil {
+			return err
+		}
+		fmt.Println()
+		printRestores(c, res, srcInfo)
+		out["restore"] = restoreJSON(c, res)
+		out["restore_sources"] = srcInfo
+	}
+	if c.jsonOut != "" {
+		b, err := json.MarshalIndent(out, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(c.jsonOut, b, 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", c.jsonOut, err)
+		}
+	}
+	return nil
+}
+
+// checkHost fails early when the host lacks what the benchmark needs.
+func checkHost(c config) error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (drop_caches)")
+	}
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		return errors.New("/dev/kvm is absent: run `make bench`, which runs this inside the nested KVM host")
+	}
+	if _, err := os.Stat("/dev/vhost-vsock"); err != nil {
+		return errors.New("/dev/vhost-vsock is absent: modprobe vhost_vsock (QEMU's vsock device needs it)")
+	}
+	if _, err := exec.LookPath(c.qemu); err != nil {
+		return fmt.Errorf("%s not found: apt-get install qemu-system-x86", c.qemu)
+	}
+	for _, f := range []string{c.kernel, c.initramfs, c.warren} {
+		if _, err := os.Stat(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dropCaches writes back dirty pages and drops the page cache, dentries
+// and inodes.
+func dropCaches() error {
+	exec.Command("sync").Run()
+	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0o200)
+}

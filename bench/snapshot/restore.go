@@ -1,0 +1,426 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/warrenvm/warren/bench/stats"
+	"github.com/warrenvm/warren/devices/virtio/vsock"
+	"github.com/warrenvm/warren/guestinit/agent"
+)
+
+// restoreSources are the snapshots restored: Warren's DIR/NAME and QEMU's
+// migration file, each in the warm and the cold directory.
+type restoreSources struct {
+	warrenWarm, warrenCold, qemuWarm, qemuCold string
+}
+
+// saveRestoreSources snapshots both idle VMs once and copies the files to
+// the cold directory.
+func saveRestoreSources(w, q *vm, src restoreSources) (map[string]any, error) {
+	for _, d := range []string{filepath.Dir(src.warrenWarm), filepath.Dir(src.warrenCold)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	r, err := w.warrenSnapshot(src.warrenWarm, "full", 5*time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	m, err := q.qemuMigrate(src.qemuWarm, 5*time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(filepath.Dir(src.warrenWarm))
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		if err := copyFile(filepath.Join(filepath.Dir(src.warrenWarm), e.Name()), filepath.Join(filepath.Dir(src.warrenCold), e.Name())); err != nil {
+			return nil, err
+		}
+	}
+	if err := copyFile(src.qemuWarm, src.qemuCold); err != nil {
+		return nil, err
+	}
+	fmt.Printf("restore sources (idle guests): warren full snapshot %d pages, layer %.1f MiB, state %d bytes; qemu migration file %.1f MiB\n",
+		r.Pages, mib(r.LayerBytes), r.StateBytes, mib(m.bytes))
+	return map[string]any{"warren_pages": r.Pages, "warren_layer_bytes": r.LayerBytes, "warren_state_bytes": r.StateBytes,
+		"qemu_file_bytes": m.bytes}, nil
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(to)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// variant is one way of restoring.
+type variant struct {
+	name   string // "warren eager", "warren lazy", "qemu"
+	cold   bool
+	system string
+	lazy   bool
+}
+
+func (v variant) key() string {
+	c := "warm"
+	if v.cold {
+		c = "cold"
+	}
+	return c + " " + v.name
+}
+
+// restoreSeries are one variant's samples.
+type restoreSeries struct {
+	FirstRun []time.Duration // process start to the first KVM_RUN (Warren)
+	Health   []time.Duration // process start to the agent's first answer
+	// Failures are the runs whose agent did not answer within
+	// --restore-timeout (or that failed otherwise): counted, not timed.
+	Failures []string
+}
+
+// restores runs measurement 2: the warm variants, then the cold ones, as
+// restoreBlock does.
+func restores(c config, src restoreSources, work string) (map[string]*restoreSeries, error) {
+	var vs []variant
+	for _, cold := range []bool{false, true} {
+		if !c.caches[map[bool]string{false: "warm", true: "cold"}[cold]] {
+			continue
+		}
+		for _, v := range []variant{{"warren eager", cold, "warren", false}, {"warren lazy", cold, "warren", true}, {"qemu", cold, "qemu", false}} {
+			if c.variants[strings.TrimPrefix(v.name, "warren ")] {
+				vs = append(vs, v)
+			}
+		}
+	}
+	res := map[string]*restoreSeries{}
+	for _, v := range vs {
+		res[v.key()] = &restoreSeries{}
+	}
+	runDir := filepath.Join(work, "run")
+	if err := os.MkdirAll(runDir, 0o755); err != nil {
+		return nil, err
+	}
+	// All warm runs first, then all cold ones: a cold run's drop_caches
+	// also evicts the VMMs' binaries, which a warm run should find cached.
+	var blocks [][]variant
+	for _, cold := range []bool{false, true} {
+		var b []variant
+		for _, v := range vs {
+			if v.cold == cold {
+				b = append(b, v)
+			}
+		}
+		if len(b) > 0 {
+			blocks = append(blocks, b)
+		}
+	}
+	t0 := time.Now()
+	for _, vs := range blocks {
+		if err := restoreBlock(c, vs, src, runDir, res, t0); err != nil {
+			return nil, err
+		}
+		fmt.Println()
+		printRestores(c, res, nil) // so far: a later block that hangs the host leaves this one's table
+		fmt.Println()
+	}
+	return res, nil
+}
+
+// restoreBlock runs variants vs: each once unrecorded, then c.restoreRuns
+// rounds of one run each, the order rotated every round.
+func restoreBlock(c config, vs []variant, src restoreSources, runDir string, res map[string]*restoreSeries, t0 time.Time) error {
+	for rd := -1; rd < c.restoreRuns; rd++ { // round -1: warm-up
+		for i := range vs {
+			v := vs[(i+max(rd, 0))%len(vs)]
+			first, health, err := restoreOnce(c, v, src, runDir)
+			s := res[v.key()]
+			if err != nil {
+				msg := fmt.Sprintf("round %d: %v", rd+1, err)
+				fmt.Printf("%s restore FAILED, %s\n", v.key(), msg)
+				if rd >= 0 {
+					s.Failures = append(s.Failures, msg)
+				}
+				continue
+			}
+			label := fmt.Sprintf("round %d", rd+1)
+			if rd < 0 {
+				label = "warm-up"
+			}
+			fmt.Printf("%-8s %-17s first KVM_RUN %8s agent %8s\n", label, v.key(), round(first), round(health))
+			if rd < 0 {
+				continue
+			}
+			if v.system == "warren" {
+				s.FirstRun = append(s.FirstRun, first)
+			}
+			s.Health = append(s.Health, health)
+		}
+		fmt.Printf("restore round %d of %d done (%s)\n", rd+1, c.restoreRuns, time.Since(t0).Round(time.Second))
+	}
+	return nil
+}
+
+// restoreOnce restores one snapshot and returns process start to the first
+// KVM_RUN (0 for QEMU) and to the agent's first answer; the VMM is killed
+// after.
+func restoreOnce(c config, v variant, src restoreSources, runDir string) (first, health time.Duration, err error) {
+	timing := filepath.Join(runDir, "timing")
+	sock := filepath.Join(runDir, "vsock")
+	os.Remove(timing)
+	os.Remove(sock)
+	var argv []string
+	var client *agent.Client
+	switch v.system {
+	case "warren":
+		snap := src.warrenWarm
+		if v.cold {
+			snap = src.warrenCold
+		}
+		argv = []string{c.warren, "restore", "--vsock", sock, "--console", "/dev/null", "--timing", timing}
+		if v.lazy {
+			argv = append(argv, "--lazy")
+		}
+		argv = append(argv, snap)
+		client = agent.NewClient(racingDial(func(ctx context.Context) (net.Conn, error) { return vsock.Dial(ctx, sock, agent.Port) }))
+	case "qemu":
+		file := src.qemuWarm
+		if v.cold {
+			file = src.qemuCold
+		}
+		argv = append(qemuArgv(c, ""), "-incoming", "exec:cat "+file)
+		cid := uint32(c.qemuCID)
+		client = agent.NewClient(racingDial(func(ctx context.Context) (net.Conn, error) { return dialVsock(ctx, cid, agent.Port) }))
+	}
+	defer client.Close()
+	if v.cold {
+		if err := dropCaches(); err != nil {
+			return 0, 0, fmt.Errorf("drop caches: %w", err)
+		}
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	exited := make(chan struct{})
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return 0, 0, err
+	}
+	go func() { cmd.Wait(); close(exited) }()
+	// Stopped as a user would: SIGTERM (both VMMs stop their VM and
+	// exit), SIGKILL only if that takes over 10 s. (In the nested KVM
+	// host, SIGKILLed VMMs were followed by L1 soft lockups.)
+	defer func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-exited:
+			return
+		case <-time.After(10 * time.Second):
+		}
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			fmt.Printf("warning: %s (pid %d) not gone 30s after SIGKILL; going on\n", argv[0], cmd.Process.Pid)
+		}
+	}()
+	deadline := start.Add(c.restoreTimeout)
+	for {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		_, herr := client.Health(ctx)
+		cancel()
+		if herr == nil {
+			health = time.Since(start)
+			break
+		}
+		select {
+		case <-exited:
+			return 0, 0, fmt.Errorf("%s exited: %s", argv[0], tail(out.String()))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return 0, 0, fmt.Errorf("agent did not answer in %s: %w; output: %s", c.restoreTimeout, herr, tail(out.String()))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if v.system == "warren" {
+		for {
+			b, err := os.ReadFile(timing)
+			if err == nil && strings.HasSuffix(string(b), "\n") {
+				ns, perr := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+				if perr != nil {
+					return 0, 0, fmt.Errorf("--timing file: %w", perr)
+				}
+				first = time.Unix(0, ns).Sub(start)
+				break
+			}
+			if time.Since(start) > health+10*time.Second {
+				return 0, 0, errors.New("no --timing file 10s after the agent answered")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return first, health, nil
+}
+
+// racingDial returns a DialFunc that starts a new attempt of dial every
+// 5 ms (at most 8 at once) until one connects, so that an attempt the
+// guest will never answer (made while it was being restored) does not
+// delay the first that it does.
+func racingDial(dial agent.DialFunc) agent.DialFunc {
+	return func(ctx context.Context) (net.Conn, error) {
+		type result struct {
+			c   net.Conn
+			err error
+		}
+		actx, cancel := context.WithCancel(ctx)
+		results := make(chan result, 8)
+		inflight := 0
+		launch := func() {
+			inflight++
+			go func() {
+				c, err := dial(actx)
+				results <- result{c, err}
+			}()
+		}
+		finish := func() {
+			cancel()
+			go func(n int) { // close what lands after
+				for ; n > 0; n-- {
+					if r := <-results; r.c != nil {
+						r.c.Close()
+					}
+				}
+			}(inflight)
+		}
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		launch()
+		var last error
+		for {
+			select {
+			case r := <-results:
+				inflight--
+				if r.err == nil {
+					finish()
+					return r.c, nil
+				}
+				last = r.err
+			case <-tick.C:
+				if inflight < 8 {
+					launch()
+				}
+			case <-ctx.Done():
+				finish()
+				if last == nil {
+					last = ctx.Err()
+				}
+				return nil, last
+			}
+		}
+	}
+}
+
+func tail(s string) string {
+	if len(s) > 800 {
+		s = s[len(s)-800:]
+	}
+	return strings.TrimSpace(s)
+}
+
+// printRestores prints measurement 2's table.
+func printRestores(c config, res map[string]*restoreSeries, srcInfo map[string]any) {
+	fmt.Printf("restore latency, %d runs per variant (after one unrecorded each), guest %d MiB idle:\n", c.restoreRuns, c.memMiB)
+	if srcInfo != nil {
+		fmt.Printf("  warren full snapshot %v pages, layer %v bytes; qemu migration file %v bytes\n",
+			srcInfo["warren_pages"], srcInfo["warren_layer_bytes"], srcInfo["qemu_file_bytes"])
+	}
+	fmt.Printf("%-5s %-13s %-14s %-4s %12s %12s %8s\n", "cache", "warren", "from start to", "", "warren", "qemu", "ratio")
+	for _, cache := range []string{"warm", "cold"} {
+		if !c.caches[cache] {
+			continue
+		}
+		q := res[cache+" qemu"]
+		if q == nil {
+			q = &restoreSeries{}
+		}
+		for vi, name := range []string{"warren eager", "warren lazy"} {
+			w := res[cache+" "+name]
+			if w == nil {
+				continue
+			}
+			for mi, m := range []struct {
+				name string
+				a, b []time.Duration
+			}{{"first KVM_RUN", w.FirstRun, nil}, {"agent answer", w.Health, q.Health}} {
+				for pi, p := range []float64{50, 90, 99} {
+					c0, c1, c2 := "", "", ""
+					if vi == 0 && mi == 0 && pi == 0 {
+						c0 = cache
+					}
+					if mi == 0 && pi == 0 {
+						c1 = strings.TrimPrefix(name, "warren ")
+					}
+					if pi == 0 {
+						c2 = m.name
+					}
+					a := stats.Percentile(m.a, p)
+					if m.b == nil {
+						fmt.Printf("%-5s %-13s %-14s p%-3.0f %12s %12s %8s\n", c0, c1, c2, p, round(a), "-", "-")
+						continue
+					}
+					b := stats.Percentile(m.b, p)
+					fmt.Printf("%-5s %-13s %-14s p%-3.0f %12s %12s %8.2f\n", c0, c1, c2, p, round(a), round(b), stats.Ratio(a, b))
+				}
+			}
+		}
+	}
+	for _, cache := range []string{"warm", "cold"} {
+		for _, name := range []string{"warren eager", "warren lazy", "qemu"} {
+			if s := res[cache+" "+name]; s != nil && len(s.Failures) > 0 {
+				f := s.Failures
+				fmt.Printf("FAILED %s %s: %d of %d runs (not in the figures); first: %s\n", cache, name, len(f), c.restoreRuns, f[0])
+			}
+		}
+	}
+	fmt.Println("start: the benchmark's fork/exec of the VMM; first KVM_RUN: `warren restore --timing`; agent answer: first")
+	fmt.Println("GET /health answered (qemu: over AF_VSOCK after -incoming \"exec:cat FILE\"). warm: files in --warm-dir;")
+	fmt.Println("cold: files in --cold-dir, `sync; echo 3 > /proc/sys/vm/drop_caches` before each run. Ratios are warren/qemu.")
+}
+
+// restoreJSON is measurement 2 for --json.
+func restoreJSON(c config, res map[string]*restoreSeries) map[string]any {
+	out := map[string]any{"runs": c.restoreRuns, "warm_dir": c.warmDir, "cold_dir": c.coldDir}
+	for k, s := range res {
+		e := map[string]any{"agent_answer": stats.Summarise(k, s.Health), "failures": s.Failures}
+		if s.FirstRun != nil {
+			e["first_kvm_run"] = stats.Summarise(k, s.FirstRun)
+		}
+		out[k] = e
+	}
+	return out
+}
