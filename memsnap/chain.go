@@ -313,19 +313,13 @@ func (c *Chain) Restore(dst []byte) error {
 // restore. The file is written and renamed into place like a layer.
 func (c *Chain) Flatten(path string) (err error) {
 	fail := func(err error) error { return fmt.Errorf("memsnap: flatten %s to %s: %w", c.Top().path, path, err) }
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	f, err := createAtomic(path)
 	if err != nil {
 		return fail(err)
 	}
-	tmp := f.Name()
 	defer func() {
 		if err != nil {
-			f.Close()
-			os.Remove(tmp)
+			f.abort()
 		}
 	}()
 	if err := f.Truncate(int64(c.MemSize())); err != nil {
@@ -354,16 +348,7 @@ func (c *Chain) Flatten(path string) (err error) {
 	if err != nil {
 		return fail(err)
 	}
-	if err := f.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := f.Close(); err != nil {
-		return fail(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fail(err)
-	}
-	if err := syncDir(dir); err != nil {
+	if err := f.commit(); err != nil {
 		return fail(err)
 	}
 	return nil

@@ -291,19 +291,13 @@ func writeLayer(path string, h *Header, opts *Options, produce func(*chunkBuilde
 	}
 	defer enc.Close()
 
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	f, err := createAtomic(path)
 	if err != nil {
 		return fail(err)
 	}
-	tmp := f.Name()
 	defer func() {
 		if err != nil {
-			f.Close()
-			os.Remove(tmp)
+			f.abort()
 		}
 	}()
 
@@ -388,16 +382,7 @@ func writeLayer(path string, h *Header, opts *Options, produce func(*chunkBuilde
 	if _, err := f.Write(append(ixb, ft...)); err != nil {
 		return fail(err)
 	}
-	if err := f.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := f.Close(); err != nil {
-		return fail(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fail(err)
-	}
-	if err := syncDir(dir); err != nil {
+	if err := f.commit(); err != nil {
 		return fail(err)
 	}
 	l, err = Open(path)
