@@ -41,6 +41,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/bench/stats"
+	"github.com/warrenvm/warren/bench/vsockpeer"
 )
 
 // config is the command line.
@@ -126,7 +127,7 @@ func run(c config) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	sync, err := serveSync()
+	sync, err := vsockpeer.ServeSync()
 	if err != nil {
 		return err
 	}

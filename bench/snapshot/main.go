@@ -47,6 +47,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/warrenvm/warren/bench/vsockpeer"
 )
 
 // config is the command line.
@@ -130,7 +132,7 @@ func run(c config) error {
 		return err
 	}
 	defer os.RemoveAll(cold)
-	sync, err := serveSync()
+	sync, err := vsockpeer.ServeSync()
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/bench/stats"
+	"github.com/warrenvm/warren/bench/vsockpeer"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
 	"github.com/warrenvm/warren/guestinit/agent"
 )
@@ -213,7 +214,7 @@ func restoreOnce(c config, v variant, src restoreSources, runDir string) (first,
 		}
 		argv = append(qemuArgv(c, ""), "-incoming", "exec:cat "+file)
 		cid := uint32(c.qemuCID)
-		client = agent.NewClient(racingDial(func(ctx context.Context) (net.Conn, error) { return dialVsock(ctx, cid, agent.Port) }))
+		client = agent.NewClient(racingDial(func(ctx context.Context) (net.Conn, error) { return vsockpeer.Dial(ctx, cid, agent.Port) }))
 	}
 	defer client.Close()
 	if v.cold {

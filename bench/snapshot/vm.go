@@ -16,10 +16,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mdlayher/vsock"
-	"golang.org/x/sys/unix"
-
 	"github.com/warrenvm/warren/bench/console"
+	"github.com/warrenvm/warren/bench/vsockpeer"
 	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/agentclient"
 	"github.com/warrenvm/warren/vmm"
@@ -83,53 +81,8 @@ func newQEMU(c config, dir string) *vm {
 // qemuClient reaches the agent of the QEMU guest with CID cid over AF_VSOCK.
 func qemuClient(cid uint32) *agent.Client {
 	return agent.NewClient(func(ctx context.Context) (net.Conn, error) {
-		return dialVsock(ctx, cid, agent.Port)
+		return vsockpeer.Dial(ctx, cid, agent.Port)
 	})
-}
-
-// dialVsock dials AF_VSOCK; vsock.Dial takes no context, so a ctx that
-// ends first abandons the dial (its connection is closed when it lands).
-// (As bench/agent's.)
-func dialVsock(ctx context.Context, cid, port uint32) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		c, err := vsock.Dial(cid, port, nil)
-		ch <- result{c, err}
-	}()
-	select {
-	case r := <-ch:
-		return r.c, r.err
-	case <-ctx.Done():
-		go func() {
-			if r := <-ch; r.c != nil {
-				r.c.Close()
-			}
-		}()
-		return nil, ctx.Err()
-	}
-}
-
-// serveSync answers the QEMU guest's clock and RNG re-sync connections
-// (CID 2, agent.SyncPort), as Warren's VMM does itself (as bench/agent's).
-func serveSync() (net.Listener, error) {
-	l, err := vsock.ListenContextID(unix.VMADDR_CID_ANY, agent.SyncPort, nil)
-	if err != nil {
-		return nil, fmt.Errorf("listen on vsock port %d: %w", agent.SyncPort, err)
-	}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go agent.ServeSync(c)
-		}
-	}()
-	return l, nil
 }
 
 var ready = regexp.MustCompile(`warren-init: ready uptime=`)
