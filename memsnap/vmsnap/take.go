@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -131,10 +132,19 @@ func (s *Snapshotter) Take(ctx context.Context, path string, kind Kind) (*Report
 	// A full snapshot of a running VM with dirty tracking copies its RAM
 	// before the pause (pre-copy); the pause then copies only what changed
 	// meanwhile.
+	// An incremental one of a running VM likewise copies the pages
+	// dirtied so far before the pause (preSet), and in the pause only
+	// those dirtied since; the layer holds both sets.
 	var pre *pageImage
-	if kind == Full && s.vm.TracksDirty() && !wasPaused {
+	var preSet []uint64
+	if s.vm.TracksDirty() && !wasPaused {
 		var err error
-		if pre, err = s.precopy(); err != nil {
+		if kind == Full {
+			pre, err = s.precopy()
+		} else {
+			pre, preSet, err = s.precopyDirty()
+		}
+		if err != nil {
 			return nil, fmt.Errorf("vmsnap: take %s: pre-copy: %w", path, err)
 		}
 	}
@@ -162,6 +172,10 @@ func (s *Snapshotter) Take(ctx context.Context, path string, kind Kind) (*Report
 	if pre != nil {
 		c.Memory = &overlay{base: pre, top: img, set: dirty}
 		rep.PreCopied = uint64(len(pre.pages))
+		if kind == Incremental {
+			c.Dirty = slices.Clone(dirty)
+			orBits(c.Dirty, preSet)
+		}
 	}
 	res, err := Write(path, c)
 	if err != nil {
@@ -214,6 +228,21 @@ func (s *Snapshotter) precopy() (*pageImage, error) {
 		return nil, err
 	}
 	return capturePages(mem.Flat(), want), nil
+}
+
+// precopyDirty is an incremental snapshot's pre-copy: it reads and clears
+// KVM's dirty log and copies the pages in it while the VM runs. A page the
+// guest writes again during or after the copy is in the log at the pause,
+// and capture copies it again; the VMM's own writes are left for capture
+// (as in precopy). The parent is forgotten here, since the log no longer
+// covers it should the snapshot fail (the Capture already names it).
+func (s *Snapshotter) precopyDirty() (*pageImage, []uint64, error) {
+	s.parentLayer, s.parentName = "", ""
+	set, err := s.dirtyPages()
+	if err != nil {
+		return nil, nil, err
+	}
+	return capturePages(s.vm.Memory().Flat(), set), set, nil
 }
 
 // capture reads the paused VM's machine and device states into c and
