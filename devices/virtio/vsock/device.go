@@ -41,7 +41,11 @@ const (
 const (
 	// defaultConnectTimeout bounds the wait for the guest's answer to a
 	// host CONNECT, and a dial of <UDSPath>_<port> for a guest REQUEST.
-	defaultConnectTimeout = 2 * time.Second
+	// A guest with no listener answers at once with RST; the wait only
+	// runs out on a guest that does not answer at all, and a busy guest
+	// just restored (catching up on its timers, re-syncing) was seen to
+	// take longer than 2 s under emulation, so it is generous.
+	defaultConnectTimeout = 10 * time.Second
 	// defaultCloseTimeout bounds the wait for the guest's RST after the
 	// host side shut both directions (StateLocalClosed).
 	defaultCloseTimeout = 2 * time.Second
