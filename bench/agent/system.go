@@ -91,18 +91,8 @@ func (s *system) waitAgent(timeout time.Duration) error {
 	if _, err := s.p.Wait(ready, timeout); err != nil {
 		return fmt.Errorf("%s: %w", s.name, err)
 	}
-	deadline := time.Now().Add(timeout)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := s.client.Health(ctx)
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: agent did not answer: %w", s.name, err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	if _, err := s.client.WaitHealth(context.Background(), time.Now().Add(timeout), 10*time.Second); err != nil {
+		return fmt.Errorf("%s: agent did not answer: %w", s.name, err)
 	}
 	fmt.Printf("%s: agent answering %s after start\n", s.name, time.Since(s.p.Started()).Round(time.Millisecond))
 	if s.findOutside != nil {

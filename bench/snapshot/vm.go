@@ -102,18 +102,8 @@ func (v *vm) waitAgent(timeout time.Duration) error {
 	if _, err := v.p.Wait(ready, timeout); err != nil {
 		return fmt.Errorf("%s: %w", v.name, err)
 	}
-	deadline := time.Now().Add(timeout)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := v.client.Health(ctx)
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: agent did not answer: %w", v.name, err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	if _, err := v.client.WaitHealth(context.Background(), time.Now().Add(timeout), 10*time.Second); err != nil {
+		return fmt.Errorf("%s: agent did not answer: %w", v.name, err)
 	}
 	fmt.Printf("%s: agent answering %s after start\n", v.name, time.Since(v.p.Started()).Round(time.Millisecond))
 	if v.name == "qemu" {

@@ -415,3 +415,29 @@ func TestExecReusesConnection(t *testing.T) {
 		t.Errorf("%d connections for 20 sequential calls, want 1", n)
 	}
 }
+
+// WaitHealth retries until the agent listens, and gives up at its deadline.
+func TestWaitHealth(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "late.sock")
+	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	})
+	defer c.Close()
+	if _, err := c.WaitHealth(context.Background(), time.Now(), time.Second); err == nil {
+		t.Fatal("WaitHealth answered with no agent listening")
+	}
+	s := NewServer(ProcessWaiter{}, Options{})
+	defer s.Close()
+	go func() {
+		time.Sleep(500 * time.Millisecond) // the agent starts late
+		l, err := net.Listen("unix", sock)
+		if err == nil {
+			s.Serve(l)
+		}
+	}()
+	h, err := c.WaitHealth(context.Background(), time.Now().Add(time.Minute), time.Second)
+	if err != nil || h.Version != Version {
+		t.Fatalf("WaitHealth: %+v, %v", h, err)
+	}
+}

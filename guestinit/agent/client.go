@@ -195,6 +195,22 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 	return h, err
 }
 
+// WaitHealth calls Health until the agent answers (a guest still booting
+// or just restored may not yet listen), every 200 ms, each call bounded by
+// attempt, until deadline passes or ctx is done; it then returns the last
+// error.
+func (c *Client) WaitHealth(ctx context.Context, deadline time.Time, attempt time.Duration) (Health, error) {
+	for {
+		actx, cancel := context.WithTimeout(ctx, attempt)
+		h, err := c.Health(actx)
+		cancel()
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return h, err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // HealthTimed is Health also returning the agent's own time for the
 // request in the guest (AgentTimeHeader); 0 from an agent that does not
 // report it.

@@ -124,22 +124,14 @@ func healthCmd(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	c := agentclient.New(fs.Arg(0))
 	defer c.Close()
-	deadline := time.Now().Add(*wait)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		h, err := c.Health(cctx)
-		cancel()
-		if err == nil {
-			b, _ := json.MarshalIndent(h, "", "  ")
-			fmt.Fprintf(stdout, "%s\n", b)
-			return 0
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			fmt.Fprintf(stderr, "warren health: %v\n", err)
-			return 1
-		}
-		time.Sleep(200 * time.Millisecond)
+	h, err := c.WaitHealth(ctx, time.Now().Add(*wait), 30*time.Second)
+	if err != nil {
+		fmt.Fprintf(stderr, "warren health: %v\n", err)
+		return 1
 	}
+	b, _ := json.MarshalIndent(h, "", "  ")
+	fmt.Fprintf(stdout, "%s\n", b)
+	return 0
 }
 
 // cpCmd is `warren cp SRC DST`, where exactly one side is VM:/guest/path
