@@ -76,7 +76,7 @@ test-kvm: testguests testdisk
 	done
 	@for try in 1 2; do \
 		$(KVMHOST) --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) --env WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) $(CURDIR) -- \
-		'for p in $(KVM_PKGS); do echo "=== package $$p (nested KVM)"; (cd $$p && $(CURDIR)/$(BUILD)/tests/$$(echo $$p | tr / _).test -test.count=1 -test.v) || exit 1; done'; \
+		'for p in $(KVM_PKGS); do echo "=== package $$p (nested KVM)"; (cd $$p && $(CURDIR)/$(BUILD)/tests/$$(echo $$p | tr / _).test -test.count=1 -test.v -test.timeout 400s) || exit 1; done'; \
 		rc=$$?; [ $$rc -eq 125 ] || exit $$rc; \
 		echo "test-kvm: the nested KVM host itself failed (exit 125, not a test failure); $$([ $$try = 1 ] && echo retrying once || echo giving up)"; \
 	done; exit 125
