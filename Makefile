@@ -12,7 +12,7 @@ TESTDISK := $(BUILD)/testdisk.img
 TEST_ENV := WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) WARREN_TESTDISK=$(CURDIR)/$(TESTDISK)
 GUEST_SRC := vmm/testdata/guests
 # Packages whose tests need /dev/kvm.
-KVM_PKGS := vmm/kvm vmm memsnap/vmsnap cmd/warren/cli
+KVM_PKGS := vmm/kvm vmm memsnap/vmsnap cow cmd/warren/cli
 HAVE_KVM := $(shell test -c /dev/kvm && echo yes)
 KVMHOST := bash .ci/kvmhost/run.sh --timeout 900
 RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"
@@ -90,20 +90,25 @@ BENCH_ARGS ?= --kernel $(KERNEL) --initramfs $(INITRAMFS)
 # L1 stalled (once reporting a soft lockup in warren) right after a warm
 # (tmpfs) Warren restore in 4 of 5 runs that had them, which kills the whole
 # invocation. On a real host add --caches warm,cold --variants eager,lazy,qemu.
-# The nested run of all four benchmarks gets --timeout 2700.
+# The nested run of all five benchmarks gets --timeout 4500.
 BENCH_SNAPSHOT_ARGS ?= --reps 5 --restore-runs 10 --restore-timeout 40s --caches cold --variants eager,qemu
+# bench-fork's run counts (defaults: --runs 50 --sizes 128,1024,4096
+# --density-max 256), modest for the nested host (4 GiB, emulated).
+BENCH_FORK_ARGS ?= --runs 20 --sizes 128,1024,4096 --density-max 48
 bench: warren kernel initramfs
 	CGO_ENABLED=0 $(GO) build -o bin/bench-boot ./bench/boot
 	CGO_ENABLED=0 $(GO) build -o bin/bench-devices ./bench/devices
 	CGO_ENABLED=0 $(GO) build -o bin/bench-agent ./bench/agent
 	CGO_ENABLED=0 $(GO) build -o bin/bench-snapshot ./bench/snapshot
+	CGO_ENABLED=0 $(GO) build -o bin/bench-fork ./bench/fork
 ifeq ($(HAVE_KVM),yes)
 	./bin/bench-boot $(BENCH_ARGS) --json $(BUILD)/bench-boot.json
 	./bin/bench-devices $(BENCH_ARGS) --json $(BUILD)/bench-devices.json
 	./bin/bench-agent $(BENCH_ARGS) --json $(BUILD)/bench-agent.json
 	./bin/bench-snapshot $(BENCH_ARGS) $(BENCH_SNAPSHOT_ARGS) --json $(BUILD)/bench-snapshot.json
+	./bin/bench-fork $(BENCH_ARGS) $(BENCH_FORK_ARGS) --json $(BUILD)/bench-fork.json
 else
-	$(KVMHOST) --timeout 2700 --host-root $(CURDIR) -- './bin/bench-boot $(BENCH_ARGS) --json $(BUILD)/bench-boot.json && ./bin/bench-devices $(BENCH_ARGS) --json $(BUILD)/bench-devices.json && ./bin/bench-agent $(BENCH_ARGS) --json $(BUILD)/bench-agent.json && ./bin/bench-snapshot $(BENCH_ARGS) $(BENCH_SNAPSHOT_ARGS) --json $(BUILD)/bench-snapshot.json'
+	$(KVMHOST) --timeout 4500 --host-root $(CURDIR) -- './bin/bench-boot $(BENCH_ARGS) --json $(BUILD)/bench-boot.json && ./bin/bench-devices $(BENCH_ARGS) --json $(BUILD)/bench-devices.json && ./bin/bench-agent $(BENCH_ARGS) --json $(BUILD)/bench-agent.json && ./bin/bench-snapshot $(BENCH_ARGS) $(BENCH_SNAPSHOT_ARGS) --json $(BUILD)/bench-snapshot.json && ./bin/bench-fork $(BENCH_ARGS) $(BENCH_FORK_ARGS) --json $(BUILD)/bench-fork.json'
 endif
 
 clean:

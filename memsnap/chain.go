@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // Resolver finds the file of a parent layer. hint is the parent's file base
@@ -461,4 +463,69 @@ func (r *chainReader) ReadAt(p []byte, off int64) (int, error) {
 		copy(p[lo-start:hi-start], raw[src:src+(hi-lo)])
 	}
 	return len(p), short
+}
+
+// RestoreOver rewrites dst, which holds some other content of the same
+// memory (a running VM's RAM, for an in-place rollback), to the chain's
+// effective memory, writing only the pages that differ: a page whose bytes
+// already match is left alone, so it stays mapped and shared as it was.
+// Pages outside candidates (a bitmap over pages, bit p%64 of word p/64;
+// nil means every page) are taken to be zero in dst and are not read:
+// pass the pages that may hold data (guestmem Populated), so that holes
+// are not faulted in. It returns how many pages it wrote with stored
+// content and how many it cleared. Chunks are checked as they are read;
+// call Verify first when dst must not be touched on failure.
+func (c *Chain) RestoreOver(dst []byte, candidates []uint64) (written, cleared uint64, err error) {
+	if uint64(len(dst)) != c.MemSize() {
+		return 0, 0, fmt.Errorf("memsnap: restore %s: destination is %d bytes, memory is %d: %w", c.Top().path, len(dst), c.MemSize(), ErrIncompatible)
+	}
+	ps := uint64(c.PageSize())
+	pages := c.MemSize() / ps
+	if candidates != nil && uint64(len(candidates)) < (pages+63)/64 {
+		return 0, 0, fmt.Errorf("memsnap: restore %s: candidate bitmap of %d words for %d pages", c.Top().path, len(candidates), pages)
+	}
+	tasks := c.plan()
+	// stored marks the pages the chain gives content to; every other
+	// page must end up zero.
+	stored := make([]uint64, (pages+63)/64)
+	for _, t := range tasks {
+		for _, cp := range t.copies {
+			for p := cp.dst; p < cp.dst+uint64(cp.count); p++ {
+				stored[p/64] |= 1 << (p % 64)
+			}
+		}
+	}
+	var nw, nc atomic.Uint64
+	err = c.apply(tasks, nil, func(page uint64, data []byte) error {
+		for len(data) > 0 {
+			d := dst[page*ps : (page+1)*ps]
+			if !bytes.Equal(d, data[:ps]) {
+				copy(d, data[:ps])
+				nw.Add(1)
+			}
+			data, page = data[ps:], page+1
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("memsnap: restore %s: %w", c.Top().path, err)
+	}
+	for w := range stored {
+		maybe := ^stored[w]
+		if candidates != nil {
+			maybe &= candidates[w]
+		}
+		for ; maybe != 0; maybe &= maybe - 1 {
+			p := uint64(w)*64 + uint64(bits.TrailingZeros64(maybe))
+			if p >= pages {
+				break
+			}
+			d := dst[p*ps : (p+1)*ps]
+			if !isZero(d) {
+				clear(d)
+				nc.Add(1)
+			}
+		}
+	}
+	return nw.Load(), nc.Load(), nil
 }

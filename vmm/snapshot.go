@@ -252,8 +252,16 @@ func restore(cfg Config, st *State, makeMem func() (*guestmem.Memory, error)) (_
 // dropped unless the LAPIC timer is in deadline mode), and the pending
 // events and debug registers last.
 func (v *VM) loadVCPU(c *kvm.VCPU, s *VCPUState) error {
-	if err := c.SetCPUID2(s.CPUID); err != nil {
-		return err
+	return v.loadVCPUState(c, s, true)
+}
+
+// loadVCPUState is loadVCPU; withCPUID false skips the CPUID table (for a
+// vCPU that has run: LoadState).
+func (v *VM) loadVCPUState(c *kvm.VCPU, s *VCPUState, withCPUID bool) error {
+	if withCPUID {
+		if err := c.SetCPUID2(s.CPUID); err != nil {
+			return err
+		}
 	}
 	if s.TSCKHz != 0 {
 		if cur, err := c.GetTSCKHz(); err == nil && cur != s.TSCKHz {

@@ -69,13 +69,13 @@ func incremental(c config, w, q *vm, work string) (incrResult, error) {
 				return nil, err
 			}
 			s = res[k]["qemu"]
-			s.Pause = append(s.Pause, m.downtime)
-			s.Total = append(s.Total, m.total)
-			s.Bytes = append(s.Bytes, time.Duration(m.bytes))
-			s.Extra = append(s.Extra, m.ram)
+			s.Pause = append(s.Pause, m.Downtime)
+			s.Total = append(s.Total, m.Total)
+			s.Bytes = append(s.Bytes, time.Duration(m.Bytes))
+			s.Extra = append(s.Extra, m.RAM)
 			fmt.Printf("dirty %3d MiB rep %d: warren base pause %.1f ms %.1f MiB, incremental pause %.1f ms total %.1f ms %d pages %.2f MiB; qemu downtime %s total %s %.1f MiB\n",
 				k, r+1, base.PauseMS, mib(base.LayerBytes), inc.PauseMS, inc.TotalMS, inc.Pages, mib(inc.LayerBytes),
-				m.downtime, m.total, mib(m.bytes))
+				m.Downtime, m.Total, mib(m.Bytes))
 		}
 	}
 	os.RemoveAll(dir)

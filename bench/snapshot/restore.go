@@ -15,8 +15,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenvm/warren/bench/agentdial"
+	"github.com/warrenvm/warren/bench/qemu"
 	"github.com/warrenvm/warren/bench/stats"
-	"github.com/warrenvm/warren/bench/vsockpeer"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
 	"github.com/warrenvm/warren/guestinit/agent"
 )
@@ -56,9 +57,9 @@ func saveRestoreSources(w, q *vm, src restoreSources) (map[string]any, error) {
 		return nil, err
 	}
 	fmt.Printf("restore sources (idle guests): warren full snapshot %d pages, layer %.1f MiB, state %d bytes; qemu migration file %.1f MiB\n",
-		r.Pages, mib(r.LayerBytes), r.StateBytes, mib(m.bytes))
+		r.Pages, mib(r.LayerBytes), r.StateBytes, mib(m.Bytes))
 	return map[string]any{"warren_pages": r.Pages, "warren_layer_bytes": r.LayerBytes, "warren_state_bytes": r.StateBytes,
-		"qemu_file_bytes": m.bytes}, nil
+		"qemu_file_bytes": m.Bytes}, nil
 }
 
 func copyFile(from, to string) error {
@@ -206,15 +207,14 @@ func restoreOnce(c config, v variant, src restoreSources, runDir string) (first,
 			argv = append(argv, "--lazy")
 		}
 		argv = append(argv, snap)
-		client = agent.NewClient(racingDial(func(ctx context.Context) (net.Conn, error) { return vsock.Dial(ctx, sock, agent.Port) }))
+		client = agent.NewClient(agentdial.Racing(func(ctx context.Context) (net.Conn, error) { return vsock.Dial(ctx, sock, agent.Port) }))
 	case "qemu":
 		file := src.qemuWarm
 		if v.cold {
 			file = src.qemuCold
 		}
-		argv = append(qemuArgv(c, ""), "-incoming", "exec:cat "+file)
-		cid := uint32(c.qemuCID)
-		client = agent.NewClient(racingDial(func(ctx context.Context) (net.Conn, error) { return vsockpeer.Dial(ctx, cid, agent.Port) }))
+		argv = append(qemu.Argv(qemuGuest(c), ""), "-incoming", "exec:cat "+file)
+		client = qemu.AgentClient(uint32(c.qemuCID), agentdial.Racing)
 	}
 	defer client.Close()
 	if v.cold {
@@ -286,64 +286,6 @@ func restoreOnce(c config, v variant, src restoreSources, runDir string) (first,
 		}
 	}
 	return first, health, nil
-}
-
-// racingDial returns a DialFunc that starts a new attempt of dial every
-// 5 ms (at most 8 at once) until one connects, so that an attempt the
-// guest will never answer (made while it was being restored) does not
-// delay the first that it does.
-func racingDial(dial agent.DialFunc) agent.DialFunc {
-	return func(ctx context.Context) (net.Conn, error) {
-		type result struct {
-			c   net.Conn
-			err error
-		}
-		actx, cancel := context.WithCancel(ctx)
-		results := make(chan result, 8)
-		inflight := 0
-		launch := func() {
-			inflight++
-			go func() {
-				c, err := dial(actx)
-				results <- result{c, err}
-			}()
-		}
-		finish := func() {
-			cancel()
-			go func(n int) { // close what lands after
-				for ; n > 0; n-- {
-					if r := <-results; r.c != nil {
-						r.c.Close()
-					}
-				}
-			}(inflight)
-		}
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		launch()
-		var last error
-		for {
-			select {
-			case r := <-results:
-				inflight--
-				if r.err == nil {
-					finish()
-					return r.c, nil
-				}
-				last = r.err
-			case <-tick.C:
-				if inflight < 8 {
-					launch()
-				}
-			case <-ctx.Done():
-				finish()
-				if last == nil {
-					last = ctx.Err()
-				}
-				return nil, last
-			}
-		}
-	}
 }
 
 func tail(s string) string {

@@ -17,12 +17,9 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/bench/console"
-	"github.com/warrenvm/warren/bench/vsockpeer"
+	"github.com/warrenvm/warren/bench/qemu"
 	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/agentclient"
-	"github.com/warrenvm/warren/vmm"
-	"github.com/warrenvm/warren/vmm/boot"
-	"github.com/warrenvm/warren/vmm/hostprofile"
 )
 
 // guestArgs are the kernel arguments both guests get besides the base line
@@ -37,7 +34,7 @@ type vm struct {
 	client *agent.Client
 	p      *console.Proc
 	ctl    string // control socket: Warren's --api, QEMU's -qmp
-	qmp    *qmp
+	qmp    *qemu.QMP
 	mt     *memtouch
 }
 
@@ -48,24 +45,11 @@ func warrenArgv(c config, vsockPath, api string) []string {
 		"--api", api, "--cmdline", guestArgs}
 }
 
-// qemuArgv is QEMU's microvm with the same guest, virtio-rng (Warren gives
-// its guests one by default) and the kernel's vhost-vsock; restores add
-// -incoming to the same line.
-func qemuArgv(c config, qmpPath string) []string {
-	var cmd boot.Cmdline // what warren boots with, less its virtio_mmio entries
-	cmd.Add(vmm.BaseCmdline)
-	cmd.Add(hostprofile.Detect("/sys/module").KernelArgs()...)
-	cmd.Add(guestArgs)
-	argv := []string{c.qemu, "-M", "microvm,acpi=off", "-accel", "kvm", "-cpu", "host,-arch-capabilities",
-		"-m", strconv.Itoa(c.memMiB), "-smp", "1",
-		"-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-monitor", "none",
-		"-kernel", c.kernel, "-initrd", c.initramfs, "-append", cmd.String(),
-		"-device", "virtio-rng-device",
-		"-device", "vhost-vsock-device,guest-cid=" + strconv.Itoa(c.qemuCID)}
-	if qmpPath != "" {
-		argv = append(argv, "-qmp", "unix:"+qmpPath+",server=on,wait=off")
-	}
-	return argv
+// qemuGuest is QEMU's microvm with the same guest (bench/qemu); restores
+// add -incoming to its line.
+func qemuGuest(c config) qemu.Guest {
+	return qemu.Guest{Binary: c.qemu, Kernel: c.kernel, Initramfs: c.initramfs,
+		MemMiB: c.memMiB, CID: c.qemuCID, GuestArgs: guestArgs}
 }
 
 func newWarren(c config, dir string) *vm {
@@ -75,14 +59,7 @@ func newWarren(c config, dir string) *vm {
 
 func newQEMU(c config, dir string) *vm {
 	q := dir + "/qemu.qmp"
-	return &vm{name: "qemu", argv: qemuArgv(c, q), client: qemuClient(uint32(c.qemuCID)), ctl: q}
-}
-
-// qemuClient reaches the agent of the QEMU guest with CID cid over AF_VSOCK.
-func qemuClient(cid uint32) *agent.Client {
-	return agent.NewClient(func(ctx context.Context) (net.Conn, error) {
-		return vsockpeer.Dial(ctx, cid, agent.Port)
-	})
+	return &vm{name: "qemu", argv: qemu.Argv(qemuGuest(c), q), client: qemu.AgentClient(uint32(c.qemuCID), nil), ctl: q}
 }
 
 var ready = regexp.MustCompile(`warren-init: ready uptime=`)
@@ -107,14 +84,12 @@ func (v *vm) waitAgent(timeout time.Duration) error {
 	}
 	fmt.Printf("%s: agent answering %s after start\n", v.name, time.Since(v.p.Started()).Round(time.Millisecond))
 	if v.name == "qemu" {
-		q, err := dialQMP(v.ctl, 30*time.Second)
+		q, err := qemu.DialQMP(v.ctl, 30*time.Second)
 		if err != nil {
 			return err
 		}
 		v.qmp = q
-		// Unlimited bandwidth: QEMU's default (32 MiB/s) would make the
-		// migration a throttled transfer rather than a snapshot.
-		if _, err := q.call("migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}); err != nil {
+		if err := q.UnlimitedBandwidth(); err != nil {
 			return err
 		}
 	}
@@ -127,7 +102,7 @@ func (v *vm) stop() {
 		v.mt = nil
 	}
 	if v.qmp != nil {
-		v.qmp.close()
+		v.qmp.Close()
 		v.qmp = nil
 	}
 	v.client.Close()
@@ -176,136 +151,11 @@ func (v *vm) warrenSnapshot(path, kind string, timeout time.Duration) (snapshotR
 	return r, json.Unmarshal(b, &r)
 }
 
-// migration is one QEMU migration to a file.
-type migration struct {
-	downtime, total time.Duration
-	bytes           int64
-	ram             map[string]any
-}
-
 // qemuMigrate migrates QEMU's VM to file (live, as QMP migrate does),
 // waits for it to complete and continues the source VM.
-func (v *vm) qemuMigrate(file string, timeout time.Duration) (migration, error) {
-	var m migration
-	os.Remove(file)
-	if _, err := v.qmp.call("migrate", map[string]any{"uri": "exec:cat > " + file}); err != nil {
-		return m, err
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		raw, err := v.qmp.call("query-migrate", nil)
-		if err != nil {
-			return m, err
-		}
-		var st struct {
-			Status    string         `json:"status"`
-			Downtime  int64          `json:"downtime"`
-			TotalTime int64          `json:"total-time"`
-			Error     string         `json:"error-desc"`
-			RAM       map[string]any `json:"ram"`
-		}
-		if err := json.Unmarshal(raw, &st); err != nil {
-			return m, err
-		}
-		switch {
-		case st.Status == "completed" && st.TotalTime > 0: // 0: the previous migration's status, not yet reset
-			m.downtime, m.total = time.Duration(st.Downtime)*time.Millisecond, time.Duration(st.TotalTime)*time.Millisecond
-			m.ram = st.RAM
-			// cat may still be writing what QEMU sent: wait until the
-			// file's size holds still.
-			for m.bytes = -1; ; time.Sleep(20 * time.Millisecond) {
-				fi, err := os.Stat(file)
-				if err != nil {
-					return m, err
-				}
-				if fi.Size() == m.bytes {
-					break
-				}
-				m.bytes = fi.Size()
-			}
-			if _, err := v.qmp.call("cont", nil); err != nil {
-				return m, fmt.Errorf("qemu: cont after migration: %w", err)
-			}
-			return m, nil
-		case st.Status == "failed" || st.Status == "cancelled":
-			return m, fmt.Errorf("qemu: migration %s: %s", st.Status, st.Error)
-		}
-		if time.Now().After(deadline) {
-			return m, fmt.Errorf("qemu: migration still %q after %s", st.Status, timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+func (v *vm) qemuMigrate(file string, timeout time.Duration) (qemu.Migration, error) {
+	return v.qmp.Migrate(file, timeout)
 }
-
-// qmp is a minimal QMP client: one command at a time, events skipped.
-type qmp struct {
-	c net.Conn
-	r *bufio.Reader
-}
-
-// dialQMP connects to QEMU's QMP socket and leaves capability negotiation.
-func dialQMP(path string, timeout time.Duration) (*qmp, error) {
-	deadline := time.Now().Add(timeout)
-	var c net.Conn
-	var err error
-	for {
-		if c, err = net.Dial("unix", path); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("qmp %s: %w", path, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	q := &qmp{c: c, r: bufio.NewReader(c)}
-	if _, err := q.r.ReadBytes('\n'); err != nil { // the greeting
-		c.Close()
-		return nil, fmt.Errorf("qmp greeting: %w", err)
-	}
-	if _, err := q.call("qmp_capabilities", nil); err != nil {
-		c.Close()
-		return nil, err
-	}
-	return q, nil
-}
-
-// call executes cmd with args (nil: none) and returns its "return" value.
-func (q *qmp) call(cmd string, args any) (json.RawMessage, error) {
-	req := map[string]any{"execute": cmd}
-	if args != nil {
-		req["arguments"] = args
-	}
-	b, _ := json.Marshal(req)
-	if _, err := q.c.Write(append(b, '\n')); err != nil {
-		return nil, fmt.Errorf("qmp %s: %w", cmd, err)
-	}
-	for {
-		line, err := q.r.ReadBytes('\n')
-		if err != nil {
-			return nil, fmt.Errorf("qmp %s: %w", cmd, err)
-		}
-		var resp struct {
-			Return json.RawMessage `json:"return"`
-			Error  *struct {
-				Class string `json:"class"`
-				Desc  string `json:"desc"`
-			} `json:"error"`
-			Event string `json:"event"`
-		}
-		if err := json.Unmarshal(line, &resp); err != nil {
-			return nil, fmt.Errorf("qmp %s: %q: %w", cmd, line, err)
-		}
-		switch {
-		case resp.Event != "":
-			continue
-		case resp.Error != nil:
-			return nil, fmt.Errorf("qmp %s: %s: %s", cmd, resp.Error.Class, resp.Error.Desc)
-		}
-		return resp.Return, nil
-	}
-}
-
-func (q *qmp) close() { q.c.Close() }
 
 // memtouch is the guest program memtouch run through the agent, its stdin
 // a pipe the benchmark writes commands to, its stdout read line by line.

@@ -28,6 +28,17 @@
 // while overlays depend on it; Open checks what it cheaply can (see
 // Identity).
 //
+// # Forking
+//
+// Fork does that to a running disk: it syncs the current top (a writable
+// Overlay or Raw), makes it refuse writes and turns its exclusive flock
+// into a shared one, and creates in one directory a new overlay for the
+// parent (returned open; it owns the frozen top and closes it on Close)
+// and one per child (returned as paths, for OpenChain), named
+// <stem>.<time>-<random>.wcow with the frozen file's base name as their
+// base path. A virtio-blk device on the disk is quiesced around it and
+// given the parent's overlay with blk.Device.SwapBackend.
+//
 // # On-disk format (version 1)
 //
 // One file, little-endian throughout:

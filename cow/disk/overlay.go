@@ -53,14 +53,17 @@ type Overlay struct {
 	// Metrics count what the overlay did since it was opened.
 	Metrics Metrics
 
-	f        *os.File
-	hdr      Header
-	base     Backing
-	readOnly bool
+	f    *os.File
+	hdr  Header
+	base Backing
+	// readOnly refuses writes; set at Open, or by Fork, which freezes a
+	// writable overlay (atomic so that a stray writer sees it).
+	readOnly atomic.Bool
 	bs       int64 // block size
 	size     int64 // virtual size
 	data     int64 // data offset in f
-	// closeBase closes the base when the overlay owns it (OpenChain).
+	// closeBase closes the base when the overlay owns it (OpenChain, and
+	// the parent's overlay from Fork).
 	closeBase func() error
 
 	// bitmap is the in-memory allocation bitmap, word i/64 bit i%64 for
@@ -196,8 +199,9 @@ func readHeader(f io.ReaderAt) (*Header, error) {
 }
 
 func newOverlay(f *os.File, h *Header, base Backing, readOnly bool) *Overlay {
-	o := &Overlay{f: f, hdr: *h, base: base, readOnly: readOnly,
+	o := &Overlay{f: f, hdr: *h, base: base,
 		bs: int64(h.BlockSize), size: int64(h.VirtualSize), data: int64(h.DataOffset())}
+	o.readOnly.Store(readOnly)
 	o.bitmap = make([]atomic.Uint64, (h.Blocks()+63)/64)
 	o.dirty = make([]atomic.Bool, h.BitmapSize()/bitmapPage)
 	o.bufs.New = func() any { b := make([]byte, o.bs); return &b }
@@ -330,7 +334,7 @@ func (o *Overlay) WriteAt(p []byte, off int64) (int, error) {
 }
 
 func (o *Overlay) checkWrite(op string, off, n int64) error {
-	if o.readOnly {
+	if o.readOnly.Load() {
 		return fmt.Errorf("%s overlay %s: read-only", op, o.f.Name())
 	}
 	if off < 0 || n < 0 || off > o.size || n > o.size-off {
@@ -447,7 +451,7 @@ func (o *Overlay) zeroBlock(b int64) error {
 // read-only overlay. After a failed Sync the durability of earlier writes
 // is unknown; the pages are written again by the next Sync.
 func (o *Overlay) Sync() error {
-	if o.readOnly {
+	if o.readOnly.Load() {
 		return nil
 	}
 	o.syncMu.Lock()
@@ -500,11 +504,12 @@ func (o *Overlay) Sync() error {
 }
 
 // Close syncs a writable overlay (Sync), closes the file (releasing its
-// lock) and, for an overlay from OpenChain, its base. It must not race with
-// other methods.
+// lock) and, for an overlay that owns its base (from OpenChain, or the
+// parent's overlay from Fork), the base. It must not race with other
+// methods.
 func (o *Overlay) Close() error {
 	var err error
-	if !o.readOnly {
+	if !o.readOnly.Load() {
 		err = o.Sync()
 	}
 	if cerr := o.f.Close(); err == nil && cerr != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,9 +22,11 @@ type Backing interface {
 // Raw is a raw image file: the disk's bytes, one to one. It is safe for
 // concurrent use, except Close.
 type Raw struct {
-	f        *os.File
-	size     int64
-	readOnly bool
+	f    *os.File
+	size int64
+	// readOnly refuses writes; set at OpenRaw, or by Fork, which freezes a
+	// writable image (atomic so that a stray writer sees it).
+	readOnly atomic.Bool
 }
 
 // OpenRaw opens the raw image at path, read-only unless writable, and
@@ -50,7 +53,9 @@ func OpenRaw(path string, writable bool) (*Raw, error) {
 		f.Close()
 		return nil, fmt.Errorf("open raw image: %w", err)
 	}
-	return &Raw{f: f, size: fi.Size(), readOnly: !writable}, nil
+	r := &Raw{f: f, size: fi.Size()}
+	r.readOnly.Store(!writable)
+	return r, nil
 }
 
 // ReadAt implements io.ReaderAt.
@@ -59,7 +64,7 @@ func (r *Raw) ReadAt(p []byte, off int64) (int, error) { return r.f.ReadAt(p, of
 // WriteAt implements io.WriterAt within the image's size; the image is
 // never grown.
 func (r *Raw) WriteAt(p []byte, off int64) (int, error) {
-	if r.readOnly {
+	if r.readOnly.Load() {
 		return 0, fmt.Errorf("write %s: read-only", r.f.Name())
 	}
 	if off < 0 || off > r.size || int64(len(p)) > r.size-off {
@@ -71,9 +76,37 @@ func (r *Raw) WriteAt(p []byte, off int64) (int, error) {
 // Size is the image size in bytes, as it was at OpenRaw.
 func (r *Raw) Size() int64 { return r.size }
 
-// Sync makes the writes so far durable (fdatasync).
+// Discard makes n bytes at off read as zero (virtio-blk DISCARD): it
+// punches a hole, or writes zeros where the file system cannot punch.
+func (r *Raw) Discard(off, n int64) error {
+	if r.readOnly.Load() {
+		return fmt.Errorf("discard %s: read-only", r.f.Name())
+	}
+	if off < 0 || n < 0 || off > r.size || n > r.size-off {
+		return fmt.Errorf("discard %s: %d bytes at %d: outside the %d-byte image", r.f.Name(), n, off, r.size)
+	}
+	if n == 0 {
+		return nil
+	}
+	err := control(r.f, func(fd int) error {
+		return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	})
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		err = nil
+		for at := int64(0); at < n && err == nil; at += int64(len(zeros)) {
+			_, err = r.f.WriteAt(zeros[:min(n-at, int64(len(zeros)))], off+at)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("discard %s at %d: %w", r.f.Name(), off, err)
+	}
+	return nil
+}
+
+// Sync makes the writes so far durable (fdatasync); a no-op on a
+// read-only image.
 func (r *Raw) Sync() error {
-	if r.readOnly {
+	if r.readOnly.Load() {
 		return nil
 	}
 	return fdatasync(r.f)

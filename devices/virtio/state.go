@@ -82,10 +82,12 @@ func (t *MMIO) Save() (TransportState, error) {
 	return s, nil
 }
 
-// Restore loads a saved state into a fresh transport (one that the driver
-// has not touched) and re-activates the device when the driver had it
-// running, not quiesced, with a kick on every queue. It refuses a state of another version, device type or queue
-// layout before changing anything.
+// Restore loads a saved state into the transport and re-activates the
+// device when the driver had it running, with a kick on every queue. The
+// transport is fresh (a restore) or in use and quiesced, with the vCPUs
+// parked (an in-place rollback): it is then reset first, and the new
+// activation stays quiesced until Resume. It refuses a state of another
+// version, device type or queue layout before changing anything.
 func (t *MMIO) Restore(s TransportState) error {
 	if s.Version != StateVersion {
 		return fmt.Errorf("virtio: %s: state version %d, this build reads %d", t.name, s.Version, StateVersion)
@@ -108,6 +110,13 @@ func (t *MMIO) Restore(s TransportState) error {
 			}
 		}
 	}
+	// A transport that is in use (an in-place rollback) is reset first:
+	// its workers stop and the device forgets its activation, as on a
+	// driver reset. A quiesced transport stays quiesced: the activation
+	// below starts with its gate shut, and Resume opens it.
+	t.mu.Lock()
+	t.reset()
+	t.mu.Unlock()
 	if d, ok := t.dev.(Stateful); ok && len(s.Device) > 0 {
 		if err := d.RestoreState(s.Device); err != nil {
 			return fmt.Errorf("virtio: restore %s: %w", t.name, err)

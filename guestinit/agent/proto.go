@@ -118,6 +118,11 @@ type Health struct {
 	// LastSync is when the last re-sync was applied (guest clock, after
 	// setting it); zero if none was.
 	LastSync time.Time `json:"last_sync,omitzero"`
+	// Hostname is the guest's hostname and MachineID the content of
+	// /etc/machine-id ("" when absent): a forked child's differ from its
+	// parent's once it has synced.
+	Hostname  string `json:"hostname,omitempty"`
+	MachineID string `json:"machine_id,omitempty"`
 }
 
 // FileInfo describes one file, as from lstat.

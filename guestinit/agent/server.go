@@ -137,6 +137,10 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.AgentUptimeSeconds = time.Since(s.start).Seconds()
+	h.Hostname, _ = os.Hostname()
+	if b, err := os.ReadFile(MachineIDPath); err == nil {
+		h.MachineID = strings.TrimSpace(string(b))
+	}
 	if s.sync != nil {
 		st := s.sync.Stats()
 		h.Syncs, h.LastSync = st.Count, st.Last

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 	"time"
 )
 
@@ -44,6 +45,63 @@ type SyncMessage struct {
 	// Entropy is random bytes from the host's CSPRNG (standard base64 in
 	// JSON), 1 to MaxSyncEntropy of them.
 	Entropy []byte `json:"entropy"`
+	// Identity, when set, is who the guest is now: a forked child gets a
+	// new one (hostname, machine id, MAC) with its first sync.
+	Identity *Identity `json:"identity,omitempty"`
+}
+
+// Identity is what makes a sandbox distinct from its fork siblings, as
+// far as the guest can be told: the agent applies each field that is set.
+type Identity struct {
+	// Hostname is set with sethostname(2): 1 to 64 bytes of letters,
+	// digits, '-' and '.'.
+	Hostname string `json:"hostname,omitempty"`
+	// MachineID is written to /etc/machine-id: 32 lowercase hex digits.
+	MachineID string `json:"machine_id,omitempty"`
+	// MAC is set on the guest's first Ethernet interface (the virtio-net
+	// device), in the form 02:00:00:00:00:01.
+	MAC string `json:"mac,omitempty"`
+}
+
+// Check validates every field that is set.
+func (id *Identity) Check() error {
+	if h := id.Hostname; h != "" {
+		if len(h) > 64 {
+			return fmt.Errorf("identity: hostname of %d bytes, at most 64", len(h))
+		}
+		for _, c := range h {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+				return fmt.Errorf("identity: hostname %q has a character other than letters, digits, '-' and '.'", h)
+			}
+		}
+	}
+	if m := id.MachineID; m != "" {
+		if len(m) != 32 {
+			return fmt.Errorf("identity: machine id %q is not 32 hex digits", m)
+		}
+		for _, c := range m {
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+				return fmt.Errorf("identity: machine id %q is not 32 lowercase hex digits", m)
+			}
+		}
+	}
+	if id.MAC != "" {
+		hw, err := net.ParseMAC(id.MAC)
+		if err != nil || len(hw) != 6 {
+			return fmt.Errorf("identity: MAC %q is not a 6-byte Ethernet address", id.MAC)
+		}
+	}
+	return nil
+}
+
+// NewMachineID returns a random machine id (a version 4 UUID's 32 hex
+// digits, as systemd-machine-id-setup makes them).
+func NewMachineID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x", b[:])
 }
 
 // NewSyncMessage returns a message for now with SyncEntropyBytes bytes
@@ -56,7 +114,7 @@ func NewSyncMessage(now time.Time) SyncMessage {
 
 // MarshalLine encodes m as a protocol line, with its newline.
 func (m SyncMessage) MarshalLine() []byte {
-	b, _ := json.Marshal(m) // cannot fail: an int64 and a []byte
+	b, _ := json.Marshal(m) // cannot fail: plain fields
 	return append(b, '\n')
 }
 
@@ -82,7 +140,36 @@ func ParseSyncMessage(line []byte) (SyncMessage, error) {
 	if len(m.Entropy) == 0 || len(m.Entropy) > MaxSyncEntropy {
 		return SyncMessage{}, fmt.Errorf("sync: %d bytes of entropy, want 1 to %d", len(m.Entropy), MaxSyncEntropy)
 	}
+	if m.Identity != nil {
+		if err := m.Identity.Check(); err != nil {
+			return SyncMessage{}, fmt.Errorf("sync: %w", err)
+		}
+	}
 	return m, nil
+}
+
+// SyncService is the host side of the re-sync protocol for one VM whose
+// identity may change (a forked child's is set before its guest runs).
+// Serve is safe for concurrent use; SetIdentity may be called any time.
+type SyncService struct {
+	identity atomic.Pointer[Identity]
+}
+
+// SetIdentity makes every later sync line carry id (nil: none).
+func (s *SyncService) SetIdentity(id *Identity) { s.identity.Store(id) }
+
+// Identity is the identity sync lines carry now, or nil.
+func (s *SyncService) Identity() *Identity { return s.identity.Load() }
+
+// Serve is ServeSync with the service's identity in the line.
+func (s *SyncService) Serve(c net.Conn) {
+	defer c.Close()
+	m := NewSyncMessage(time.Now())
+	m.Identity = s.identity.Load()
+	if _, err := c.Write(m.MarshalLine()); err != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, c)
 }
 
 // ServeSync is the host side of one re-sync connection: it writes the line

@@ -33,6 +33,9 @@ type Syncer struct {
 	// AddEntropy adds bytes to the kernel's random pool, credited; the
 	// default is AddEntropy.
 	AddEntropy func([]byte) error
+	// SetIdentity applies a message's identity (a forked child's); the
+	// default is ApplyIdentity.
+	SetIdentity func(*Identity) error
 	// OnError, if non-nil, is told about every failure (dial, a bad line,
 	// a failed apply). A connection that ends after a message was applied
 	// is expected (a restore) and is not an error.
@@ -67,6 +70,7 @@ func NewSyncer(dial DialFunc) *Syncer {
 		dial:        dial,
 		SetClock:    SetRealtime,
 		AddEntropy:  AddEntropy,
+		SetIdentity: ApplyIdentity,
 		MinBackoff:  50 * time.Millisecond,
 		MaxBackoff:  2 * time.Second,
 		LineTimeout: 5 * time.Second,
@@ -146,8 +150,8 @@ func (s *Syncer) session(ctx context.Context) (applied bool, err error) {
 	return true, nil
 }
 
-// apply sets the clock and adds the entropy; it counts the sync only if
-// both succeeded.
+// apply sets the clock, adds the entropy and applies the identity, if
+// any; it counts the sync only if all succeeded.
 func (s *Syncer) apply(m SyncMessage) error {
 	errClock := s.SetClock(time.Unix(0, m.UnixNanos))
 	if errClock != nil {
@@ -157,7 +161,11 @@ func (s *Syncer) apply(m SyncMessage) error {
 	if errRand != nil {
 		errRand = fmt.Errorf("sync: add entropy: %w", errRand)
 	}
-	if err := errors.Join(errClock, errRand); err != nil {
+	var errID error
+	if m.Identity != nil && s.SetIdentity != nil {
+		errID = s.SetIdentity(m.Identity)
+	}
+	if err := errors.Join(errClock, errRand, errID); err != nil {
 		return err
 	}
 	s.mu.Lock()

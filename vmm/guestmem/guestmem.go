@@ -41,9 +41,15 @@ func (r Region) End() uint64 { return r.GPA + r.Size }
 // Memory is guest RAM backed by a memfd.
 type Memory struct {
 	fd      int
-	mem     []byte // MAP_SHARED mapping of the whole memfd (MAP_PRIVATE of a file: NewPrivateFile)
-	private bool   // mem is a private copy-on-write mapping of a file (NewPrivateFile)
+	mem     []byte // MAP_SHARED mapping of the whole memfd (MAP_PRIVATE of layers: see private)
+	private bool   // mem is a private copy-on-write mapping of layers (NewPrivateFile, NewFromBase, Fork)
 	regions []Region
+	// layers is the copy-on-write stack mem maps once it is private
+	// (NewPrivateFile, NewFromBase, Fork), bottom first; see fork.go. The
+	// Memory owns every descriptor in it, and layers[0].fd == fd. It is
+	// nil for a MAP_SHARED memfd that was never forked. Fork changes it,
+	// with the VM paused.
+	layers []memLayer
 	// written has one bit per page of the memfd (flat offset / PageSize)
 	// that the VMM wrote since the last TakeWritten; see MarkWritten.
 	written []atomic.Uint64
@@ -115,52 +121,82 @@ func NewPrivateFile(path string, size uint64) (*Memory, error) {
 		return nil, fmt.Errorf("guestmem: mmap %s (%d bytes, private): %w", path, size, err)
 	}
 	return &Memory{fd: fd, mem: mem, private: true, regions: Layout(size),
+		layers:  []memLayer{{fd: fd}},
 		written: make([]atomic.Uint64, (size/PageSize+63)/64)}, nil
 }
 
 // FD returns the memfd (for NewPrivateFile, the read-only image file: it
-// does not hold the guest's writes).
+// does not hold the guest's writes). For a private Memory (NewPrivateFile,
+// NewFromBase, or any Memory after Fork) it is the bottom layer's file,
+// which holds neither the guest's writes nor the upper layers, and which a
+// flattening Fork replaces: do not cache it across a Fork. The Memory owns
+// it; do not close it.
 func (m *Memory) FD() int { return m.fd }
 
-// Private reports whether the memory is a private mapping of a file
-// (NewPrivateFile).
+// Private reports whether the memory is a private copy-on-write mapping of
+// files (NewPrivateFile, NewFromBase, or any Memory after Fork), whose
+// content is only in Flat, not in FD.
 func (m *Memory) Private() bool { return m.private }
 
 // Populated returns a bitmap of the pages (flat memfd offset / PageSize,
-// bit p%64 of word p/64) that may hold non-zero bytes: for a memfd, the
-// pages that are not holes (SEEK_DATA/SEEK_HOLE), so a full snapshot need
-// not read, and thereby allocate, pages the guest never touched; for a
-// private file mapping, every page. Call it with the VM paused.
+// bit p%64 of word p/64) that may hold non-zero bytes, so that a full
+// snapshot or a rollback need not read, and thereby allocate, pages the
+// guest never touched: for a memfd, the pages that are not holes
+// (SEEK_DATA/SEEK_HOLE); for a private mapping of layers, the data of its
+// bottom file (SEEK_DATA again: a flattened image keeps zero pages as
+// holes), the runs of its upper layers, and the pages it holds privately
+// (/proc/self/pagemap). Call it with the VM paused.
 func (m *Memory) Populated() ([]uint64, error) {
 	pages := m.Size() / PageSize
 	bm := make([]uint64, (pages+63)/64)
 	set := func(first, last uint64) { // pages [first, last)
-		for p := first; p < last; p++ {
+		for p := first; p < min(last, pages); p++ {
 			bm[p/64] |= 1 << (p % 64)
 		}
 	}
-	if m.private {
-		set(0, pages)
-		return bm, nil
+	if err := seekData(m.fd, int64(m.Size()), set); err != nil {
+		return nil, err
 	}
-	size := int64(m.Size())
+	if m.private {
+		for _, l := range m.layers[min(1, len(m.layers)):] {
+			for _, r := range l.runs {
+				set(r.First, r.End())
+			}
+		}
+		runs, err := privateRuns(m.mem)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range runs {
+			set(r.First, r.End())
+		}
+	}
+	return bm, nil
+}
+
+// seekData calls set(first, last) for the page ranges of fd's first size
+// bytes that hold data (not holes).
+func seekData(fd int, size int64, set func(first, last uint64)) error {
 	for off := int64(0); off < size; {
-		data, err := unix.Seek(m.fd, off, unix.SEEK_DATA)
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
-			break // no data beyond off
+			return nil // no data beyond off
 		}
 		if err != nil {
-			return nil, fmt.Errorf("guestmem: SEEK_DATA: %w", err)
+			return fmt.Errorf("guestmem: SEEK_DATA: %w", err)
 		}
-		hole, err := unix.Seek(m.fd, data, unix.SEEK_HOLE)
+		if data >= size {
+			return nil
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
 		if err != nil {
-			return nil, fmt.Errorf("guestmem: SEEK_HOLE: %w", err)
+			return fmt.Errorf("guestmem: SEEK_HOLE: %w", err)
 		}
 		hole = min(hole, size)
 		set(uint64(data)/PageSize, (uint64(hole)+PageSize-1)/PageSize)
 		off = hole
 	}
-	return bm, nil
+	return nil
 }
 
 // Flat returns the VMM mapping of the whole flat image (memfd offset 0 ..
@@ -253,15 +289,25 @@ func (m *Memory) TakeWritten() []uint64 {
 	return out
 }
 
-// Close unmaps and closes the memfd. Only after every vCPU has stopped.
+// Close unmaps the memory and closes every file it holds (the memfd, or
+// all its layers). Only after every vCPU has stopped. Bases forked from it
+// and Memories made from those stay valid: they hold their own descriptors.
 func (m *Memory) Close() error {
 	var err error
 	if m.mem != nil {
 		err = unix.Munmap(m.mem)
 		m.mem = nil
 	}
-	if cerr := unix.Close(m.fd); err == nil {
-		err = cerr
+	if len(m.layers) == 0 {
+		if cerr := unix.Close(m.fd); err == nil {
+			err = cerr
+		}
 	}
+	for _, l := range m.layers { // layers[0].fd is m.fd
+		if cerr := unix.Close(l.fd); err == nil {
+			err = cerr
+		}
+	}
+	m.layers, m.fd = nil, -1
 	return err
 }

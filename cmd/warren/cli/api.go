@@ -12,8 +12,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
+	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 )
@@ -25,6 +27,8 @@ import (
 //	POST /v1/resume    {}                                   -> {"paused": false}
 //	POST /v1/snapshot  {"path": "/abs/DIR/NAME", "kind": "full"|"incremental"}
 //	                                                        -> snapshotReply
+//	POST /v1/rollback  {"path": "/abs/DIR/NAME"}            -> rollbackReply
+//	POST /v1/fork      {"n": N, "prefix": "/abs/PREFIX"}     -> forkReply
 //
 // Errors are answered with a 4xx or 5xx status and {"error": "..."}.
 
@@ -48,6 +52,23 @@ type snapshotReply struct {
 	Line string `json:"line"`
 }
 
+// rollbackRequest is the body of POST /v1/rollback.
+type rollbackRequest struct {
+	Path string `json:"path"`
+}
+
+// rollbackReply describes a rollback done.
+type rollbackReply struct {
+	Path    string  `json:"path"`
+	PauseMS float64 `json:"pause_ms"`
+	TotalMS float64 `json:"total_ms"`
+	LoadMS  float64 `json:"load_ms"`
+	Written uint64  `json:"pages_written"`
+	Cleared uint64  `json:"pages_cleared"`
+	// Line is the one-line summary `warren rollback` prints.
+	Line string `json:"line"`
+}
+
 // pauseReply is the body of the pause and resume answers.
 type pauseReply struct {
 	Paused bool `json:"paused"`
@@ -63,11 +84,23 @@ type apiServer struct {
 	vm   *vmm.VM
 	snap *vmsnap.Snapshotter
 	log  *slog.Logger
+	// host is the fingerprint source snapshots are checked against.
+	host vmsnap.FingerprintSource
+	// writableDisks names the VM's writable disks (rollback refuses them).
+	writableDisks []string
+	// apiPath is the socket served; opts the VM's device options and
+	// kvmPath its KVM device, which fork children inherit.
+	apiPath string
+	opts    runOptions
+	kvmPath string
+	// forker forks the VM; forkMu serialises forks.
+	forker *cow.Forker
+	forkMu sync.Mutex
 }
 
 // serveAPI listens on the unix socket path (replacing a stale socket file)
 // and serves the control API until the returned function is called.
-func serveAPI(path string, vm *vmm.VM, snap *vmsnap.Snapshotter, log *slog.Logger) (func(), error) {
+func serveAPI(path string, a *apiServer) (func(), error) {
 	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
 		if c, err := net.Dial("unix", path); err == nil {
 			c.Close()
@@ -79,11 +112,12 @@ func serveAPI(path string, vm *vmm.VM, snap *vmsnap.Snapshotter, log *slog.Logge
 	if err != nil {
 		return nil, fmt.Errorf("--api %s: %w", path, err)
 	}
-	a := &apiServer{vm: vm, snap: snap, log: log}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/pause", a.pause)
 	mux.HandleFunc("POST /v1/resume", a.resume)
 	mux.HandleFunc("POST /v1/snapshot", a.snapshot)
+	mux.HandleFunc("POST /v1/rollback", a.rollback)
+	mux.HandleFunc("POST /v1/fork", a.fork)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	return func() { srv.Close(); os.Remove(path) }, nil
@@ -138,6 +172,43 @@ func (a *apiServer) snapshot(w http.ResponseWriter, r *http.Request) {
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	reply(w, http.StatusOK, snapshotReply{Path: rep.Path, Kind: string(rep.Kind), PauseMS: ms(rep.Pause), TotalMS: ms(rep.Total),
 		Pages: rep.Pages, LayerBytes: rep.LayerBytes, StateBytes: rep.StateBytes, Layer: rep.LayerPath, Line: rep.String()})
+}
+
+func (a *apiServer) rollback(w http.ResponseWriter, r *http.Request) {
+	var req rollbackRequest
+	d := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&req); err != nil {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("bad request: %w", err))
+		return
+	}
+	if !filepath.IsAbs(req.Path) {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("snapshot path %q is not absolute", req.Path))
+		return
+	}
+	if len(a.writableDisks) > 0 {
+		replyErr(w, http.StatusConflict, fmt.Errorf("rollback: the VM has writable disks (%v) that a snapshot does not hold; rolling back memory alone would corrupt their file systems", a.writableDisks))
+		return
+	}
+	start := time.Now()
+	// The snapshot is checked whole before the VM is touched.
+	snap, err := vmsnap.Load(req.Path, a.host)
+	if err != nil {
+		replyErr(w, http.StatusBadRequest, err)
+		return
+	}
+	defer snap.Close()
+	load := time.Since(start)
+	rep, err := a.snap.Rollback(r.Context(), snap)
+	if err != nil {
+		replyErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	a.log.Debug("rollback", "report", rep.String())
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	reply(w, http.StatusOK, rollbackReply{Path: rep.Path, PauseMS: ms(rep.Pause), TotalMS: ms(time.Since(start)), LoadMS: ms(load),
+		Written: rep.Written, Cleared: rep.Cleared,
+		Line: fmt.Sprintf("%s (load %.1f ms)", rep.String(), ms(load))})
 }
 
 // apiCall posts req to verb on the control API at sock and decodes the

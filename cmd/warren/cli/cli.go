@@ -26,6 +26,8 @@ commands:
   resume   resume a paused VM: warren resume API
   snapshot snapshot a running VM: warren snapshot [--incremental] [--every D --max-chain N] API DIR/NAME
   restore  run a VM from a snapshot: warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] DIR/NAME
+  fork     make running copy-on-write children of a VM: warren fork [-n N] API
+  rollback put a running VM back to one of its snapshots in place: warren rollback API DIR/NAME
   compact  merge a snapshot's memory chain into a new full snapshot: warren compact DIR/NAME DIR/NEW
 
 VM is the path of the VM's vsock unix socket (warren run --vsock PATH); API the
@@ -54,6 +56,12 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return snapshotCmd(args[1:], stdout, stderr)
 	case "restore":
 		return restoreCmd(args[1:], stdin, stdout, stderr)
+	case "fork":
+		return forkCmd(args[1:], stdout, stderr)
+	case "fork-child":
+		return forkChildCmd(args[1:], stdout, stderr)
+	case "rollback":
+		return rollbackCmd(args[1:], stdout, stderr)
 	case "compact":
 		return compactCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":

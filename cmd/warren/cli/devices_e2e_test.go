@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -84,8 +85,11 @@ func TestDevicesEndToEnd(t *testing.T) {
 
 	var g *guest
 	var srv *http.Server
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "vm.sock")
+	var o vmOptions
 	err := inNewNetns(func() error {
-		o := vmOptions{rng: true, disks: []diskSpec{{path: disk}}, tap: "wtap0",
+		o = vmOptions{rng: true, disks: []diskSpec{{path: disk}}, tap: "wtap0", vsock: sock, cid: 3, trackDirty: true,
 			mac: net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x56},
 			cmdline: "warren.shell=1 warren.hostname=e2e random.trust_cpu=0 random.trust_bootloader=0 " +
 				"warren.ip=10.200.0.2/24 warren.gw=10.200.0.1"}
@@ -130,6 +134,86 @@ func TestDevicesEndToEnd(t *testing.T) {
 			t.Errorf("guest fetched %q, want %q", out, page)
 		}
 	})
+	// Fork: each child gets its own disk overlay over the frozen image,
+	// its own tap and MAC, and the parent moves to an overlay of its own.
+	t.Run("fork", func(t *testing.T) {
+		api := filepath.Join(dir, "api.sock")
+		stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stopAPI()
+		run := func(args ...string) string {
+			t.Helper()
+			code, out, errOut := cli(t, nil, args...)
+			if code != 0 {
+				t.Fatalf("warren %s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
+			}
+			return out
+		}
+		run("health", "--wait", "3m", sock)
+		run("exec", sock, "--", "sh", "-c", "echo parent-before > /mnt/data/fork.txt && sync")
+		var r forkReply
+		if err := json.Unmarshal([]byte(run("fork", "-n", "2", "--json", "--prefix", filepath.Join(dir, "kid"), api)), &r); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range r.Children {
+			t.Cleanup(func() {
+				if p, err := os.FindProcess(c.PID); err == nil {
+					p.Kill()
+				}
+				if t.Failed() {
+					logb, _ := os.ReadFile(c.Log)
+					con, _ := os.ReadFile(c.Console)
+					t.Logf("child %d log:\n%s\nconsole:\n%s", c.Index, logb, tail(con))
+				}
+			})
+		}
+		for _, c := range r.Children {
+			run("health", "--wait", "3m", c.Vsock)
+			if got := run("exec", c.Vsock, "--", "cat", "/mnt/data/fork.txt"); got != "parent-before\n" {
+				t.Errorf("child %d reads %q from the disk", c.Index, got)
+			}
+			run("exec", c.Vsock, "--", "sh", "-c", fmt.Sprintf("echo child-%d > /mnt/data/fork.txt && sync", c.Index))
+			ifc, err := net.InterfaceByName(c.Tap)
+			if err != nil {
+				t.Errorf("child %d's tap %s: %v", c.Index, c.Tap, err)
+			} else if ifc.Name == "wtap0" {
+				t.Errorf("child %d shares the parent's tap", c.Index)
+			}
+		}
+		for _, c := range r.Children {
+			if got := run("exec", c.Vsock, "--", "cat", "/mnt/data/fork.txt"); got != fmt.Sprintf("child-%d\n", c.Index) {
+				t.Errorf("child %d reads back %q", c.Index, got)
+			}
+		}
+		run("exec", sock, "--", "sh", "-c", "echo parent-after > /mnt/data/fork.txt && sync")
+		// On the host: the frozen image holds the fork-time data; each
+		// child's writes are in its own overlay only.
+		img, err := os.ReadFile(disk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(img, []byte("parent-before\n")) || bytes.Contains(img, []byte("child-")) || bytes.Contains(img, []byte("parent-after")) {
+			t.Errorf("the frozen image was written after the fork")
+		}
+		ovs, _ := filepath.Glob(filepath.Join(filepath.Dir(disk), "*.wcow"))
+		if len(ovs) != 3 {
+			t.Errorf("overlays beside the image: %v, want 3 (parent and two children)", ovs)
+		}
+		for _, c := range r.Children {
+			found := 0
+			for _, ov := range ovs {
+				b, _ := os.ReadFile(ov)
+				if bytes.Contains(b, []byte(fmt.Sprintf("child-%d\n", c.Index))) {
+					found++
+				}
+			}
+			if found != 1 {
+				t.Errorf("child %d's data is in %d overlays, want 1", c.Index, found)
+			}
+		}
+	})
 	t.Run("disk", func(t *testing.T) {
 		g.sh(fmt.Sprintf("echo %s > /mnt/data/hello.txt", secret), time.Minute)
 		if out := g.sh("cat /mnt/data/hello.txt", time.Minute); !strings.Contains(out, secret) {
@@ -139,8 +223,12 @@ func TestDevicesEndToEnd(t *testing.T) {
 		if err := g.stopped(5 * time.Minute); err != nil {
 			t.Fatalf("guest power-off: %v", err)
 		}
-		img, err := os.ReadFile(disk)
-		if err != nil {
+		// After the fork the parent writes to its overlay: read the disk
+		// as the guest sees it, through the device's backend (the image,
+		// or the overlay chain over it).
+		be := g.dev.disks[0].Dev.Backend()
+		img := make([]byte, be.Size())
+		if _, err := be.ReadAt(img, 0); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Contains(img, []byte(secret+"\n")) {

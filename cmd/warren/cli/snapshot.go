@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm/hostprofile"
 )
@@ -97,7 +98,49 @@ func startAPI(sock string, b *built, o vmOptions, log *slog.Logger, layer, name 
 	if layer != "" {
 		s.SetParent(layer, name)
 	}
-	return serveAPI(sock, b.vm, s, log)
+	var ro runOptions
+	if err := json.Unmarshal(opts, &ro); err != nil {
+		return nil, err
+	}
+	a := &apiServer{vm: b.vm, snap: s, log: log, host: func() ([]byte, error) { return fp, nil },
+		apiPath: sock, opts: ro, kvmPath: o.kvmPath,
+		forker: &cow.Forker{VM: b.vm, Devices: b.devs.snap, Disks: b.devs.disks}}
+	for _, d := range o.disks {
+		if !d.readOnly {
+			a.writableDisks = append(a.writableDisks, d.path)
+		}
+	}
+	return serveAPI(sock, a)
+}
+
+// rollbackCmd is `warren rollback API DIR/NAME`.
+func rollbackCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("warren rollback", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 2 {
+		fmt.Fprint(stderr, "usage: warren rollback API DIR/NAME\n\nputs the running VM whose control socket is API back to the snapshot DIR/NAME,\nin place: same process, sockets and identity; only pages that changed are rewritten.\n")
+		return 2
+	}
+	path, err := filepath.Abs(fs.Arg(1))
+	if err == nil {
+		_, _, _, err = vmsnap.Paths(path)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "warren rollback: %v\n", err)
+		return 2
+	}
+	ctx, stop := interruptContext()
+	defer stop()
+	var r rollbackReply
+	if err := apiCall(ctx, fs.Arg(0), "rollback", rollbackRequest{Path: path}, &r); err != nil {
+		fmt.Fprintf(stderr, "warren rollback: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, r.Line)
+	return 0
 }
 
 // pauseCmd is `warren pause API` and `warren resume API`.

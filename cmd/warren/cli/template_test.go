@@ -24,6 +24,10 @@ var template struct {
 }
 
 func TestMain(m *testing.M) {
+	// A fork's children are this binary run as `warren fork-child`.
+	if len(os.Args) > 1 && os.Args[1] == "fork-child" {
+		os.Exit(Main(os.Args[1:], nil, os.Stdout, os.Stderr))
+	}
 	code := m.Run()
 	if template.dir != "" {
 		os.RemoveAll(template.dir)

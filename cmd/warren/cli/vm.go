@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 
+	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/devices/virtio"
 	"github.com/warrenvm/warren/devices/virtio/blk"
 	vnet "github.com/warrenvm/warren/devices/virtio/net"
@@ -34,13 +35,19 @@ type vmOptions struct {
 	mac          net.HardwareAddr
 	vsock        string // virtio-vsock with its host unix socket here, when set
 	cid          uint64 // the guest's vsock CID
-	trackDirty   bool   // KVM dirty-page logging, for incremental snapshots
+	// identity, when set, is sent to the guest agent with every re-sync
+	// (a forked child's new hostname and machine id).
+	identity   *agent.Identity
+	trackDirty bool // KVM dirty-page logging, for incremental snapshots
 
 	// restore, when set, makes the VM from this snapshot instead of the
 	// kernel (kernel, initramfs and cmdline are then unused), lazily when
 	// lazy is set; the devices' states are restored and vsock is reset.
 	restore *vmsnap.Snapshot
 	lazy    bool
+	// fork, when set, makes the VM a forked child from a parent's frozen
+	// state and memory base (warren fork-child).
+	fork *forkRestore
 	// onFirstRun, when set, is vmm.Config.OnFirstRun (warren restore --timing).
 	onFirstRun func()
 }
@@ -81,6 +88,11 @@ type vmDevices struct {
 	snap []vmsnap.Device
 	// profile is the host profile the VM was built for.
 	profile hostprofile.Profile
+	// sync is the vsock re-sync service (nil without vsock): it tells the
+	// guest agent the time, entropy and, for a fork child, its identity.
+	sync *agent.SyncService
+	// disks are the VM's disks in order, for forks.
+	disks []cow.Disk
 }
 
 // buildVMWithDevices is buildVM that also returns some device models.
@@ -110,12 +122,27 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 		devs = append(devs, virtioSpec(name, queues, dev, o.log, mmios))
 	}
 	for i, disk := range o.disks {
-		dev, err := blk.New(disk.path, blk.Options{ReadOnly: disk.readOnly, ID: fmt.Sprintf("warren%d", i)})
+		opts := blk.Options{ReadOnly: disk.readOnly, ID: fmt.Sprintf("warren%d", i)}
+		var dev *blk.Device
+		if disk.readOnly {
+			dev, err = blk.New(disk.path, opts)
+		} else {
+			// Writable disks go through cow/disk, so that they can fork
+			// (and an overlay file, a fork child's disk, is followed
+			// down its chain).
+			var be blk.Backend
+			if be, err = cow.OpenDisk(disk.path, false); err == nil {
+				if dev, err = blk.NewWithBackend(be, disk.path, opts); err != nil {
+					be.Close()
+				}
+			}
+		}
 		if err != nil {
 			return nil, d, nil, fmt.Errorf("--disk %s: %w", disk.path, err)
 		}
 		closers = append(closers, dev.Close)
 		add(fmt.Sprintf("blk%d", i), 1, dev)
+		d.disks = append(d.disks, cow.Disk{Dev: dev, ReadOnly: disk.readOnly})
 	}
 	if o.tap != "" {
 		dev, err := vnet.New(o.tap, o.mac, vnet.Options{})
@@ -130,8 +157,10 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 		add("rng", 1, d.rng)
 	}
 	if o.vsock != "" {
+		d.sync = &agent.SyncService{}
+		d.sync.SetIdentity(o.identity)
 		dev := &vsock.Device{CID: o.cid, UDSPath: o.vsock,
-			Services: map[uint32]func(net.Conn){agent.SyncPort: agent.ServeSync}}
+			Services: map[uint32]func(net.Conn){agent.SyncPort: d.sync.Serve}}
 		if err := dev.Listen(); err != nil {
 			return nil, d, nil, fmt.Errorf("--vsock %s: %w", o.vsock, err)
 		}
@@ -146,9 +175,14 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 		Virtio: devs, TrackDirty: o.trackDirty, OnFirstRun: o.onFirstRun,
 	}
 	var vm *vmm.VM
-	if o.restore != nil {
+	switch {
+	case o.fork != nil:
+		mem := o.fork.mem
+		o.fork.mem = nil // the VM owns it now, even on error
+		vm, err = vmm.RestoreMemory(cfg, o.fork.state, mem)
+	case o.restore != nil:
 		vm, err = o.restore.Restore(cfg, o.lazy)
-	} else {
+	default:
 		vm, err = vmm.New(cfg)
 	}
 	if err != nil {
@@ -159,12 +193,19 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 		d.snap = append(d.snap, vmsnap.Device{Name: spec.Name, Transport: t, AfterRestore: resets[spec.Name]})
 		vm.AddPauseHook(pauseHook(spec.Name, t))
 	}
-	if o.restore != nil {
+	switch {
+	case o.fork != nil:
+		saved := &vmsnap.Snapshot{Path: "the fork's parent", Devices: o.fork.devices}
+		if err := saved.RestoreDevices(d.snap); err != nil {
+			vm.Close()
+			return nil, d, nil, err
+		}
+	case o.restore != nil:
 		if err := o.restore.RestoreDevices(d.snap); err != nil {
 			vm.Close()
 			return nil, d, nil, err
 		}
-	} else {
+	default:
 		o.log.Debug("booting", "format", vm.Format().String(), "cmdline", vm.Cmdline())
 	}
 	return vm, d, func() { vm.Close(); closeDevs() }, nil

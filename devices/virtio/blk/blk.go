@@ -1,14 +1,18 @@
-// Package blk is virtio-blk (virtio 1.x, section 5.2) on a raw disk image:
-// a regular host file whose bytes are the disk's sectors, one to one.
+// Package blk is virtio-blk (virtio 1.x, section 5.2) on a Backend: a raw
+// disk image, a regular host file whose bytes are the disk's sectors, one
+// to one (New), or anything else that reads and writes at offsets, such as
+// a copy-on-write overlay (NewWithBackend).
 //
 // # Requests
 //
 // Each descriptor chain is one request: a 16-byte header (type, reserved,
 // sector; device-readable, possibly split across buffers), the data buffers,
 // and a status byte, which is the last device-writable byte of the chain.
-// Served types: IN (read), OUT (write), FLUSH (fdatasync of the image),
-// GET_ID (the serial from Options.ID) and, on writable disks, DISCARD (holes
-// punched with fallocate). Any other type completes with UNSUPP.
+// Served types: IN (read), OUT (write), FLUSH (the backend's Sync: an
+// fdatasync of a raw image), GET_ID (the serial from Options.ID) and, on
+// writable disks, DISCARD (the backend's Discard, if it has one: holes
+// punched with fallocate in a raw image; else nothing, a discard being a
+// hint). Any other type completes with UNSUPP.
 //
 // Every field is checked before the image is touched: header length, data
 // length (a multiple of 512 bytes for IN and OUT), data in the direction
@@ -26,12 +30,15 @@
 // # I/O
 //
 // One worker goroutine per activation owns the queue and does all the I/O,
-// never on a vCPU thread: it serves requests one at a time, in ring order,
-// with preadv/pwritev at explicit offsets straight into and out of guest
-// memory (the chain's buffers, split anywhere). Writes land in the host
-// page cache; the guest's FLUSH (fdatasync) makes them durable. A request is
-// complete, and its used entry published, before the next is taken, so a
-// quiesced device has nothing in flight to save.
+// never on a vCPU thread: it serves requests one at a time, in ring order.
+// On a raw image it uses preadv/pwritev at explicit offsets straight into
+// and out of guest memory (the chain's buffers, split anywhere); on another
+// backend, ReadAt/WriteAt, directly on a request's only data buffer, else
+// through a bounce buffer of up to 1 MiB per call. Writes land in the host
+// page cache (or wherever the backend keeps them); the guest's FLUSH makes
+// them durable. A request is complete, and its used entry published,
+// before the next is taken, so a quiesced device has nothing in flight to
+// save.
 //
 // # Quiesce
 //
@@ -46,7 +53,19 @@
 // must be a multiple of 512 bytes: anything else is refused, rather than
 // hiding a tail from the guest. It takes an exclusive flock (shared for a
 // read-only disk), so two VMs cannot write one image, and Close releases it.
-// The image is never resized.
+// The image is never resized. NewWithBackend takes any Backend whose size
+// is a multiple of 512 bytes; locking is then the backend's business.
+//
+// # Swapping the backend
+//
+// SwapBackend puts another backend of the same size under the disk, for
+// instance the new overlay of a fork in place of the image it froze. The
+// device holds the current backend in an atomic pointer and the worker
+// loads it once per request, so a swap is race-free; but the caller must
+// have quiesced the transport (MMIO.Quiesce, or before activation or after
+// Shutdown) so that no request is in flight on the old backend, and the
+// guest's view of the disk must be the same on both (the device does not
+// check contents).
 package blk
 
 import (
@@ -56,7 +75,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"syscall"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -127,16 +146,16 @@ type Options struct {
 
 // Device is one virtio-blk disk.
 //
-// Threads: the fields set by New are immutable. The file is used by the
-// worker goroutine (and by Close, which must come after the transport's
-// Shutdown or Reset); Metrics are atomic; workers runs the worker goroutine.
+// Threads: the fields set by New are immutable, except backend, an atomic
+// pointer that SwapBackend replaces. The backend is used by the worker
+// goroutine (and by Close, which must come after the transport's Shutdown
+// or Reset); Metrics are atomic; workers runs the worker goroutine.
 type Device struct {
 	// Metrics count what the device did.
 	Metrics Metrics
 
-	path     string // absolute
-	file     *os.File
-	raw      syscall.RawConn
+	path     string // absolute for New; the name given to NewWithBackend
+	backend  atomic.Pointer[backendRef]
 	readOnly bool
 	id       [IDLen]byte
 	idLen    int
@@ -150,10 +169,11 @@ type Device struct {
 	serveHook func()
 }
 
-// New opens the raw image at path and returns a disk that serves it.
+// New opens the raw image at path and returns a disk that serves it. The
+// device owns the file: Close closes it.
 func New(path string, opts Options) (*Device, error) {
-	if len(opts.ID) > IDLen {
-		return nil, fmt.Errorf("virtio-blk: ID %q is longer than %d bytes", opts.ID, IDLen)
+	if err := checkID(opts.ID); err != nil {
+		return nil, err
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -199,14 +219,66 @@ func newDevice(f *os.File, path string, lock int, opts Options) (*Device, error)
 	} else if lockErr != nil {
 		return nil, fmt.Errorf("virtio-blk: flock %s: %w", path, lockErr)
 	}
-	d := &Device{path: path, file: f, raw: raw, readOnly: opts.ReadOnly,
-		capacity: uint64(fi.Size()) / SectorSize, log: opts.Log}
+	return newDev(&fileBackend{f: f, raw: raw, size: fi.Size(), readOnly: opts.ReadOnly}, path, opts), nil
+}
+
+// NewWithBackend returns a disk that serves b, whose size must be a
+// multiple of SectorSize. name identifies the disk in messages and in its
+// saved state (Path). The device owns b from now on (Close closes it),
+// until SwapBackend hands it back. With opts.ReadOnly the device refuses
+// the guest's writes whatever b allows.
+func NewWithBackend(b Backend, name string, opts Options) (*Device, error) {
+	if err := checkID(opts.ID); err != nil {
+		return nil, err
+	}
+	if b == nil {
+		return nil, fmt.Errorf("virtio-blk: %s: no backend", name)
+	}
+	if size := b.Size(); size < 0 || size%SectorSize != 0 {
+		return nil, fmt.Errorf("virtio-blk: %s is %d bytes, not a multiple of %d", name, size, SectorSize)
+	}
+	return newDev(b, name, opts), nil
+}
+
+func checkID(id string) error {
+	if len(id) > IDLen {
+		return fmt.Errorf("virtio-blk: ID %q is longer than %d bytes", id, IDLen)
+	}
+	return nil
+}
+
+// newDev makes the device over b, whose size has been checked.
+func newDev(b Backend, name string, opts Options) *Device {
+	d := &Device{path: name, readOnly: opts.ReadOnly, capacity: uint64(b.Size()) / SectorSize, log: opts.Log}
+	d.backend.Store(newBackendRef(b))
 	if d.log == nil {
 		d.log = slog.Default()
 	}
 	d.idLen = copy(d.id[:], opts.ID)
 	d.fillConfig()
-	return d, nil
+	return d
+}
+
+// Backend is the backend the disk serves now.
+func (d *Device) Backend() Backend { return d.backend.Load().b }
+
+// SwapBackend makes the disk serve b from the next request on, and
+// returns the backend it served, which it no longer owns and does not
+// close. b must have the disk's size; the device owns it from now on.
+//
+// The caller guarantees that no request is in flight: the transport is
+// quiesced (MMIO.Quiesce until MMIO.Resume), not yet activated, or shut
+// down. (A swap during a request is memory-safe, the worker reading the
+// backend once per request, but that request would still go to the old
+// backend, which the caller might close under it.)
+func (d *Device) SwapBackend(b Backend) (old Backend, err error) {
+	if b == nil {
+		return nil, fmt.Errorf("virtio-blk: swap backend of %s: no backend", d.path)
+	}
+	if size := b.Size(); size < 0 || uint64(size) != d.capacity*SectorSize {
+		return nil, fmt.Errorf("virtio-blk: swap backend of %s: new backend is %d bytes, the disk %d", d.path, size, d.capacity*SectorSize)
+	}
+	return d.backend.Swap(newBackendRef(b)).b, nil
 }
 
 // fillConfig lays out struct virtio_blk_config (5.2.4), little-endian.
@@ -222,16 +294,18 @@ func (d *Device) fillConfig() {
 	}
 }
 
-// Close releases the image (and its lock). Call it after the transport's
-// Shutdown: a running worker would see its I/O fail.
+// Close closes the backend: a raw image from New is released with its
+// lock. Call it after the transport's Shutdown: a running worker would see
+// its I/O fail.
 func (d *Device) Close() error {
-	if err := d.file.Close(); err != nil {
+	if err := d.Backend().Close(); err != nil {
 		return fmt.Errorf("virtio-blk: close %s: %w", d.path, err)
 	}
 	return nil
 }
 
-// Path is the absolute path of the image.
+// Path is the absolute path of the image given to New, or the name given
+// to NewWithBackend (a swap does not change it).
 func (d *Device) Path() string { return d.path }
 
 // Capacity is the disk size in 512-byte sectors.

@@ -43,6 +43,13 @@ func newEnv(t *testing.T, path string, opts Options) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newDevEnv(t, dev)
+}
+
+// newDevEnv puts dev behind a transport with a fake guest driver; the
+// test's cleanup shuts it down and closes dev.
+func newDevEnv(t *testing.T, dev *Device) *env {
+	t.Helper()
 	mem := make(vt.Memory, vt.MemSize)
 	e := &env{dev: dev, tr: virtio.NewMMIO("blk", dev, mem, vt.NewSignals(), nil), drv: vt.NewDriver(mem, 0, 64), mem: mem}
 	t.Cleanup(func() {

@@ -94,7 +94,7 @@ func FuzzRequest(f *testing.F) {
 		if !bytes.Equal(req, input) {
 			t.Fatal("device wrote into readable buffers")
 		}
-		if fi, err := d.file.Stat(); err != nil || fi.Size() != fuzzSectors*SectorSize {
+		if fi, err := os.Stat(d.path); err != nil || fi.Size() != fuzzSectors*SectorSize {
 			t.Fatalf("image resized: %v", err)
 		}
 		if wl == 0 {
@@ -120,7 +120,7 @@ func FuzzRequest(f *testing.F) {
 			if int(used) != wl || len(body) != 0 {
 				t.Fatalf("read: used %d of %d, %d readable data bytes", used, wl, len(body))
 			}
-			if _, err := d.file.ReadAt(check[:wl-1], int64(sector)*SectorSize); err != nil {
+			if _, err := d.Backend().ReadAt(check[:wl-1], int64(sector)*SectorSize); err != nil {
 				t.Fatalf("read ok at sector %d of %d: %v", sector, fuzzSectors, err)
 			}
 			if !bytes.Equal(check[:wl-1], wr[:wl-1]) {
@@ -130,7 +130,7 @@ func FuzzRequest(f *testing.F) {
 			if readOnly || used != 1 || wl != 1 {
 				t.Fatalf("write ok: read-only %v, used %d, writable %d", readOnly, used, wl)
 			}
-			if _, err := d.file.ReadAt(check[:len(body)], int64(sector)*SectorSize); err != nil {
+			if _, err := d.Backend().ReadAt(check[:len(body)], int64(sector)*SectorSize); err != nil {
 				t.Fatalf("write ok at sector %d: %v", sector, err)
 			}
 			if !bytes.Equal(check[:len(body)], body) {

@@ -2,9 +2,6 @@ package blk
 
 import (
 	"encoding/binary"
-	"errors"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/warrenvm/warren/devices/virtio"
 )
@@ -21,8 +18,14 @@ const discardSegLen = 16
 // request path does not allocate. Owned by one worker goroutine.
 type scratch struct {
 	dev *Device
+	// be is the backend of the request being served, loaded once per
+	// request.
+	be  *backendRef
 	src [][]byte // device-readable data after the header (no empty buffers)
 	dst [][]byte // device-writable data before the status byte (no empty buffers)
+	// bounce carries the data of a request split over several buffers to
+	// and from a backend that is not a raw image file (up to maxBounce).
+	bounce []byte
 	// hostErrLogged is set once a host I/O error has been logged.
 	hostErrLogged bool
 }
@@ -38,7 +41,9 @@ func (w *scratch) serve(c *virtio.Chain) uint32 {
 		w.dev.Metrics.Errors.Add(1)
 		return 0
 	}
+	w.be = w.dev.backend.Load()
 	st, n := w.execute(c.Readable)
+	w.be = nil
 	status[0] = st
 	if st != StatusOK {
 		w.dev.Metrics.Errors.Add(1)
@@ -86,7 +91,7 @@ func (w *scratch) execute(readable [][]byte) (status byte, written int) {
 		if !ok {
 			return StatusIOErr, 0
 		}
-		if err := d.transfer(w.dst, off, false); err != nil {
+		if err := w.transfer(w.be, w.dst, off, false); err != nil {
 			w.hostError("read", off, err)
 			return StatusIOErr, 0
 		}
@@ -102,7 +107,7 @@ func (w *scratch) execute(readable [][]byte) (status byte, written int) {
 		if !ok {
 			return StatusIOErr, 0
 		}
-		if err := d.transfer(w.src, off, true); err != nil {
+		if err := w.transfer(w.be, w.src, off, true); err != nil {
 			w.hostError("write", off, err)
 			return StatusIOErr, 0
 		}
@@ -115,7 +120,7 @@ func (w *scratch) execute(readable [][]byte) (status byte, written int) {
 			return StatusIOErr, 0
 		}
 		if !d.readOnly {
-			if err := d.control(unix.Fdatasync); err != nil {
+			if err := w.be.b.Sync(); err != nil {
 				w.hostError("flush", 0, err)
 				return StatusIOErr, 0
 			}
@@ -141,9 +146,10 @@ func (w *scratch) execute(readable [][]byte) (status byte, written int) {
 	return StatusUnsupp, 0
 }
 
-// discard checks every segment of a DISCARD request in w.src, then punches
-// the holes. A host file system that cannot punch holes makes discard a
-// no-op: it is only a hint.
+// discard checks every segment of a DISCARD request in w.src, then has the
+// backend discard them (a raw image punches holes; a host file system that
+// cannot makes discard a no-op, as does a backend without Discard: it is
+// only a hint).
 func (w *scratch) discard(srcLen int) byte {
 	d := w.dev
 	if srcLen == 0 || srcLen%discardSegLen != 0 || srcLen/discardSegLen > maxDiscardSeg {
@@ -163,13 +169,10 @@ func (w *scratch) discard(srcLen int) byte {
 			if !ok || n > maxDiscardSectors {
 				return StatusIOErr
 			}
-			if pass == 0 || n == 0 {
+			if pass == 0 || n == 0 || w.be.discard == nil {
 				continue
 			}
-			err := d.control(func(fd int) error {
-				return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, int64(n)*SectorSize)
-			})
-			if err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+			if err := w.be.discard.Discard(off, int64(n)*SectorSize); err != nil {
 				w.hostError("discard", off, err)
 				return StatusIOErr
 			}

@@ -45,7 +45,10 @@ type state struct {
 // quiet device (transport Quiesce or Shutdown) has none. The guest's
 // unflushed writes are in the host page cache, that is in the image file,
 // which the caller snapshots alongside (a copy, or the same file left
-// untouched).
+// untouched). Another backend may hold some of them in memory (an overlay
+// keeps its allocation bitmap there until Sync): the caller syncs it
+// (Backend().Sync()) before copying its files. The saved path is the name
+// the device was made with; SwapBackend does not change it.
 func (d *Device) SaveState() (json.RawMessage, error) {
 	m := &d.Metrics
 	return json.Marshal(state{

@@ -1,0 +1,229 @@
+// Command fork measures Warren's VM fork (POST /v1/fork on `warren run
+// --api`: copy-on-write children, each a detached process of its own)
+// against QEMU's nearest equivalent, cloning a VM by migrating it to a file
+// and starting a new QEMU from that file. Both run the same kernel and
+// initramfs with the same guest agent (as in bench/snapshot).
+//
+//  1. Fork latency, for each guest size in --sizes (MiB). One Warren
+//     guest of that size is booted and, --runs times (after one
+//     unrecorded run), forked with n=1. Recorded: the fork call's round
+//     trip, the parent's pause (pause_ms, host side), the child's first
+//     KVM_RUN after the pause ends (ready_ms, host side), and the time
+//     from sending the request to the child's guest agent answering
+//     GET /health over the child's vsock socket. The child is then stopped
+//     (SIGTERM, SIGKILL after 10 s) and its files (PREFIX-0.*) removed.
+//     QEMU has no fork: a QEMU guest of the same size is booted, migrated
+//     to a file once (QMP migrate to "exec:cat > FILE", unlimited
+//     bandwidth; query-migrate's downtime is its "pause") and stopped;
+//     then, --runs times, a new QEMU starts from the file with
+//     -incoming "exec:cat FILE" and a fresh guest CID, timed from process
+//     start to its agent's answer over AF_VSOCK, and is stopped after.
+//     Warren and QEMU runs take turns. The figure that should not grow
+//     with memory size is Warren's: a summary of p50 against size follows
+//     the tables. (The unrecorded first fork is also the one that makes
+//     the booted parent's memory a shared base. Each later fork adds a
+//     layer of the pages written since; past guestmem's layer or run
+//     bound a fork flattens the layers, copying the memory: the table
+//     counts those forks.)
+//
+//  2. Density. One Warren guest of --density-mem MiB is forked one child
+//     at a time; after each child's agent answers (so it is running and
+//     idle), /proc/meminfo's MemAvailable is read. It stops when
+//     MemAvailable falls below --density-floor percent of MemTotal or at
+//     --density-max children. Reported: children running, MemAvailable's
+//     drop per child, and the children's mean PSS and private memory
+//     (/proc/PID/smaps_rollup: Pss, Private_Clean+Private_Dirty).
+//
+// `make bench` builds it as bin/bench-fork and runs it after bench-snapshot
+// (inside the nested KVM host when this machine has no /dev/kvm, with
+// BENCH_FORK_ARGS). By hand:
+//
+//	go run ./bench/fork --kernel build/vmlinux --initramfs build/initramfs.cpio [--sizes 128,1024,4096] [--runs 50] [--json out.json]
+//
+// It prints one table per guest size with p50/p90/p99 of Warren and QEMU
+// side by side and their ratio (warren/qemu), and with --json writes every
+// sample. Needs /dev/kvm, and for QEMU /dev/vhost-vsock (usually root) and
+// qemu-system-x86. Every VMM it started is killed when it ends, fails or
+// is interrupted.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/warrenvm/warren/bench/vsockpeer"
+)
+
+// guestArgs are the kernel arguments both guests get besides the base line
+// and the host profile's (as in bench/snapshot).
+const guestArgs = "random.trust_cpu=1"
+
+// config is the command line.
+type config struct {
+	kernel, initramfs, warren, qemu string
+	sizes                           []int
+	runs                            int
+	qemuCID                         int
+	densityMem, densityMax          int
+	densityFloor                    float64 // percent of MemTotal
+	dir                             string
+	timeout, runTimeout             time.Duration
+	jsonOut                         string
+	skipQEMU, skipDensity           bool
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.kernel, "kernel", "build/vmlinux", "guest kernel")
+	flag.StringVar(&c.initramfs, "initramfs", "build/initramfs.cpio", "initramfs (with the agent)")
+	flag.StringVar(&c.warren, "warren", "bin/warren", "warren binary")
+	flag.StringVar(&c.qemu, "qemu", "qemu-system-x86_64", "QEMU binary")
+	sizes := flag.String("sizes", "128,1024,4096", "guest sizes for the fork latency, MiB, comma-separated")
+	flag.IntVar(&c.runs, "runs", 50, "recorded forks (and QEMU restores) per size")
+	flag.IntVar(&c.qemuCID, "qemu-cid", 42, "the QEMU source guest's vsock CID; restores use the next ones")
+	flag.IntVar(&c.densityMem, "density-mem", 128, "guest memory for the density measurement, MiB")
+	flag.IntVar(&c.densityMax, "density-max", 256, "most children the density measurement forks")
+	flag.Float64Var(&c.densityFloor, "density-floor", 10, "the density measurement stops when MemAvailable is below this percentage of MemTotal")
+	flag.StringVar(&c.dir, "dir", os.TempDir(), "directory for sockets, consoles and the QEMU migration file")
+	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "limit for a boot or a migration")
+	flag.DurationVar(&c.runTimeout, "run-timeout", time.Minute, "limit for one fork or restore to the agent's answer; a run past it counts as failed")
+	flag.StringVar(&c.jsonOut, "json", "", "also write results as JSON here")
+	flag.BoolVar(&c.skipQEMU, "skip-qemu", false, "measure Warren only")
+	flag.BoolVar(&c.skipDensity, "skip-density", false, "skip measurement 2")
+	flag.Parse()
+	var err error
+	if c.sizes, err = parseSizes(*sizes); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/fork:", err)
+		os.Exit(2)
+	}
+	if c.runs < 1 || c.densityMax < 1 || c.densityFloor < 0 || c.densityFloor >= 100 {
+		fmt.Fprintln(os.Stderr, "bench/fork: --runs and --density-max must be at least 1, --density-floor in [0, 100)")
+		os.Exit(2)
+	}
+
+	reg := newRegistry()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sig
+		fmt.Fprintf(os.Stderr, "bench/fork: %v: stopping every VMM started\n", s)
+		reg.killAll()
+		os.Exit(130)
+	}()
+	err = run(c, reg)
+	reg.killAll()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/fork:", err)
+		os.Exit(1)
+	}
+}
+
+// parseSizes reads a comma-separated list of positive MiB counts.
+func parseSizes(s string) ([]int, error) {
+	var sizes []int
+	for _, f := range strings.Split(s, ",") {
+		k, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || k <= 0 {
+			return nil, fmt.Errorf("bad --sizes entry %q", f)
+		}
+		sizes = append(sizes, k)
+	}
+	return sizes, nil
+}
+
+func run(c config, reg *registry) error {
+	if err := checkHost(c); err != nil {
+		return err
+	}
+	dir, err := filepath.Abs(c.dir) // fork prefixes must be absolute
+	if err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp(dir, "warren-bench-fork")
+	if err != nil {
+		return err
+	}
+	reg.work = work
+	defer os.RemoveAll(work)
+	if !c.skipQEMU {
+		// The QEMU guests' clock and RNG re-sync after each restore.
+		sync, err := vsockpeer.ServeSync()
+		if err != nil {
+			return err
+		}
+		defer sync.Close()
+	}
+
+	out := map[string]any{
+		"benchmark": "fork",
+		"sizes_mib": c.sizes, "runs": c.runs,
+		"host_note": "inside the nested KVM host everything is emulated: compare ratios",
+	}
+	lat := map[string]any{}
+	results := map[int]*sizeResult{}
+	for _, size := range c.sizes {
+		r, err := latency(c, reg, work, size)
+		if err != nil {
+			return fmt.Errorf("%d MiB: %w", size, err)
+		}
+		results[size] = r
+		fmt.Println()
+		printLatency(os.Stdout, c, r)
+		fmt.Println()
+		lat[strconv.Itoa(size)] = r.json()
+	}
+	if len(c.sizes) > 0 {
+		printSizeSummary(os.Stdout, c.sizes, results)
+	}
+	out["latency"] = lat
+	if !c.skipDensity {
+		d, err := density(c, reg, work)
+		if err != nil {
+			return err
+		}
+		fmt.Println()
+		printDensity(os.Stdout, c, d)
+		out["density"] = d
+	}
+	if c.jsonOut != "" {
+		b, err := json.MarshalIndent(out, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(c.jsonOut, b, 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", c.jsonOut, err)
+		}
+	}
+	return nil
+}
+
+// checkHost fails early when the host lacks what the benchmark needs.
+func checkHost(c config) error {
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		return errors.New("/dev/kvm is absent: run `make bench`, which runs this inside the nested KVM host")
+	}
+	if !c.skipQEMU {
+		if _, err := os.Stat("/dev/vhost-vsock"); err != nil {
+			return errors.New("/dev/vhost-vsock is absent: modprobe vhost_vsock (QEMU's vsock device needs it), or --skip-qemu")
+		}
+		if _, err := exec.LookPath(c.qemu); err != nil {
+			return fmt.Errorf("%s not found: apt-get install qemu-system-x86, or --skip-qemu", c.qemu)
+		}
+	}
+	for _, f := range []string{c.kernel, c.initramfs, c.warren} {
+		if _, err := os.Stat(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}

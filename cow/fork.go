@@ -1,0 +1,108 @@
+package cow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/warrenvm/warren/memsnap/vmsnap"
+	"github.com/warrenvm/warren/vmm"
+	"github.com/warrenvm/warren/vmm/guestmem"
+)
+
+// Point is a running VM frozen at a fork: everything a child needs to run
+// on from where the parent was, without copying the parent's memory.
+//
+// Ownership: Memory's files belong to the Point; Close releases this
+// process's references to them (children that mapped or inherited them
+// keep theirs). The disk overlay files named in Disks belong to the
+// children they are for.
+type Point struct {
+	// State is the parent's machine state at the fork.
+	State *vmm.State
+	// Devices are the parent's virtio transport states, in device order.
+	Devices []vmsnap.DeviceState
+	// Memory is the parent's RAM at the fork, immutable from then on.
+	Memory *guestmem.Base
+	// Disks[i][k] is the image child k opens for the parent's disk i: a
+	// new copy-on-write overlay for a writable disk, the shared image
+	// itself for a read-only one.
+	Disks [][]string
+	// Pause is how long the parent was paused.
+	Pause time.Duration
+}
+
+// Close releases the Point's memory files.
+func (p *Point) Close() error {
+	if p.Memory == nil {
+		return nil
+	}
+	err := p.Memory.Close()
+	p.Memory = nil
+	return err
+}
+
+// Forker forks one running VM. The VM's device quiesce hooks must be
+// registered (vmm AddPauseHook) by whoever built it.
+type Forker struct {
+	VM *vmm.VM
+	// Devices are the VM's virtio transports, in its device order.
+	Devices []vmsnap.Device
+	// Disks are the VM's disks, by device position in Devices' order
+	// of blk devices; see Disk.
+	Disks []Disk
+	// DiskDir is where the disks' new overlay files are created ("" :
+	// beside each disk's current image).
+	DiskDir string
+}
+
+// Fork pauses the VM, saves its machine and device states, makes its
+// memory an immutable base that the VM itself continues on copy-on-write
+// (guestmem Fork: no copy of the memory, only of the pages it wrote since
+// an earlier fork), freezes each writable disk under a new overlay per
+// child and one for the parent, and resumes the VM (unless it was paused
+// before). The pause is milliseconds, independent of memory size. n is the
+// number of children the disks get overlays for (memory is shared by any
+// number).
+func (f *Forker) Fork(ctx context.Context, n int) (_ *Point, err error) {
+	if n < 1 {
+		return nil, fmt.Errorf("cow: fork: %d children", n)
+	}
+	wasPaused := f.VM.Paused()
+	if err := f.VM.Pause(ctx); err != nil {
+		return nil, fmt.Errorf("cow: fork: %w", err)
+	}
+	paused := time.Now()
+	p := &Point{}
+	defer func() {
+		if !wasPaused {
+			if rerr := f.VM.Resume(); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("cow: fork: resume the parent: %w", rerr))
+			}
+		}
+		p.Pause = time.Since(paused)
+		if err != nil {
+			p.Close()
+		}
+	}()
+	if p.State, err = f.VM.SaveState(); err != nil {
+		return nil, fmt.Errorf("cow: fork: %w", err)
+	}
+	for _, d := range f.Devices {
+		ts, err := d.Transport.Save()
+		if err != nil {
+			return nil, fmt.Errorf("cow: fork: device %s: %w", d.Name, err)
+		}
+		p.Devices = append(p.Devices, vmsnap.DeviceState{Name: d.Name, State: ts})
+	}
+	// Disks before memory: a disk fork can fail (file system full), and
+	// it leaves the parent's disks as they were when it does.
+	if p.Disks, err = forkDisks(f.Disks, n, f.DiskDir); err != nil {
+		return nil, fmt.Errorf("cow: fork: %w", err)
+	}
+	if p.Memory, err = f.VM.Memory().Fork(); err != nil {
+		return nil, fmt.Errorf("cow: fork: %w", err)
+	}
+	return p, nil
+}
