@@ -13,6 +13,9 @@ type diskFlag []diskSpec
 type diskSpec struct {
 	path     string
 	readOnly bool
+	// name, when set, is the device's name instead of path (see
+	// diskOption.Name).
+	name string
 }
 
 func (d *diskFlag) String() string {

@@ -89,7 +89,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 	sock := filepath.Join(dir, "vm.sock")
 	var o vmOptions
 	err := inNewNetns(func() error {
-		o = vmOptions{rng: true, disks: []diskSpec{{path: disk}}, tap: "wtap0", vsock: sock, cid: 3, trackDirty: true,
+		o = vmOptions{memMiB: 256, cpus: 1, rng: true, disks: []diskSpec{{path: disk}}, tap: "wtap0", vsock: sock, cid: 3, trackDirty: true,
 			mac: net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x56},
 			cmdline: "warren.shell=1 warren.hostname=e2e random.trust_cpu=0 random.trust_bootloader=0 " +
 				"warren.ip=10.200.0.2/24 warren.gw=10.200.0.1"}
@@ -152,7 +152,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 			return out
 		}
 		run("health", "--wait", "3m", sock)
-		run("exec", sock, "--", "sh", "-c", "echo parent-before > /mnt/data/fork.txt && sync")
+		run("exec", "--timeout", "2m", sock, "--", "sh", "-c", "echo parent-before > /mnt/data/fork.txt && sync")
 		var r forkReply
 		if err := json.Unmarshal([]byte(run("fork", "-n", "2", "--json", "--prefix", filepath.Join(dir, "kid"), api)), &r); err != nil {
 			t.Fatal(err)
@@ -171,10 +171,10 @@ func TestDevicesEndToEnd(t *testing.T) {
 		}
 		for _, c := range r.Children {
 			run("health", "--wait", "3m", c.Vsock)
-			if got := run("exec", c.Vsock, "--", "cat", "/mnt/data/fork.txt"); got != "parent-before\n" {
+			if got := run("exec", "--timeout", "2m", c.Vsock, "--", "cat", "/mnt/data/fork.txt"); got != "parent-before\n" {
 				t.Errorf("child %d reads %q from the disk", c.Index, got)
 			}
-			run("exec", c.Vsock, "--", "sh", "-c", fmt.Sprintf("echo child-%d > /mnt/data/fork.txt && sync", c.Index))
+			run("exec", "--timeout", "2m", c.Vsock, "--", "sh", "-c", fmt.Sprintf("echo child-%d > /mnt/data/fork.txt && sync", c.Index))
 			ifc, err := net.InterfaceByName(c.Tap)
 			if err != nil {
 				t.Errorf("child %d's tap %s: %v", c.Index, c.Tap, err)
@@ -183,11 +183,11 @@ func TestDevicesEndToEnd(t *testing.T) {
 			}
 		}
 		for _, c := range r.Children {
-			if got := run("exec", c.Vsock, "--", "cat", "/mnt/data/fork.txt"); got != fmt.Sprintf("child-%d\n", c.Index) {
+			if got := run("exec", "--timeout", "2m", c.Vsock, "--", "cat", "/mnt/data/fork.txt"); got != fmt.Sprintf("child-%d\n", c.Index) {
 				t.Errorf("child %d reads back %q", c.Index, got)
 			}
 		}
-		run("exec", sock, "--", "sh", "-c", "echo parent-after > /mnt/data/fork.txt && sync")
+		run("exec", "--timeout", "2m", sock, "--", "sh", "-c", "echo parent-after > /mnt/data/fork.txt && sync")
 		// On the host: the frozen image holds the fork-time data; each
 		// child's writes are in its own overlay only.
 		img, err := os.ReadFile(disk)

@@ -187,7 +187,8 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 	for k := range specs {
 		specs[k].State, specs[k].Devices, specs[k].Memory = state, pt.Devices, desc
 		for i, d := range a.opts.Disks {
-			specs[k].Options.Disks = append(specs[k].Options.Disks, diskOption{Path: pt.Disks[i][k], ReadOnly: d.ReadOnly})
+			specs[k].Options.Disks = append(specs[k].Options.Disks, diskOption{Path: pt.Disks[i][k], ReadOnly: d.ReadOnly,
+				Name: a.forker.Disks[i].Dev.Path()})
 		}
 	}
 	// Start every child, then wait for them all: they restore in parallel.
@@ -367,6 +368,8 @@ func forkChildCmd(args []string, stdout, stderr io.Writer) int {
 		mem.Close()
 		return fail("%v", err)
 	}
+	// The machine's shape is the saved state's, whatever the options say.
+	o.memMiB, o.cpus = int(st.Machine.MemBytes>>20), st.Machine.CPUs
 	o.onFirstRun = func() {
 		t := time.Now().UnixNano()
 		go func() {

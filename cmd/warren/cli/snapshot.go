@@ -34,6 +34,9 @@ type runOptions struct {
 type diskOption struct {
 	Path     string `json:"path"`
 	ReadOnly bool   `json:"ro,omitempty"`
+	// Name, when set, is the name the disk's device goes by (its saved
+	// state names it): a fork child's overlay keeps its parent disk's.
+	Name string `json:"name,omitempty"`
 }
 
 // recordOptions returns o's device options as runOptions JSON.
@@ -50,7 +53,7 @@ func recordOptions(o vmOptions) (json.RawMessage, error) {
 		if err != nil {
 			return nil, err
 		}
-		r.Disks = append(r.Disks, diskOption{Path: p, ReadOnly: d.readOnly})
+		r.Disks = append(r.Disks, diskOption{Path: p, ReadOnly: d.readOnly, Name: d.name})
 	}
 	if r.Vsock != "" {
 		p, err := filepath.Abs(r.Vsock)
@@ -77,7 +80,7 @@ func applyOptions(o *vmOptions, raw json.RawMessage) error {
 		o.mac = mac
 	}
 	for _, d := range r.Disks {
-		o.disks = append(o.disks, diskSpec{path: d.Path, readOnly: d.ReadOnly})
+		o.disks = append(o.disks, diskSpec{path: d.Path, readOnly: d.ReadOnly, name: d.Name})
 	}
 	return nil
 }

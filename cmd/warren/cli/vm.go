@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"path/filepath"
 
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/devices/virtio"
@@ -132,7 +133,11 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 			// down its chain).
 			var be blk.Backend
 			if be, err = cow.OpenDisk(disk.path, false); err == nil {
-				if dev, err = blk.NewWithBackend(be, disk.path, opts); err != nil {
+				name, _ := filepath.Abs(disk.path)
+				if disk.name != "" {
+					name = disk.name
+				}
+				if dev, err = blk.NewWithBackend(be, name, opts); err != nil {
 					be.Close()
 				}
 			}
@@ -145,7 +150,7 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 		d.disks = append(d.disks, cow.Disk{Dev: dev, ReadOnly: disk.readOnly})
 	}
 	if o.tap != "" {
-		dev, err := vnet.New(o.tap, o.mac, vnet.Options{})
+		dev, err := vnet.New(o.tap, o.mac, vnet.Options{NewIdentity: o.fork != nil})
 		if err != nil {
 			return nil, d, nil, fmt.Errorf("--tap %s: %w", o.tap, err)
 		}

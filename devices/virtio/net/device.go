@@ -70,6 +70,10 @@ type Options struct {
 	// QueueSize is the maximum size of each queue (a power of two; 0 means
 	// virtio.MaxQueueSize).
 	QueueSize uint16
+	// NewIdentity makes RestoreState accept the state of a device with
+	// another tap and MAC: the device of a forked child, which keeps its
+	// own tap and MAC (the guest learns the MAC from its agent).
+	NewIdentity bool
 }
 
 // Device is one virtio-net device.
@@ -81,6 +85,8 @@ type Device struct {
 	mac    net.HardwareAddr
 	config [8]byte // mac, status; immutable after New
 	qsize  uint16
+	// newIdentity is Options.NewIdentity.
+	newIdentity bool
 
 	// Owned by the running activation's goroutines (one each); there is at
 	// most one activation at a time.
@@ -135,7 +141,7 @@ func NewBackend(b Backend, mac net.HardwareAddr, opts Options) (*Device, error) 
 	if qs > virtio.MaxQueueSize || qs&(qs-1) != 0 {
 		return nil, fmt.Errorf("virtio-net %s: queue size %d (power of two up to %d)", b.Name(), qs, virtio.MaxQueueSize)
 	}
-	d := &Device{b: b, mac: append(net.HardwareAddr(nil), mac...), qsize: qs,
+	d := &Device{b: b, mac: append(net.HardwareAddr(nil), mac...), qsize: qs, newIdentity: opts.NewIdentity,
 		rxBuf: make([]byte, rxBufSize), txBuf: make([]byte, HeaderLen+MaxFrame)}
 	copy(d.config[:6], mac)
 	binary.LittleEndian.PutUint16(d.config[6:], StatusLinkUp)

@@ -62,11 +62,13 @@ func (d *Device) RestoreState(raw json.RawMessage) error {
 	if s.Version != stateVersion {
 		return fmt.Errorf("virtio-net %s state version %d, this build reads %d", d.b.Name(), s.Version, stateVersion)
 	}
-	if s.Tap != d.b.Name() {
+	if d.newIdentity {
+		// A fork child: its own tap and MAC, the parent's counters.
+	} else if s.Tap != d.b.Name() {
 		return fmt.Errorf("virtio-net state is for tap %q, this device uses tap %q", s.Tap, d.b.Name())
 	}
 	mac, err := net.ParseMAC(s.MAC)
-	if err != nil || mac.String() != d.mac.String() {
+	if err != nil || (mac.String() != d.mac.String() && !d.newIdentity) {
 		return fmt.Errorf("virtio-net %s state is for MAC %q, this device has %s", d.b.Name(), s.MAC, d.mac)
 	}
 	m := &d.Metrics
