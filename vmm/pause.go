@@ -142,7 +142,8 @@ func (v *VM) AddPauseHook(h PauseHook) {
 
 // Pause stops the guest: every vCPU leaves KVM_RUN, completes any I/O
 // instruction in flight and parks on its thread; then the devices' Quiesce
-// hooks run. It returns nil once the VM is paused (at once if it already
+// hooks run, and the console output written so far is flushed. It
+// returns nil once the VM is paused (at once if it already
 // is); ErrStopped if the VM stopped; ctx's error if ctx ends first, in which
 // case the VM keeps running. Called before Run it waits for Run to create
 // the vCPUs (see also Config.StartPaused). Safe from any goroutine.
@@ -177,6 +178,9 @@ func (v *VM) Pause(ctx context.Context) error {
 		p.quiesced++
 	}
 	p.paused = true
+	// Console output the guest wrote before the pause goes out now, not
+	// after the line buffer's delay while the VM is paused.
+	v.conbuf.Flush()
 	return nil
 }
 

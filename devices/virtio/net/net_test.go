@@ -349,6 +349,13 @@ func TestSaveRestore(t *testing.T) {
 	} else {
 		t.Log(err)
 	}
+	// A fork child's device takes the state with its own tap and MAC.
+	devFork, _ := NewBackend(namedBackend{b2, "tap9"}, net.HardwareAddr{2, 0, 0, 0, 0, 9}, Options{NewIdentity: true})
+	if err := devFork.RestoreState(st.Device); err != nil {
+		t.Errorf("a fork child's device refused its parent's state: %v", err)
+	} else if devFork.Metrics.TxPackets.Load() != 1 || devFork.mac.String() != "02:00:00:00:00:09" {
+		t.Errorf("fork child: counters %d, MAC %s", devFork.Metrics.TxPackets.Load(), devFork.mac)
+	}
 	bad := append(json.RawMessage(nil), st.Device...)
 	bad = bytes.Replace(bad, []byte(`"version":1`), []byte(`"version":7`), 1)
 	if err := dev2.RestoreState(bad); err == nil {
