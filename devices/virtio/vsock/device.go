@@ -125,6 +125,15 @@ type Device struct {
 	// timeouts is configuration too (tests shorten it).
 	timeouts timeouts
 
+	// portsUsed counts the host ports handed out since the device was
+	// made (or in the VM it was restored from, see RestoreState): the
+	// next host-initiated connection takes firstEphemeral+portsUsed,
+	// wrapping within the ephemeral range. It carries over driver resets
+	// and restores so that a new connection never reuses the port of one
+	// the guest may still hold (a socket of the saved guest that the
+	// transport reset closed but its owner has not released yet would
+	// answer the new connection with RST).
+	portsUsed atomic.Uint32
 	// mu guards the fields below it.
 	mu sync.Mutex
 	// sess is the running activation, nil when none.
@@ -177,7 +186,7 @@ func (d *Device) Activate(a *virtio.Activation) error {
 		return fmt.Errorf("vsock: guest CID %d, want 3 to 2^32-2", d.CID)
 	}
 	s := &session{dev: d, a: a, conns: map[Key]*Conn{}, hosts: map[Key]*hostConn{},
-		dialing: map[Key]*dial{}, portRefs: map[uint32]int{}, nextPort: firstEphemeral,
+		dialing: map[Key]*dial{}, portRefs: map[uint32]int{},
 		wake: make(chan struct{}, 1), timeouts: d.timeouts.orDefault()}
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -27,6 +27,8 @@ type state struct {
 	BytesToGuest    uint64 `json:"bytes_to_guest"`
 	HostErrors      uint64 `json:"host_errors"`
 	TransportResets uint64 `json:"transport_resets"`
+	// PortsUsed is Device.portsUsed: a restored device goes on from it.
+	PortsUsed uint32 `json:"ports_used,omitempty"`
 }
 
 // SaveState implements virtio.Stateful: the CID and the counters. The
@@ -38,7 +40,7 @@ func (d *Device) SaveState() (json.RawMessage, error) {
 		TxPackets: m.TxPackets.Load(), RxPackets: m.RxPackets.Load(), Dropped: m.Dropped.Load(),
 		Resets: m.Resets.Load(), ConnsOpened: m.ConnsOpened.Load(), ConnsRefused: m.ConnsRefused.Load(),
 		BytesToHost: m.BytesToHost.Load(), BytesToGuest: m.BytesToGuest.Load(),
-		HostErrors: m.HostErrors.Load(), TransportResets: m.TransportResets.Load()})
+		HostErrors: m.HostErrors.Load(), TransportResets: m.TransportResets.Load(), PortsUsed: d.portsUsed.Load()})
 }
 
 // RestoreState implements virtio.Stateful. It refuses a state of another
@@ -58,6 +60,9 @@ func (d *Device) RestoreState(raw json.RawMessage) error {
 	if d.CID == 0 {
 		d.CID = s.CID
 	}
+	// Host ports go on after the saved guest's, never reusing one its
+	// memory may still hold a socket for.
+	d.portsUsed.Store(s.PortsUsed)
 	m := &d.Metrics
 	m.TxPackets.Store(s.TxPackets)
 	m.RxPackets.Store(s.RxPackets)

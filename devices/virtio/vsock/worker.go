@@ -66,7 +66,6 @@ type session struct {
 	dialing map[Key]*dial
 	// portRefs counts connections per host port, for port allocation.
 	portRefs map[uint32]int
-	nextPort uint32
 	// stray are RSTs for packets of no connection, at most maxStrayRst.
 	stray []Header
 	// eventPending: a TRANSPORT_RESET waits for an event buffer.
@@ -313,11 +312,7 @@ func (s *session) forgetAll() {
 // allocPort returns a free ephemeral host port.
 func (s *session) allocPort() (uint32, bool) {
 	for range maxConns + 1 {
-		p := s.nextPort
-		s.nextPort++
-		if s.nextPort < firstEphemeral {
-			s.nextPort = firstEphemeral
-		}
+		p := firstEphemeral + (s.dev.portsUsed.Add(1)-1)%(1<<32-firstEphemeral)
 		if s.portRefs[p] == 0 {
 			return p, true
 		}
