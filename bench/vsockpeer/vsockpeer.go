@@ -24,7 +24,12 @@ func Dial(ctx context.Context, cid, port uint32) (net.Conn, error) {
 	ch := make(chan result, 1)
 	go func() {
 		c, err := vsock.Dial(cid, port, nil)
-		ch <- result{c, err}
+		if err != nil {
+			// Not a nil *vsock.Conn in a non-nil net.Conn.
+			ch <- result{nil, err}
+			return
+		}
+		ch <- result{c, nil}
 	}()
 	select {
 	case r := <-ch:

@@ -39,6 +39,24 @@ func TestForkEndToEnd(t *testing.T) {
 		}
 		return out
 	}
+	// exec runs an idempotent command in a guest. A connection that the
+	// guest drops before answering (exit 125) is retried once and logged:
+	// under the nested host's emulation a just-forked child has been seen
+	// to drop one fresh connection after answering others (see the issue
+	// notes); what the test checks is what the command then reads.
+	exec := func(sock string, args ...string) string {
+		t.Helper()
+		argv := append([]string{"exec", "--timeout", "2m", sock, "--"}, args...)
+		code, out, errOut := cli(t, nil, argv...)
+		if code == 125 {
+			t.Logf("warren %s: exit 125 (%s); retrying once", strings.Join(argv, " "), strings.TrimSpace(errOut))
+			code, out, errOut = cli(t, nil, argv...)
+		}
+		if code != 0 {
+			t.Fatalf("warren %s: exit %d: %s%s", strings.Join(argv, " "), code, out, errOut)
+		}
+		return out
+	}
 	health := func(sock string) agent.Health {
 		t.Helper()
 		run("health", "--wait", "3m", sock)
@@ -96,10 +114,10 @@ func TestForkEndToEnd(t *testing.T) {
 			t.Errorf("child %d shares machine id %s or CID %d", c.Index, h.MachineID, c.CID)
 		}
 		ids[h.MachineID], cids[c.CID] = true, true
-		run("exec", c.Vsock, "--", "sh", "-c", fmt.Sprintf("echo child-%d > /tmp/same", c.Index))
+		exec(c.Vsock, "sh", "-c", fmt.Sprintf("echo child-%d > /tmp/same", c.Index))
 	}
 	for _, c := range r.Children {
-		if got := run("exec", c.Vsock, "--", "cat", "/tmp/same", "/tmp/base"); got != fmt.Sprintf("child-%d\nbase\n", c.Index) {
+		if got := exec(c.Vsock, "cat", "/tmp/same", "/tmp/base"); got != fmt.Sprintf("child-%d\nbase\n", c.Index) {
 			t.Errorf("child %d reads %q", c.Index, got)
 		}
 	}
@@ -115,7 +133,7 @@ func TestForkEndToEnd(t *testing.T) {
 	gr := fork(c1.API, filepath.Join(dir, "g"), 1)
 	gc := gr.Children[0]
 	health(gc.Vsock)
-	if got := run("exec", gc.Vsock, "--", "cat", "/tmp/same"); got != "child-1\n" {
+	if got := exec(gc.Vsock, "cat", "/tmp/same"); got != "child-1\n" {
 		t.Errorf("the grandchild reads %q", got)
 	}
 
@@ -129,7 +147,7 @@ func TestForkEndToEnd(t *testing.T) {
 	g.vm.Stop(nil)
 	time.Sleep(200 * time.Millisecond)
 	for _, c := range r.Children[1:] {
-		if got := run("exec", c.Vsock, "--", "cat", "/tmp/same"); got != fmt.Sprintf("child-%d\n", c.Index) {
+		if got := exec(c.Vsock, "cat", "/tmp/same"); got != fmt.Sprintf("child-%d\n", c.Index) {
 			t.Errorf("after the parent stopped, child %d reads %q", c.Index, got)
 		}
 	}
