@@ -52,11 +52,15 @@ const (
 	// defaultHandshakeTimeout bounds the read of a host client's CONNECT
 	// line.
 	defaultHandshakeTimeout = 3 * time.Second
+	// defaultResetSettle bounds how long host-initiated connections wait
+	// after a TRANSPORT_RESET for the guest to have handled it (see
+	// session.settleUntil).
+	defaultResetSettle = 2 * time.Second
 )
 
 // timeouts are a device's timeouts; zero fields take the defaults.
 type timeouts struct {
-	connect, close, handshake time.Duration
+	connect, close, handshake, settle time.Duration
 }
 
 func (t timeouts) orDefault() timeouts {
@@ -68,6 +72,9 @@ func (t timeouts) orDefault() timeouts {
 	}
 	if t.handshake == 0 {
 		t.handshake = defaultHandshakeTimeout
+	}
+	if t.settle == 0 {
+		t.settle = defaultResetSettle
 	}
 	return t
 }
@@ -191,6 +198,9 @@ func (d *Device) Activate(a *virtio.Activation) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s.eventPending = d.resetPending
+	if s.eventPending {
+		s.settleUntil = time.Now().Add(s.timeouts.settle)
+	}
 	if err := d.workers.Start(s.run); err != nil {
 		return err
 	}
@@ -212,6 +222,12 @@ func (d *Device) Reset() { d.workers.Stop() }
 // from any goroutine; typically called right after the transport was
 // restored from a snapshot. With no activation running, the next one
 // sends the event.
+//
+// Host CONNECTs that arrive after the reset are held until the guest opens
+// a connection of its own (the agent's re-sync does, at once) or 2 s have
+// passed: the guest handles the event and incoming packets separately,
+// and a connection it accepted just before handling the reset would be
+// torn down by it without the host being told.
 func (d *Device) TransportReset() {
 	d.mu.Lock()
 	defer d.mu.Unlock()

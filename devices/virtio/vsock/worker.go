@@ -70,7 +70,19 @@ type session struct {
 	stray []Header
 	// eventPending: a TRANSPORT_RESET waits for an event buffer.
 	eventPending bool
-	timeouts     timeouts
+	// settleUntil, when set, holds host-initiated connections (held)
+	// after a TRANSPORT_RESET until the guest has handled it. The guest
+	// handles the reset event and incoming packets on separate work
+	// items, so a REQUEST delivered right after the event can be accepted
+	// first and then torn down by the reset (the guest resets every
+	// connected socket without telling the host, and the host's client
+	// sees EOF), or be lost in it. A guest-initiated REQUEST after the
+	// reset (the agent's re-sync reconnecting) shows the guest is past
+	// it and releases the held connections; so does the deadline, for a
+	// guest that connects to nothing.
+	settleUntil time.Time
+	held        []event
+	timeouts    timeouts
 
 	// mu guards inbox and dead, the only fields other goroutines touch
 	// (through post); wake has one slot and tells the worker to look.
@@ -144,9 +156,10 @@ func (s *session) exit() {
 	pending := s.inbox
 	s.inbox = nil
 	s.mu.Unlock()
-	for _, e := range pending {
+	for _, e := range append(pending, s.held...) {
 		e.discard()
 	}
+	s.held = nil
 	for _, hc := range s.hosts {
 		s.closeHost(hc)
 	}
@@ -168,6 +181,9 @@ func (s *session) service() error {
 	s.mu.Unlock()
 	for _, e := range events {
 		s.handleEvent(e)
+	}
+	if !s.settleUntil.IsZero() && !time.Now().Before(s.settleUntil) {
+		s.settled()
 	}
 	tx := s.a.Queues[queueTx]
 	for {
@@ -276,6 +292,15 @@ func (s *session) handleEvent(e event) {
 		m.ConnsOpened.Add(1)
 		s.add(Accept(e.dl.req, s.dev.bufAlloc()), e.c, false, 0)
 	case evClient:
+		if !s.settleUntil.IsZero() {
+			if len(s.held) >= maxConns {
+				m.ConnsRefused.Add(1)
+				e.discard()
+				return
+			}
+			s.held = append(s.held, e)
+			return
+		}
 		hp, ok := s.allocPort()
 		if !ok || len(s.conns) >= maxConns {
 			m.ConnsRefused.Add(1)
@@ -287,6 +312,7 @@ func (s *session) handleEvent(e event) {
 		s.forgetAll()
 		s.stray = nil
 		s.eventPending = true
+		s.settleUntil = time.Now().Add(s.timeouts.settle)
 	case evForget:
 		s.forgetAll()
 		s.stray = nil
@@ -307,6 +333,20 @@ func (s *session) forgetAll() {
 		s.forget(k)
 	}
 	clear(s.dialing)
+}
+
+// settled ends the hold after a transport reset: the held host
+// connections are made now, in the order they came.
+func (s *session) settled() {
+	if s.settleUntil.IsZero() {
+		return
+	}
+	s.settleUntil = time.Time{}
+	held := s.held
+	s.held = nil
+	for _, e := range held {
+		s.handleEvent(e)
+	}
 }
 
 // allocPort returns a free ephemeral host port.
@@ -365,6 +405,7 @@ func (s *session) handleTx(c *virtio.Chain) {
 	case h.Op == OpRst:
 		// Never answer an RST.
 	case h.Op == OpRequest:
+		s.settled()
 		s.request(h, k)
 	default:
 		s.queueStray(ResetFor(h))
@@ -498,7 +539,7 @@ func (s *session) sync(hc *hostConn, now time.Time) {
 
 // nextDeadline is the earliest connect or close timeout pending.
 func (s *session) nextDeadline() (time.Time, bool) {
-	var dl time.Time
+	dl := s.settleUntil
 	for _, hc := range s.hosts {
 		c := s.conns[hc.key]
 		var t time.Time
