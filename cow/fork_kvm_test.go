@@ -9,7 +9,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,11 +18,9 @@ import (
 	"github.com/warrenvm/warren/vmm/testguest"
 )
 
-// The counter guest (vmm/testdata/guests/counter.S) counts at counterAddr
-// and reads port counterPort now and then.
 const (
-	counterAddr = 0x300000
-	counterPort = 0x510
+	counterAddr = testguest.CounterAddr
+	counterPort = testguest.CounterPort
 	pageSize    = guestmem.PageSize
 )
 
@@ -34,34 +31,7 @@ func requireKVM(t *testing.T) {
 	}
 }
 
-// onePort answers the counter guest's port reads with 1.
-type onePort struct{}
-
-func (onePort) Read(_ uint64, data []byte) {
-	var b [4]byte
-	binary.LittleEndian.PutUint32(b[:], 1)
-	copy(data, b[:])
-}
-func (onePort) Write(uint64, []byte) {}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func counterConfig(t *testing.T, mem uint64, con *syncBuffer) vmm.Config {
+func counterConfig(t *testing.T, mem uint64, con *testguest.SyncBuffer) vmm.Config {
 	return vmm.Config{MemBytes: mem, CPUs: 1, Kernel: testguest.Build(t, "counter"), Console: con,
 		Profile: hostprofile.Detect("/sys/module"), TrackDirty: true}
 }
@@ -70,7 +40,7 @@ func counterConfig(t *testing.T, mem uint64, con *syncBuffer) vmm.Config {
 // test ends.
 func runVM(t *testing.T, vm *vmm.VM) {
 	t.Helper()
-	if err := vm.PIO.Add(counterPort, 4, onePort{}); err != nil {
+	if err := vm.PIO.Add(counterPort, 4, testguest.OnePort{}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -139,7 +109,7 @@ func TestForkSharesMemory(t *testing.T) {
 		written  = 256 // pages each child writes
 		fillFrom = 16 << 20
 	)
-	var con syncBuffer
+	var con testguest.SyncBuffer
 	cfg := counterConfig(t, memBytes, &con)
 	parent, err := vmm.New(cfg)
 	if err != nil {
@@ -182,7 +152,7 @@ func TestForkSharesMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 		ccfg := cfg
-		ccfg.Console = &syncBuffer{}
+		ccfg.Console = &testguest.SyncBuffer{}
 		vm, err := vmm.RestoreMemory(ccfg, pt.State, mem)
 		if err != nil {
 			t.Fatal(err)

@@ -27,8 +27,8 @@ import (
 // The counter guest (vmm/testdata/guests/counter.S): it counts at
 // counterAddr and in EBX, and reads port counterPort now and then.
 const (
-	counterAddr = 0x300000
-	counterPort = 0x510
+	counterAddr = testguest.CounterAddr
+	counterPort = testguest.CounterPort
 	extraGPA    = 0x800000 // where the test writes pages as a device would
 )
 
@@ -39,35 +39,7 @@ func requireKVM(t *testing.T) {
 	}
 }
 
-// onePort answers the counter guest's port reads with 1.
-type onePort struct{}
-
-func (onePort) Read(_ uint64, data []byte) {
-	var b [4]byte
-	binary.LittleEndian.PutUint32(b[:], 1)
-	copy(data, b[:])
-}
-func (onePort) Write(uint64, []byte) {}
-
-// syncBuffer is a bytes.Buffer safe for a console writer and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func counterConfig(t *testing.T, con *syncBuffer) vmm.Config {
+func counterConfig(t *testing.T, con *testguest.SyncBuffer) vmm.Config {
 	return vmm.Config{MemBytes: 32 << 20, CPUs: 1, Kernel: testguest.Build(t, "counter"), Console: con,
 		Profile: hostprofile.Detect("/sys/module"), TrackDirty: true}
 }
@@ -76,7 +48,7 @@ func counterConfig(t *testing.T, con *syncBuffer) vmm.Config {
 // function stops it and waits.
 func runVM(t *testing.T, vm *vmm.VM) func() {
 	t.Helper()
-	if err := vm.PIO.Add(counterPort, 4, onePort{}); err != nil {
+	if err := vm.PIO.Add(counterPort, 4, testguest.OnePort{}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -123,7 +95,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // copy and the registers the saved ones, and the guest must count on.
 func TestSnapshotCounter(t *testing.T) {
 	requireKVM(t)
-	var con syncBuffer
+	var con testguest.SyncBuffer
 	cfg := counterConfig(t, &con)
 	vm, err := vmm.New(cfg)
 	if err != nil {
@@ -216,7 +188,7 @@ func TestSnapshotRestoreChild(t *testing.T) {
 		for _, lazy := range []bool{false, true} {
 			name := fmt.Sprintf("s%d", i)
 			t.Run(fmt.Sprintf("%s/lazy=%v", name, lazy), func(t *testing.T) {
-				var con syncBuffer
+				var con testguest.SyncBuffer
 				cfg := counterConfig(t, &con)
 				cfg.Kernel, cfg.StartPaused = nil, true
 				start := time.Now()

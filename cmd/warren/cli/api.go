@@ -38,6 +38,8 @@ type snapshotRequest struct {
 	Kind vmsnap.Kind `json:"kind"`
 }
 
+func (r *snapshotRequest) path() string { return r.Path }
+
 // snapshotReply describes a snapshot taken.
 type snapshotReply struct {
 	Path       string  `json:"path"`
@@ -56,6 +58,8 @@ type snapshotReply struct {
 type rollbackRequest struct {
 	Path string `json:"path"`
 }
+
+func (r *rollbackRequest) path() string { return r.Path }
 
 // rollbackReply describes a rollback done.
 type rollbackReply struct {
@@ -133,6 +137,23 @@ func replyErr(w http.ResponseWriter, status int, err error) {
 	reply(w, status, errorReply{Error: err.Error()})
 }
 
+// decodeRequest decodes r's JSON body (at most 64 KiB, no unknown fields)
+// into req and checks that the snapshot path path returns is absolute; it
+// answers 400 and returns false otherwise.
+func decodeRequest(w http.ResponseWriter, r *http.Request, req any, path func() string) bool {
+	d := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
+	d.DisallowUnknownFields()
+	if err := d.Decode(req); err != nil {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("bad request: %w", err))
+		return false
+	}
+	if p := path(); !filepath.IsAbs(p) {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("snapshot path %q is not absolute", p))
+		return false
+	}
+	return true
+}
+
 func (a *apiServer) pause(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
@@ -153,14 +174,7 @@ func (a *apiServer) resume(w http.ResponseWriter, r *http.Request) {
 
 func (a *apiServer) snapshot(w http.ResponseWriter, r *http.Request) {
 	var req snapshotRequest
-	d := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&req); err != nil {
-		replyErr(w, http.StatusBadRequest, fmt.Errorf("bad request: %w", err))
-		return
-	}
-	if !filepath.IsAbs(req.Path) {
-		replyErr(w, http.StatusBadRequest, fmt.Errorf("snapshot path %q is not absolute", req.Path))
+	if !decodeRequest(w, r, &req, req.path) {
 		return
 	}
 	rep, err := a.snap.Take(r.Context(), req.Path, req.Kind)
@@ -176,14 +190,7 @@ func (a *apiServer) snapshot(w http.ResponseWriter, r *http.Request) {
 
 func (a *apiServer) rollback(w http.ResponseWriter, r *http.Request) {
 	var req rollbackRequest
-	d := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&req); err != nil {
-		replyErr(w, http.StatusBadRequest, fmt.Errorf("bad request: %w", err))
-		return
-	}
-	if !filepath.IsAbs(req.Path) {
-		replyErr(w, http.StatusBadRequest, fmt.Errorf("snapshot path %q is not absolute", req.Path))
+	if !decodeRequest(w, r, &req, req.path) {
 		return
 	}
 	if len(a.writableDisks) > 0 {

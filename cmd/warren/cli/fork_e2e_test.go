@@ -22,23 +22,8 @@ import (
 // grandchild that sees the child's data. Killing a child leaves the parent
 // and siblings running; stopping the parent leaves the children running.
 func TestForkEndToEnd(t *testing.T) {
-	dir := t.TempDir()
-	sock, api := filepath.Join(dir, "vm.sock"), filepath.Join(dir, "api.sock")
-	g := restoreTemplate(t, sock)
-	o := vmOptions{rng: true, vsock: sock, cid: 3, trackDirty: true, memMiB: 256, cpus: 1}
-	stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), g.snapLayer, g.snapName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopAPI()
-	run := func(args ...string) string {
-		t.Helper()
-		code, out, errOut := cli(t, nil, args...)
-		if code != 0 {
-			t.Fatalf("warren %s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
-		}
-		return out
-	}
+	g, dir, sock, api := templateWithAPI(t)
+	run := func(args ...string) string { t.Helper(); return mustRun(t, args...) }
 	// exec runs an idempotent command in a guest. A connection that the
 	// guest drops before answering (exit 125) is retried once and logged:
 	// under the nested host's emulation a just-forked child has been seen

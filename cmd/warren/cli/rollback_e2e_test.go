@@ -14,23 +14,8 @@ import (
 // as they were, and the agent answers. A corrupt snapshot is refused and
 // the VM keeps running untouched.
 func TestRollbackEndToEnd(t *testing.T) {
-	dir := t.TempDir()
-	sock, api := filepath.Join(dir, "vm.sock"), filepath.Join(dir, "api.sock")
-	g := restoreTemplate(t, sock)
-	o := vmOptions{rng: true, vsock: sock, cid: 3, trackDirty: true, memMiB: 256, cpus: 1}
-	stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), g.snapLayer, g.snapName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopAPI()
-	run := func(args ...string) string {
-		t.Helper()
-		code, out, errOut := cli(t, nil, args...)
-		if code != 0 {
-			t.Fatalf("warren %s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
-		}
-		return out
-	}
+	_, dir, sock, api := templateWithAPI(t)
+	run := func(args ...string) string { t.Helper(); return mustRun(t, args...) }
 	run("health", "--wait", "3m", sock)
 	run("exec", sock, "--", "sh", "-c", "echo before > /tmp/state; echo good-step > /proc/sys/kernel/hostname")
 	snap := filepath.Join(dir, "good")

@@ -18,23 +18,8 @@ import (
 // socket): the agent answers, and exactly the files written before the
 // snapshot are there.
 func TestSnapshotEndToEnd(t *testing.T) {
-	dir := t.TempDir()
-	sock, api := filepath.Join(dir, "vm.sock"), filepath.Join(dir, "api.sock")
-	g := restoreTemplate(t, sock)
-	o := vmOptions{rng: true, vsock: sock, cid: 3, trackDirty: true, memMiB: 256, cpus: 1}
-	stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), g.snapLayer, g.snapName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopAPI()
-	run := func(args ...string) string {
-		t.Helper()
-		code, out, errOut := cli(t, nil, args...)
-		if code != 0 {
-			t.Fatalf("warren %s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
-		}
-		return out
-	}
+	g, dir, sock, api := templateWithAPI(t)
+	run := func(args ...string) string { t.Helper(); return mustRun(t, args...) }
 	run("health", "--wait", "3m", sock)
 	run("exec", sock, "--", "sh", "-c", "echo first > /tmp/first")
 	snaps := filepath.Join(dir, "snaps")

@@ -3,6 +3,7 @@ package cli
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -101,4 +102,32 @@ func restoreTemplate(t *testing.T, sock string) *guest {
 	}
 	g.snapLayer, g.snapName = snap.Layer(), snap.Name()
 	return g
+}
+
+// templateWithAPI restores the Linux template in this process with its
+// vsock socket (sock) and control API (api) in a fresh directory dir; the
+// API stops when the test ends.
+func templateWithAPI(t *testing.T) (g *guest, dir, sock, api string) {
+	t.Helper()
+	dir = t.TempDir()
+	sock, api = filepath.Join(dir, "vm.sock"), filepath.Join(dir, "api.sock")
+	g = restoreTemplate(t, sock)
+	o := vmOptions{rng: true, vsock: sock, cid: 3, trackDirty: true, memMiB: 256, cpus: 1}
+	stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), g.snapLayer, g.snapName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopAPI)
+	return g, dir, sock, api
+}
+
+// mustRun runs the warren command with args in this process and returns
+// its stdout; a non-zero exit fails the test.
+func mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	code, out, errOut := cli(t, nil, args...)
+	if code != 0 {
+		t.Fatalf("warren %s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
+	}
+	return out
 }
