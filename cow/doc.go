@@ -22,7 +22,12 @@
 // passing it the base's file descriptors: a child outlives its parent, and
 // a parent outlives a killed child. The base's files are memfds or the
 // lazily restored snapshot image; the kernel frees them when the last
-// process holding them exits.
+// process holding them exits. Deleting the parent (stopping its process,
+// removing its snapshot files or its frozen disk image) while children
+// run is therefore safe: each child holds open descriptors of every file
+// it reads (TestForkEndToEnd stops the parent and reads on in its
+// children). A frozen disk image is locked shared and refuses writers,
+// so it cannot be changed under its children by another Warren.
 //
 // # Identity
 //
