@@ -27,6 +27,7 @@ commands:
   snapshot snapshot a running VM: warren snapshot [--incremental] [--every D --max-chain N] API DIR/NAME
   restore  run a VM from a snapshot: warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] DIR/NAME
   fork     make running copy-on-write children of a VM: warren fork [-n N] API
+  flatten  write a fork's disk overlay and the images under it as one raw image: warren flatten OVERLAY OUT
   rollback put a running VM back to one of its snapshots in place: warren rollback API DIR/NAME
   compact  merge a snapshot's memory chain into a new full snapshot: warren compact DIR/NAME DIR/NEW
 
@@ -60,6 +61,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return forkCmd(args[1:], stdout, stderr)
 	case "fork-child":
 		return forkChildCmd(args[1:], stdout, stderr)
+	case "flatten":
+		return flattenCmd(args[1:], stdout, stderr)
 	case "rollback":
 		return rollbackCmd(args[1:], stdout, stderr)
 	case "compact":

@@ -3,8 +3,11 @@ package cli
 import (
 	"crypto/rand"
 	"fmt"
+	"io"
 	"net"
 	"strings"
+
+	"github.com/warrenvm/warren/cow/disk"
 )
 
 // diskFlag is a repeatable --disk PATH[,ro] flag.
@@ -70,4 +73,26 @@ func parseMAC(s string) (net.HardwareAddr, error) {
 		return nil, fmt.Errorf("--mac %s is a multicast address", s)
 	}
 	return mac, nil
+}
+
+// flattenCmd is `warren flatten OVERLAY OUT`: it writes the disk that a
+// copy-on-write overlay (a fork's disk) and the images under it make up as
+// one raw image OUT, which no longer depends on them.
+func flattenCmd(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 2 {
+		fmt.Fprint(stderr, "usage: warren flatten OVERLAY OUT\n\nwrites the disk an overlay (DISK.<id>.wcow, made by warren fork) shows as one raw image OUT.\n")
+		return 2
+	}
+	o, err := disk.OpenChain(args[0], true)
+	if err != nil {
+		fmt.Fprintf(stderr, "warren flatten: %v\n", err)
+		return 1
+	}
+	defer o.Close()
+	if err := disk.Flatten(o, args[1]); err != nil {
+		fmt.Fprintf(stderr, "warren flatten: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "flattened %s (%d bytes) to %s\n", args[0], o.Size(), args[1])
+	return 0
 }

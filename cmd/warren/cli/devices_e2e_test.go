@@ -197,9 +197,29 @@ func TestDevicesEndToEnd(t *testing.T) {
 		if !bytes.Contains(img, []byte("parent-before\n")) || bytes.Contains(img, []byte("child-")) || bytes.Contains(img, []byte("parent-after")) {
 			t.Errorf("the frozen image was written after the fork")
 		}
+		// A child in a network namespace of its own: its tap is there,
+		// not in ours, and it answers.
+		var rn forkReply
+		if err := json.Unmarshal([]byte(run("fork", "-n", "1", "--netns", "--json", "--prefix", filepath.Join(dir, "nskid"), api)), &rn); err != nil {
+			t.Fatal(err)
+		}
+		cn := rn.Children[0]
+		t.Cleanup(func() {
+			if p, err := os.FindProcess(cn.PID); err == nil {
+				p.Kill()
+			}
+		})
+		run("health", "--wait", "3m", cn.Vsock)
+		ours, _ := os.Readlink("/proc/self/ns/net")
+		if theirs, err := os.Readlink(cn.NetNS); err != nil || theirs == ours || cn.NetNS == "" {
+			t.Errorf("child netns %q (%s, %v), ours %s", cn.NetNS, theirs, err, ours)
+		}
+		if _, err := net.InterfaceByName(cn.Tap); err == nil {
+			t.Errorf("the --netns child's tap %s is in the test's namespace", cn.Tap)
+		}
 		ovs, _ := filepath.Glob(filepath.Join(filepath.Dir(disk), "*.wcow"))
-		if len(ovs) != 3 {
-			t.Errorf("overlays beside the image: %v, want 3 (parent and two children)", ovs)
+		if len(ovs) != 5 { // parent before and after the second fork, 2 + 1 children
+			t.Errorf("overlays beside the image: %v, want 5 (the parent's two and three children's)", ovs)
 		}
 		for _, c := range r.Children {
 			found := 0

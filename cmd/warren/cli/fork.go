@@ -52,6 +52,10 @@ type forkRequest struct {
 	// It must be an absolute path; "" means beside the parent's API
 	// socket, named after it.
 	Prefix string `json:"prefix,omitempty"`
+	// NetNS starts each child in a network namespace of its own, where
+	// its tap is created (only with a tap): children can then reuse the
+	// parent's guest IP addresses without meeting on the host.
+	NetNS bool `json:"netns,omitempty"`
 }
 
 // maxForkChildren bounds one fork request.
@@ -65,6 +69,9 @@ type forkChild struct {
 	Vsock     string `json:"vsock,omitempty"`
 	CID       uint64 `json:"cid,omitempty"`
 	Tap       string `json:"tap,omitempty"`
+	// NetNS is the child's network namespace (/proc/PID/ns/net) when
+	// it has one of its own.
+	NetNS string `json:"netns,omitempty"`
 	MAC       string `json:"mac,omitempty"`
 	Hostname  string `json:"hostname"`
 	MachineID string `json:"machine_id"`
@@ -114,6 +121,10 @@ func (a *apiServer) fork(w http.ResponseWriter, r *http.Request) {
 	d.DisallowUnknownFields()
 	if err := d.Decode(&req); err != nil {
 		replyErr(w, http.StatusBadRequest, fmt.Errorf("bad request: %w", err))
+		return
+	}
+	if req.NetNS && a.opts.Tap == "" {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: --netns needs a VM with a tap"))
 		return
 	}
 	if req.N < 1 || req.N > maxForkChildren {
@@ -210,12 +221,15 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 		return nil, err
 	}
 	for k := range specs {
-		cmd, ready, err := startForkChild(exe, &specs[k], files, children[k].Log)
+		cmd, ready, err := startForkChild(exe, &specs[k], files, children[k].Log, req.NetNS)
 		if err != nil {
 			return fail(fmt.Errorf("fork: child %d: %w", k, err))
 		}
 		procs[k] = started{cmd, ready}
 		children[k].PID = cmd.Process.Pid
+		if req.NetNS {
+			children[k].NetNS = fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
+		}
 	}
 	for k, p := range procs {
 		line, err := readReady(p.ready, 2*time.Minute)
@@ -242,7 +256,7 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 // startForkChild starts one child process with its spec on fd 3, the
 // ready pipe on fd 4 and the memory files from fd 5 on; the returned file
 // is the read end of the ready pipe.
-func startForkChild(exe string, spec *forkSpec, memFiles []*os.File, logPath string) (*exec.Cmd, *os.File, error) {
+func startForkChild(exe string, spec *forkSpec, memFiles []*os.File, logPath string, netns bool) (*exec.Cmd, *os.File, error) {
 	b, err := json.Marshal(spec)
 	if err != nil {
 		return nil, nil, err
@@ -269,6 +283,9 @@ func startForkChild(exe string, spec *forkSpec, memFiles []*os.File, logPath str
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = append([]*os.File{specR, readyW}, memFiles...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if netns {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
 	if err := cmd.Start(); err != nil {
 		specW.Close()
 		readyR.Close()
@@ -401,7 +418,7 @@ func forkCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("warren fork", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: warren fork [-n N] [--prefix PATH] [--json] API\n\n"+
+		fmt.Fprint(stderr, "usage: warren fork [-n N] [--prefix PATH] [--netns] [--json] API\n\n"+
 			"makes N running copy-on-write children of the running VM whose control socket\n"+
 			"is API. Child K serves its control API on PREFIX-K.api and its agent on\n"+
 			"PREFIX-K.vsock (with vsock), and has its own CID, hostname and machine id.\n\n")
@@ -410,6 +427,7 @@ func forkCmd(args []string, stdout, stderr io.Writer) int {
 	n := fs.Int("n", 1, "number of children")
 	prefix := fs.String("prefix", "", "path prefix of the children's sockets and files (default: beside API)")
 	asJSON := fs.Bool("json", false, "print the answer as JSON")
+	netns := fs.Bool("netns", false, "start each child in a new network namespace, with its tap there (needs a VM with a tap)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -428,7 +446,7 @@ func forkCmd(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := interruptContext()
 	defer stop()
 	var r forkReply
-	if err := apiCall(ctx, fs.Arg(0), "fork", forkRequest{N: *n, Prefix: *prefix}, &r); err != nil {
+	if err := apiCall(ctx, fs.Arg(0), "fork", forkRequest{N: *n, Prefix: *prefix, NetNS: *netns}, &r); err != nil {
 		fmt.Fprintf(stderr, "warren fork: %v\n", err)
 		return 1
 	}
