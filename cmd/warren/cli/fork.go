@@ -63,15 +63,15 @@ const maxForkChildren = 256
 
 // forkChild describes one child started.
 type forkChild struct {
-	Index     int    `json:"index"`
-	PID       int    `json:"pid"`
-	API       string `json:"api"`
-	Vsock     string `json:"vsock,omitempty"`
-	CID       uint64 `json:"cid,omitempty"`
-	Tap       string `json:"tap,omitempty"`
+	Index int    `json:"index"`
+	PID   int    `json:"pid"`
+	API   string `json:"api"`
+	Vsock string `json:"vsock,omitempty"`
+	CID   uint64 `json:"cid,omitempty"`
+	Tap   string `json:"tap,omitempty"`
 	// NetNS is the child's network namespace (/proc/PID/ns/net) when
 	// it has one of its own.
-	NetNS string `json:"netns,omitempty"`
+	NetNS     string `json:"netns,omitempty"`
 	MAC       string `json:"mac,omitempty"`
 	Hostname  string `json:"hostname"`
 	MachineID string `json:"machine_id"`
