@@ -186,6 +186,9 @@ func restoreBlock(c config, vs []variant, src restoreSources, runDir string, res
 	return nil
 }
 
+// qemuRestores counts QEMU restores, for their guest CIDs.
+var qemuRestores int
+
 // restoreOnce restores one snapshot and returns process start to the first
 // KVM_RUN (0 for QEMU) and to the agent's first answer; the VMM is killed
 // after.
@@ -213,8 +216,16 @@ func restoreOnce(c config, v variant, src restoreSources, runDir string) (first,
 		if v.cold {
 			file = src.qemuCold
 		}
-		argv = append(qemu.Argv(qemuGuest(c), ""), "-incoming", "exec:cat "+file)
-		client = qemu.AgentClient(uint32(c.qemuCID), agentdial.Racing)
+		// A fresh guest CID for each restore (the guest re-reads it on
+		// the transport reset after migration): reusing one while the
+		// previous QEMU's vhost-vsock may still be tearing down was the
+		// one thing these runs did that bench/fork's did not, and the
+		// nested host stalled within a few rounds of them.
+		qemuRestores++
+		g := qemuGuest(c)
+		g.CID = c.qemuCID + qemuRestores
+		argv = append(qemu.Argv(g, ""), "-incoming", "exec:cat "+file)
+		client = qemu.AgentClient(uint32(g.CID), agentdial.Racing)
 	}
 	defer client.Close()
 	if v.cold {
