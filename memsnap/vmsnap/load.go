@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/warrenvm/warren/memsnap"
 	"github.com/warrenvm/warren/memsnap/statefile"
@@ -49,11 +50,22 @@ func Load(path string, host FingerprintSource) (_ *Snapshot, err error) {
 	}
 	hostFP := f.Fingerprint
 	if host != nil {
-		if hostFP, err = host(); err != nil {
-			return nil, fmt.Errorf("vmsnap: load %s: %w", statePath, err)
-		}
-		if err := checkFingerprint(statePath, f.Fingerprint, hostFP); err != nil {
-			return nil, err
+		// A mismatch is read again a few times before it counts: in the
+		// nested KVM host, KVM's supported CPUID has been seen to differ
+		// from one call to the next beyond the per-CPU fields
+		// CPUIDHash clears; a truly different host differs every time.
+		for attempt := 0; ; attempt++ {
+			if hostFP, err = host(); err != nil {
+				return nil, fmt.Errorf("vmsnap: load %s: %w", statePath, err)
+			}
+			err = checkFingerprint(statePath, f.Fingerprint, hostFP)
+			if err == nil {
+				break
+			}
+			if attempt == 3 {
+				return nil, err
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	s := &Snapshot{Path: statePath, Dir: dir, name: name, Fingerprint: f.Fingerprint}
