@@ -69,6 +69,10 @@ endif
 unit: testguests
 	WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) $(GO) test -short -count=1 ./...
 
+# Each package runs once more if it fails: the emulated nested host has
+# shown guests triple-faulting at boot and one odd CPUID read, none of
+# which repeated; a second failure fails the build, and the first one
+# stays in the log.
 test-kvm: testguests testdisk
 	@mkdir -p $(BUILD)/tests
 	@for p in $(KVM_PKGS); do \
@@ -76,7 +80,10 @@ test-kvm: testguests testdisk
 	done
 	@for try in 1 2; do \
 		$(KVMHOST) --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) --env WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) $(CURDIR) -- \
-		'for p in $(KVM_PKGS); do echo "=== package $$p (nested KVM)"; (cd $$p && $(CURDIR)/$(BUILD)/tests/$$(echo $$p | tr / _).test -test.count=1 -test.v -test.timeout 400s) || exit 1; done'; \
+		'for p in $(KVM_PKGS); do echo "=== package $$p (nested KVM)"; t=$(CURDIR)/$(BUILD)/tests/$$(echo $$p | tr / _).test; \
+		 (cd $$p && $$t -test.count=1 -test.v -test.timeout 400s) && continue; \
+		 echo "=== FLAKY? package $$p failed in the nested KVM host; running it once more (a second failure fails the build)"; \
+		 (cd $$p && $$t -test.count=1 -test.v -test.timeout 400s) || exit 1; echo "=== package $$p passed on its second run: see the failure above"; done'; \
 		rc=$$?; [ $$rc -eq 125 ] || exit $$rc; \
 		echo "test-kvm: the nested KVM host itself failed (exit 125, not a test failure); $$([ $$try = 1 ] && echo retrying once || echo giving up)"; \
 	done; exit 125
