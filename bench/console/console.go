@@ -144,6 +144,21 @@ func (p *Proc) Sh(cmd string, timeout time.Duration) (string, time.Duration, err
 // CPUTime returns the user+system CPU time the process has used so far.
 func (p *Proc) CPUTime() (time.Duration, error) { return cpuTime(p.cmd.Process.Pid) }
 
+// Stop ends the process group as a user would: SIGTERM (Warren and QEMU
+// both stop their VM and exit), and SIGKILL only if the console has not
+// closed after grace. In the nested KVM host, SIGKILLed VMMs were followed
+// by L1 stalls.
+func (p *Proc) Stop(grace time.Duration) {
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	deadline := time.AfterFunc(grace, func() { syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) })
+	defer deadline.Stop()
+	p.mu.Lock()
+	for !p.done {
+		p.cond.Wait()
+	}
+	p.mu.Unlock()
+}
+
 // Kill ends the process group.
 func (p *Proc) Kill() {
 	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)

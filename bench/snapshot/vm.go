@@ -107,7 +107,7 @@ func (v *vm) stop() {
 	}
 	v.client.Close()
 	if v.p != nil {
-		v.p.Kill()
+		v.p.Stop(10 * time.Second)
 		v.p = nil
 	}
 }
