@@ -72,20 +72,23 @@ unit: testguests
 # Each package runs once more if it fails: the emulated nested host has
 # shown guests triple-faulting at boot and one odd CPUID read, none of
 # which repeated; a second failure fails the build, and the first one
-# stays in the log.
+# stays in the log. The whole nested run is retried once when the nested
+# host fails (125) or freezes past 720 s (124; a normal run takes about
+# 250 s): its kernel has been seen to die of a kernel-stack overflow in
+# KVM under restore-heavy load (.ci/kvmhost/README.md).
 test-kvm: testguests testdisk
 	@mkdir -p $(BUILD)/tests
 	@for p in $(KVM_PKGS); do \
 		CGO_ENABLED=0 $(GO) test -c -o $(BUILD)/tests/$$(echo $$p | tr / _).test ./$$p || exit 1; \
 	done
 	@for try in 1 2; do \
-		$(KVMHOST) --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) --env WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) $(CURDIR) -- \
+		$(KVMHOST) --timeout 720 --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) --env WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) $(CURDIR) -- \
 		'for p in $(KVM_PKGS); do echo "=== package $$p (nested KVM)"; t=$(CURDIR)/$(BUILD)/tests/$$(echo $$p | tr / _).test; \
 		 (cd $$p && $$t -test.count=1 -test.v -test.timeout 400s) && continue; \
 		 echo "=== FLAKY? package $$p failed in the nested KVM host; running it once more (a second failure fails the build)"; \
 		 (cd $$p && $$t -test.count=1 -test.v -test.timeout 400s) || exit 1; echo "=== package $$p passed on its second run: see the failure above"; done'; \
-		rc=$$?; [ $$rc -eq 125 ] || exit $$rc; \
-		echo "test-kvm: the nested KVM host itself failed (exit 125, not a test failure); $$([ $$try = 1 ] && echo retrying once || echo giving up)"; \
+		rc=$$?; [ $$rc -eq 125 ] || [ $$rc -eq 124 ] || exit $$rc; \
+		echo "test-kvm: the nested KVM host itself failed or froze (exit $$rc, no test verdict); $$([ $$try = 1 ] && echo retrying once || echo giving up)"; \
 	done; exit 125
 
 # Benchmarks against QEMU -M microvm (from apt) on the same kernel and
