@@ -209,10 +209,10 @@ func run(c config) error {
 	fmt.Println("for QEMU with its vhost-vsock kernel worker. Ratios are warren/qemu.")
 	fmt.Println("\nbackground in vmm cpu: idle VMM CPU per second times the median window a call's vmm cpu covers")
 	for _, s := range systems {
-		fmt.Printf("%-6s idle %7s/s;", s.name, round(idle[s.name]))
+		fmt.Printf("%-6s idle %7s/s;", s.name, stats.Significant(idle[s.name]))
 		for _, op := range operations {
 			w := stats.Median(results[op.name][s.name].Window)
-			fmt.Printf("  %s window %s, background ~%s", op.name, round(w), round(time.Duration(float64(idle[s.name])*w.Seconds())))
+			fmt.Printf("  %s window %s, background ~%s", op.name, stats.Significant(w), stats.Significant(time.Duration(float64(idle[s.name])*w.Seconds())))
 		}
 		fmt.Println()
 	}
@@ -265,20 +265,7 @@ func table(w io.Writer, title string, ours, peer *series) {
 			if i == 0 {
 				name = m.name
 			}
-			fmt.Fprintf(w, "%-8s %-4s %12s %12s %8.2f\n", name, p.label, round(p.a), round(p.b), stats.Ratio(p.a, p.b))
+			fmt.Fprintf(w, "%-8s %-4s %12s %12s %8.2f\n", name, p.label, stats.Significant(p.a), stats.Significant(p.b), stats.Ratio(p.a, p.b))
 		}
 	}
-}
-
-// round keeps three or four significant digits.
-func round(d time.Duration) time.Duration {
-	switch {
-	case d >= time.Second:
-		return d.Round(time.Millisecond)
-	case d >= 10*time.Millisecond:
-		return d.Round(10 * time.Microsecond)
-	case d >= 100*time.Microsecond:
-		return d.Round(time.Microsecond)
-	}
-	return d.Round(10 * time.Nanosecond)
 }

@@ -99,7 +99,7 @@ func density(c config, reg *registry, work string) (*densityResult, error) {
 		avail = mi.Available
 		d.Avail = append(d.Avail, avail)
 		fmt.Printf("density: %3d children, MemAvailable %8.1f MiB (%.1f%%), agent %s\n",
-			d.Children, mib(avail), 100*float64(avail)/float64(mi.Total), round(t))
+			d.Children, mib(avail), 100*float64(avail)/float64(mi.Total), stats.Significant(t))
 	}
 	d.ForkToAgent = stats.Summarise("warren fork to agent", agentT)
 	for _, ch := range children {

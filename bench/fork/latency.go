@@ -112,7 +112,7 @@ func warrenRun(c config, reg *registry, w *parent, dir string, rd int, label str
 		return
 	}
 	fmt.Printf("%-8s warren fork: call %8s pause %8s child running %8s agent %8s (%d layers)\n",
-		label, round(call), round(ms(r.PauseMS)), round(ms(r.Children[0].ReadyMS)), round(agentT), r.Layers)
+		label, stats.Significant(call), stats.Significant(ms(r.PauseMS)), stats.Significant(ms(r.Children[0].ReadyMS)), stats.Significant(agentT), r.Layers)
 	if rd < 0 {
 		return
 	}
@@ -200,7 +200,7 @@ func qemuRun(c config, reg *registry, dir string, size int, file string, cid, rd
 		}
 		return
 	}
-	fmt.Printf("%-8s qemu restore: agent %8s\n", label, round(agentT))
+	fmt.Printf("%-8s qemu restore: agent %8s\n", label, stats.Significant(agentT))
 	if rd >= 0 {
 		s.Agent = append(s.Agent, agentT)
 	}

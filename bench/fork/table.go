@@ -29,11 +29,11 @@ func printMetrics(w io.Writer, ours, peer string, ms []metric) {
 			}
 			a := stats.Percentile(m.a, p)
 			if m.b == nil {
-				fmt.Fprintf(w, "%-22s p%-3.0f %12s %12s %8s\n", name, p, round(a), "-", "-")
+				fmt.Fprintf(w, "%-22s p%-3.0f %12s %12s %8s\n", name, p, stats.Significant(a), "-", "-")
 				continue
 			}
 			b := stats.Percentile(m.b, p)
-			fmt.Fprintf(w, "%-22s p%-3.0f %12s %12s %8.3f\n", name, p, round(a), round(b), stats.Ratio(a, b))
+			fmt.Fprintf(w, "%-22s p%-3.0f %12s %12s %8.3f\n", name, p, stats.Significant(a), stats.Significant(b), stats.Ratio(a, b))
 		}
 	}
 }
@@ -108,11 +108,11 @@ func printSizeSummary(w io.Writer, sizes []int, res map[int]*sizeResult) {
 		p50 := func(s []time.Duration) time.Duration { return stats.Percentile(s, 50) }
 		qp, qa, ratio := "-", "-", "-"
 		if r.QEMU != nil {
-			qp, qa = round(r.QEMU.Downtime).String(), round(p50(r.QEMU.Agent)).String()
+			qp, qa = stats.Significant(r.QEMU.Downtime).String(), stats.Significant(p50(r.QEMU.Agent)).String()
 			ratio = fmt.Sprintf("%.3f", stats.Ratio(p50(r.Warren.Agent), p50(r.QEMU.Agent)))
 		}
 		fmt.Fprintf(w, "%9d %12s %12s %12s %12s %12s %8s\n", size,
-			round(p50(r.Warren.Pause)), round(p50(r.Warren.Ready)), round(p50(r.Warren.Agent)), qp, qa, ratio)
+			stats.Significant(p50(r.Warren.Pause)), stats.Significant(p50(r.Warren.Ready)), stats.Significant(p50(r.Warren.Agent)), qp, qa, ratio)
 	}
 	fmt.Fprintln(w, "ratio: warren fork to agent / qemu restore to agent, p50.")
 }
@@ -142,21 +142,8 @@ func printDensity(w io.Writer, c config, d *densityResult) {
 	fmt.Fprintf(w, "  child private, mean       %.2f MiB\n", mib(priv))
 	fmt.Fprintf(w, "  parent PSS / private      %.2f / %.2f MiB\n", mib(d.Parent.Pss), mib(d.Parent.Private))
 	if len(d.ForkToAgent.Samples) > 0 {
-		fmt.Fprintf(w, "  fork to agent             p50 %s p90 %s p99 %s\n", round(d.ForkToAgent.P50), round(d.ForkToAgent.P90), round(d.ForkToAgent.P99))
+		fmt.Fprintf(w, "  fork to agent             p50 %s p90 %s p99 %s\n", stats.Significant(d.ForkToAgent.P50), stats.Significant(d.ForkToAgent.P90), stats.Significant(d.ForkToAgent.P99))
 	}
 	fmt.Fprintln(w, "MemAvailable: /proc/meminfo; PSS and private (Private_Clean+Private_Dirty): /proc/PID/smaps_rollup of")
 	fmt.Fprintln(w, "each child VMM once all ran. No QEMU figure: QEMU has no fork, and each restored QEMU holds its own copy.")
-}
-
-// round keeps three or four significant digits.
-func round(d time.Duration) time.Duration {
-	switch {
-	case d >= time.Second:
-		return d.Round(time.Millisecond)
-	case d >= 10*time.Millisecond:
-		return d.Round(10 * time.Microsecond)
-	case d >= 100*time.Microsecond:
-		return d.Round(time.Microsecond)
-	}
-	return d.Round(10 * time.Nanosecond)
 }

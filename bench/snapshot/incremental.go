@@ -115,7 +115,7 @@ func printIncremental(c config, res incrResult) {
 				if m.bytes {
 					fmt.Printf("%-7s %-13s p%-3.0f %12.2f %12.2f %8.3f\n", label, name, p, mib(int64(a)), mib(int64(b)), stats.Ratio(a, b))
 				} else {
-					fmt.Printf("%-7s %-13s p%-3.0f %12s %12s %8.3f\n", label, name, p, round(a), round(b), stats.Ratio(a, b))
+					fmt.Printf("%-7s %-13s p%-3.0f %12s %12s %8.3f\n", label, name, p, stats.Significant(a), stats.Significant(b), stats.Ratio(a, b))
 				}
 			}
 		}
@@ -152,17 +152,4 @@ func incrementalJSON(res incrResult) map[string]any {
 	}
 	out["note"] = "warren: incremental snapshot after a full base; qemu: full live migration to a file (no incremental equivalent); bytes are byte counts"
 	return out
-}
-
-// round keeps three or four significant digits.
-func round(d time.Duration) time.Duration {
-	switch {
-	case d >= time.Second:
-		return d.Round(time.Millisecond)
-	case d >= 10*time.Millisecond:
-		return d.Round(10 * time.Microsecond)
-	case d >= 100*time.Microsecond:
-		return d.Round(time.Microsecond)
-	}
-	return d.Round(10 * time.Nanosecond)
 }

@@ -172,7 +172,7 @@ func restoreBlock(c config, vs []variant, src restoreSources, runDir string, res
 			if rd < 0 {
 				label = "warm-up"
 			}
-			fmt.Printf("%-8s %-17s first KVM_RUN %8s agent %8s\n", label, v.key(), round(first), round(health))
+			fmt.Printf("%-8s %-17s first KVM_RUN %8s agent %8s\n", label, v.key(), stats.Significant(first), stats.Significant(health))
 			if rd < 0 {
 				continue
 			}
@@ -344,11 +344,11 @@ func printRestores(c config, res map[string]*restoreSeries, srcInfo map[string]a
 					}
 					a := stats.Percentile(m.a, p)
 					if m.b == nil {
-						fmt.Printf("%-5s %-13s %-14s p%-3.0f %12s %12s %8s\n", c0, c1, c2, p, round(a), "-", "-")
+						fmt.Printf("%-5s %-13s %-14s p%-3.0f %12s %12s %8s\n", c0, c1, c2, p, stats.Significant(a), "-", "-")
 						continue
 					}
 					b := stats.Percentile(m.b, p)
-					fmt.Printf("%-5s %-13s %-14s p%-3.0f %12s %12s %8.2f\n", c0, c1, c2, p, round(a), round(b), stats.Ratio(a, b))
+					fmt.Printf("%-5s %-13s %-14s p%-3.0f %12s %12s %8.2f\n", c0, c1, c2, p, stats.Significant(a), stats.Significant(b), stats.Ratio(a, b))
 				}
 			}
 		}

@@ -83,3 +83,16 @@ func round(d time.Duration) time.Duration {
 	}
 	return d
 }
+
+// Significant rounds d to three or four significant digits, for printing.
+func Significant(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(time.Millisecond)
+	case d >= 10*time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	case d >= 100*time.Microsecond:
+		return d.Round(time.Microsecond)
+	}
+	return d.Round(10 * time.Nanosecond)
+}
