@@ -49,20 +49,7 @@ func (v *VM) LoadState(st *State, fill func(*guestmem.Memory) error) error {
 			return fmt.Errorf("vmm: load state: fill guest memory: %w", err)
 		}
 	}
-	for _, c := range []struct {
-		id  uint32
-		src []byte
-	}{{kvm.IRQChipPICMaster, st.PICMaster}, {kvm.IRQChipPICSlave, st.PICSlave}, {kvm.IRQChipIOAPIC, st.IOAPIC}} {
-		chip := kvm.IRQChip{ChipID: c.id}
-		copy(chip.Chip[:], c.src)
-		if err := v.vm.SetIRQChip(chip); err != nil {
-			return fmt.Errorf("vmm: load state: %w", err)
-		}
-	}
-	if err := v.vm.SetPIT2(st.PIT); err != nil {
-		return fmt.Errorf("vmm: load state: %w", err)
-	}
-	if err := v.uart.SetState(st.UART); err != nil {
+	if err := v.loadChips(st); err != nil {
 		return fmt.Errorf("vmm: load state: %w", err)
 	}
 	if err := v.onEveryVCPU(func(c *kvm.VCPU) error {

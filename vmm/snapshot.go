@@ -225,6 +225,15 @@ func restore(cfg Config, st *State, makeMem func() (*guestmem.Memory, error)) (_
 	if err := v.createKVM(); err != nil {
 		return nil, err
 	}
+	if err := v.loadChips(st); err != nil {
+		return nil, fmt.Errorf("vmm: restore: %w", err)
+	}
+	return v, nil
+}
+
+// loadChips loads st's irqchip (PICs, IOAPIC), PIT and COM1 states into
+// the VM: for a restore, and for an in-place LoadState.
+func (v *VM) loadChips(st *State) error {
 	for _, c := range []struct {
 		id  uint32
 		src []byte
@@ -232,16 +241,13 @@ func restore(cfg Config, st *State, makeMem func() (*guestmem.Memory, error)) (_
 		chip := kvm.IRQChip{ChipID: c.id}
 		copy(chip.Chip[:], c.src)
 		if err := v.vm.SetIRQChip(chip); err != nil {
-			return nil, fmt.Errorf("vmm: restore: %w", err)
+			return err
 		}
 	}
 	if err := v.vm.SetPIT2(st.PIT); err != nil {
-		return nil, fmt.Errorf("vmm: restore: %w", err)
+		return err
 	}
-	if err := v.uart.SetState(st.UART); err != nil {
-		return nil, fmt.Errorf("vmm: restore: %w", err)
-	}
-	return v, nil
+	return v.uart.SetState(st.UART)
 }
 
 // loadVCPU writes a saved state into the new vCPU c, on c's thread. The
