@@ -31,7 +31,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -239,12 +238,8 @@ func run(c config) error {
 			}
 			out[op.name] = o
 		}
-		b, err := json.MarshalIndent(out, "", "  ")
-		if err != nil {
+		if err := stats.WriteJSON(c.jsonOut, out); err != nil {
 			return err
-		}
-		if err := os.WriteFile(c.jsonOut, b, 0o644); err != nil {
-			return fmt.Errorf("write %s: %w", c.jsonOut, err)
 		}
 	}
 	return nil

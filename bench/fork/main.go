@@ -48,7 +48,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -61,6 +60,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenvm/warren/bench/stats"
 	"github.com/warrenvm/warren/bench/vsockpeer"
 )
 
@@ -196,12 +196,8 @@ func run(c config, reg *registry) error {
 		out["density"] = d
 	}
 	if c.jsonOut != "" {
-		b, err := json.MarshalIndent(out, "", "  ")
-		if err != nil {
+		if err := stats.WriteJSON(c.jsonOut, out); err != nil {
 			return err
-		}
-		if err := os.WriteFile(c.jsonOut, b, 0o644); err != nil {
-			return fmt.Errorf("write %s: %w", c.jsonOut, err)
 		}
 	}
 	return nil

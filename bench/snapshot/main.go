@@ -37,7 +37,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -48,6 +47,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warrenvm/warren/bench/stats"
 	"github.com/warrenvm/warren/bench/vsockpeer"
 )
 
@@ -197,12 +197,8 @@ func run(c config) error {
 		out["restore_sources"] = srcInfo
 	}
 	if c.jsonOut != "" {
-		b, err := json.MarshalIndent(out, "", "  ")
-		if err != nil {
+		if err := stats.WriteJSON(c.jsonOut, out); err != nil {
 			return err
-		}
-		if err := os.WriteFile(c.jsonOut, b, 0o644); err != nil {
-			return fmt.Errorf("write %s: %w", c.jsonOut, err)
 		}
 	}
 	return nil
