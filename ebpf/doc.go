@@ -1,5 +1,9 @@
-// Package ebpf owns egress policy and traffic steering on a sandbox's tap with eBPF (the Egress policy issue).
-//
-// It is empty until that issue lands; the folder exists so the layout in
-// README.md is visible from the start.
+// Package ebpf holds the sandbox egress policy, enforced on the host side
+// of each sandbox's tap: ebpf/policy (the policy model and its compiled
+// longest-prefix table), ebpf/filter (the eBPF program on the tap's ingress
+// hook, its maps and audit events), ebpf/dnsgate (the per-sandbox resolver
+// that answers only allowed names and opens their addresses for their TTL)
+// and ebpf/audit (the rate-limited JSON-lines audit log). The credential
+// proxy lives in hostd/credproxy and the whole per-sandbox service in
+// hostd/egress. See ebpf/README.md.
 package ebpf

@@ -60,6 +60,10 @@ func startAgent(r *Reaper) error {
 	})
 	syncer.OnError = newRepeatFilter(report).report
 	srv := agent.NewServer(r, agent.Options{Env: agentEnv, Sync: syncer})
+	syncer.SetEgress = func(e *agent.Egress) error {
+		srv.SetExtraEnv(e.Env)
+		return agent.ApplyTrust(e.TrustPEM)
+	}
 	go func() {
 		err := srv.Serve(l)
 		report(fmt.Errorf("agent: stopped serving: %w", err))

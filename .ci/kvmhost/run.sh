@@ -203,8 +203,10 @@ build_image() {
 		mods+=("$m")
 	}
 	# tun and bridge: the VMM's taps and the benchmarks' host-side network;
-	# vhost_vsock: QEMU's vsock, the peer of Warren's in bench/agent.
-	for name in kvm_amd virtio_pci 9pnet_virtio 9p tun bridge vhost_vsock; do add_mod "$name"; done
+	# vhost_vsock: QEMU's vsock, the peer of Warren's in bench/agent;
+	# sch_ingress and cls_bpf: the egress filter's clsact attachment (no tcx
+	# before Linux 6.6).
+	for name in kvm_amd virtio_pci 9pnet_virtio 9p tun bridge vhost_vsock sch_ingress cls_bpf; do add_mod "$name"; done
 	: >"$root/lib/modules/order"
 	for name in "${mods[@]}"; do
 		f=${path_of[$name]}

@@ -159,7 +159,10 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	env := mergeEnv(s.env, req.Env)
+	s.mu.Lock()
+	extra := s.extraEnv
+	s.mu.Unlock()
+	env := mergeEnv(mergeEnv(s.env, extra), req.Env)
 	prog, err := lookPath(req.Argv[0], env)
 	if err != nil {
 		writeError(w, errorFrom(err))

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,6 +46,22 @@ type Server struct {
 	// is still running, by pid. A process leaves it when its handler
 	// returns, after it has been reaped.
 	procs map[int]*proc // +checklocks:mu
+	// extraEnv is added to env for every process started (SetExtraEnv).
+	extraEnv []string // +checklocks:mu
+}
+
+// SetExtraEnv makes every process started from now on get env's
+// variables on top of the server's environment (a request's own
+// variables still win). It replaces what an earlier call set.
+func (s *Server) SetExtraEnv(env map[string]string) {
+	list := make([]string, 0, len(env))
+	for k, v := range env {
+		list = append(list, k+"="+v)
+	}
+	sort.Strings(list)
+	s.mu.Lock()
+	s.extraEnv = list
+	s.mu.Unlock()
 }
 
 // NewServer returns a server that starts and collects its children

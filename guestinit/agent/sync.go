@@ -3,10 +3,14 @@ package agent
 import (
 	"bytes"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -34,8 +38,10 @@ const SyncEntropyBytes = 64
 // MaxSyncEntropy bounds the entropy a guest accepts in one message.
 const MaxSyncEntropy = 512
 
-// MaxSyncLine bounds the length of a SyncMessage line, newline included.
-const MaxSyncLine = 4096
+// MaxSyncLine bounds the length of a SyncMessage line, newline included
+// (a sandbox's trust store certificate and credential placeholders make
+// it longer than the time and entropy alone).
+const MaxSyncLine = 64 << 10
 
 // SyncMessage is the one line the host sends on a re-sync connection.
 type SyncMessage struct {
@@ -48,6 +54,75 @@ type SyncMessage struct {
 	// Identity, when set, is who the guest is now: a forked child gets a
 	// new one (hostname, machine id, MAC) with its first sync.
 	Identity *Identity `json:"identity,omitempty"`
+	// Egress, when set, is what the guest needs to use the host's egress
+	// services: the credential proxy's CA certificate and the credential
+	// placeholders (see Egress).
+	Egress *Egress `json:"egress,omitempty"`
+}
+
+// Limits on an Egress.
+const (
+	MaxTrustPEM   = 16 << 10
+	MaxEgressEnv  = 128
+	MaxEnvValue   = 4096
+	maxEnvNameLen = 128
+)
+
+// Egress is the guest's side of the sandbox's egress configuration. It
+// holds nothing secret: the CA certificate (never its key) and the
+// placeholders the host proxy replaces with real credentials.
+type Egress struct {
+	// TrustPEM is PEM "CERTIFICATE" blocks the agent adds to the guest's
+	// trust store (TrustStorePath), replacing those an earlier sync added.
+	TrustPEM string `json:"trust_pem,omitempty"`
+	// Env is environment variables for every process the agent starts
+	// from now on (a request's own variables still win): the credential
+	// placeholders, named after their secrets.
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// Check validates e: PEM certificates only, environment names of
+// letters, digits and '_' not starting with a digit, no NUL in values,
+// and the size limits.
+func (e *Egress) Check() error {
+	if len(e.TrustPEM) > MaxTrustPEM {
+		return fmt.Errorf("egress: trust PEM of %d bytes, at most %d", len(e.TrustPEM), MaxTrustPEM)
+	}
+	rest := []byte(e.TrustPEM)
+	for len(bytes.TrimSpace(rest)) > 0 {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil || b.Type != "CERTIFICATE" {
+			return errors.New("egress: trust PEM holds something other than CERTIFICATE blocks")
+		}
+		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+			return fmt.Errorf("egress: trust PEM: %w", err)
+		}
+	}
+	if len(e.Env) > MaxEgressEnv {
+		return fmt.Errorf("egress: %d environment variables, at most %d", len(e.Env), MaxEgressEnv)
+	}
+	for k, v := range e.Env {
+		if !validEnvName(k) {
+			return fmt.Errorf("egress: environment name %q", k)
+		}
+		if len(v) > MaxEnvValue || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("egress: environment value of %s is longer than %d bytes or has a NUL", k, MaxEnvValue)
+		}
+	}
+	return nil
+}
+
+func validEnvName(k string) bool {
+	if k == "" || len(k) > maxEnvNameLen || k[0] >= '0' && k[0] <= '9' {
+		return false
+	}
+	for _, c := range k {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // Identity is what makes a sandbox distinct from its fork siblings, as
@@ -145,6 +220,11 @@ func ParseSyncMessage(line []byte) (SyncMessage, error) {
 			return SyncMessage{}, fmt.Errorf("sync: %w", err)
 		}
 	}
+	if m.Egress != nil {
+		if err := m.Egress.Check(); err != nil {
+			return SyncMessage{}, fmt.Errorf("sync: %w", err)
+		}
+	}
 	return m, nil
 }
 
@@ -153,7 +233,11 @@ func ParseSyncMessage(line []byte) (SyncMessage, error) {
 // Serve is safe for concurrent use; SetIdentity may be called any time.
 type SyncService struct {
 	identity atomic.Pointer[Identity]
+	egress   atomic.Pointer[Egress]
 }
+
+// SetEgress makes every later sync line carry e (nil: none).
+func (s *SyncService) SetEgress(e *Egress) { s.egress.Store(e) }
 
 // SetIdentity makes every later sync line carry id (nil: none).
 func (s *SyncService) SetIdentity(id *Identity) { s.identity.Store(id) }
@@ -166,6 +250,7 @@ func (s *SyncService) Serve(c net.Conn) {
 	defer c.Close()
 	m := NewSyncMessage(time.Now())
 	m.Identity = s.identity.Load()
+	m.Egress = s.egress.Load()
 	if _, err := c.Write(m.MarshalLine()); err != nil {
 		return
 	}

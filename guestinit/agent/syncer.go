@@ -36,6 +36,10 @@ type Syncer struct {
 	// SetIdentity applies a message's identity (a forked child's); the
 	// default is ApplyIdentity.
 	SetIdentity func(*Identity) error
+	// SetEgress applies a message's egress configuration (trust store and
+	// placeholder environment); nil ignores it. The agent's PID 1 sets it
+	// to ApplyTrust plus its server's SetExtraEnv.
+	SetEgress func(*Egress) error
 	// OnError, if non-nil, is told about every failure (dial, a bad line,
 	// a failed apply). A connection that ends after a message was applied
 	// is expected (a restore) and is not an error.
@@ -165,7 +169,11 @@ func (s *Syncer) apply(m SyncMessage) error {
 	if m.Identity != nil && s.SetIdentity != nil {
 		errID = s.SetIdentity(m.Identity)
 	}
-	if err := errors.Join(errClock, errRand, errID); err != nil {
+	var errEgress error
+	if m.Egress != nil && s.SetEgress != nil {
+		errEgress = s.SetEgress(m.Egress)
+	}
+	if err := errors.Join(errClock, errRand, errID, errEgress); err != nil {
 		return err
 	}
 	s.mu.Lock()

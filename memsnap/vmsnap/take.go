@@ -43,6 +43,11 @@ type Snapshotter struct {
 	options     json.RawMessage
 	fingerprint []byte
 
+	// Options, when set, is called at the start of each Take for the run
+	// options to record, instead of those NewSnapshotter was given (a VM
+	// whose recorded settings change while it runs: its egress policy).
+	Options func() (json.RawMessage, error)
+
 	// OnPaused, when set, runs while the VM is paused, after the memory
 	// has been captured (tests copy guest RAM there to compare); its time
 	// is left out of Report.Pause.
@@ -109,6 +114,13 @@ func (s *Snapshotter) Take(ctx context.Context, path string, kind Kind) (*Report
 		return nil, err
 	}
 	c := &Capture{Kind: kind, Options: s.options, Fingerprint: s.fingerprint}
+	if s.Options != nil {
+		opts, err := s.Options()
+		if err != nil {
+			return nil, fmt.Errorf("snapshot %s: run options: %w", path, err)
+		}
+		c.Options = opts
+	}
 	switch kind {
 	case Full:
 	case Incremental:

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/cow"
+	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/hostd/egress"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 )
@@ -100,6 +102,10 @@ type apiServer struct {
 	// forker forks the VM; forkMu serialises forks.
 	forker *cow.Forker
 	forkMu sync.Mutex
+	// egress is the VM's egress services (nil without --egress); sync its
+	// agent re-sync service, which tells the guest the egress settings.
+	egress *egress.Sandbox
+	sync   *agent.SyncService
 }
 
 // serveAPI listens on the unix socket path (replacing a stale socket file)
@@ -122,6 +128,8 @@ func serveAPI(path string, a *apiServer) (func(), error) {
 	mux.HandleFunc("POST /v1/snapshot", a.snapshot)
 	mux.HandleFunc("POST /v1/rollback", a.rollback)
 	mux.HandleFunc("POST /v1/fork", a.fork)
+	mux.HandleFunc("GET /v1/egress", a.getEgress)
+	mux.HandleFunc("PUT /v1/egress", a.putEgress)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	return func() { srv.Close(); os.Remove(path) }, nil
@@ -221,27 +229,36 @@ func (a *apiServer) rollback(w http.ResponseWriter, r *http.Request) {
 // apiCall posts req to verb on the control API at sock and decodes the
 // answer into resp.
 func apiCall(ctx context.Context, sock, verb string, req, resp any) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	return apiDo(ctx, sock, http.MethodPost, verb, body, resp)
+}
+
+// apiDo sends body (JSON, or nil) with method to /v1/VERB of the control
+// API at sock and decodes the JSON answer into resp; an error answer's
+// message becomes the error.
+func apiDo(ctx context.Context, sock, method, verb string, body []byte, resp any) error {
 	c := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 		},
 	}}
 	defer c.CloseIdleConnections()
-	body, err := json.Marshal(req)
+	hr, err := http.NewRequestWithContext(ctx, method, "http://warren/v1/"+verb, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://warren/v1/"+verb, bytes.NewReader(body))
-	if err != nil {
-		return err
+	if body != nil {
+		hr.Header.Set("Content-Type", "application/json")
 	}
-	hr.Header.Set("Content-Type", "application/json")
 	res, err := c.Do(hr)
 	if err != nil {
 		return fmt.Errorf("VM control API %s: %w", sock, err)
 	}
 	defer res.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	b, err := io.ReadAll(io.LimitReader(res.Body, 8<<20))
 	if err != nil {
 		return err
 	}

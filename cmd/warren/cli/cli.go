@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/warrenvm/warren/vmm"
@@ -65,6 +66,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return flattenCmd(args[1:], stdout, stderr)
 	case "rollback":
 		return rollbackCmd(args[1:], stdout, stderr)
+	case "egress":
+		return egressCmd(args[1:], stdout, stderr)
 	case "compact":
 		return compactCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
@@ -95,6 +98,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	vsockPath := fs.String("vsock", "", "attach virtio-vsock; the host reaches the guest through this unix socket (CONNECT <port>), and the agent answers warren exec/cp/health on it")
 	cid := fs.Uint64("cid", 3, "the guest's vsock context ID, with --vsock")
 	api := fs.String("api", "", "serve the VM's control API (pause, resume, snapshot) on this unix socket; turns on dirty-page tracking")
+	nf := addNetFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -135,8 +139,15 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if *macFlag != "" && *tap == "" {
 		return fail("--mac needs --tap")
 	}
+	eg, netCmdline, err := nf.options(*tap)
+	if err != nil {
+		return fail("%v", err)
+	}
+	if netCmdline != "" {
+		*cmdline = strings.TrimSpace(netCmdline + " " + *cmdline)
+	}
 	o := vmOptions{
-		memMiB: *memMiB, cpus: *cpus, kernel: k, initramfs: rd, cmdline: *cmdline,
+		memMiB: *memMiB, cpus: *cpus, kernel: k, initramfs: rd, cmdline: *cmdline, egress: eg,
 		console: out, kvmPath: *kvmPath, log: log, rng: !*noRNG,
 		disks: disks, tap: *tap, mac: mac, vsock: *vsockPath, cid: *cid,
 		trackDirty: *api != "",

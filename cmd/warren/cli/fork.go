@@ -20,7 +20,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/hostd/egress"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
@@ -56,6 +58,10 @@ type forkRequest struct {
 	// its tap is created (only with a tap): children can then reuse the
 	// parent's guest IP addresses without meeting on the host.
 	NetNS bool `json:"netns,omitempty"`
+	// Egress, when set, is the children's egress policy, which must
+	// narrow the parent's (policy.Narrows); by default they inherit the
+	// parent's policy in force. Only for a parent with an egress policy.
+	Egress *policy.Policy `json:"egress,omitempty"`
 }
 
 // maxForkChildren bounds one fork request.
@@ -71,8 +77,10 @@ type forkChild struct {
 	Tap   string `json:"tap,omitempty"`
 	// NetNS is the child's network namespace (/proc/PID/ns/net) when
 	// it has one of its own.
-	NetNS     string `json:"netns,omitempty"`
-	MAC       string `json:"mac,omitempty"`
+	NetNS string `json:"netns,omitempty"`
+	MAC   string `json:"mac,omitempty"`
+	// Audit is the child's egress audit log, when it has egress.
+	Audit     string `json:"audit,omitempty"`
 	Hostname  string `json:"hostname"`
 	MachineID string `json:"machine_id"`
 	Console   string `json:"console"`
@@ -127,6 +135,25 @@ func (a *apiServer) fork(w http.ResponseWriter, r *http.Request) {
 		replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: --netns needs a VM with a tap"))
 		return
 	}
+	if a.egress != nil && !req.NetNS {
+		replyErr(w, http.StatusBadRequest, errors.New("fork: the VM has an egress policy: its children need --netns (each child's tap takes the same host address)"))
+		return
+	}
+	if req.Egress != nil {
+		if a.egress == nil {
+			replyErr(w, http.StatusBadRequest, errors.New("fork: --egress: the VM has no egress policy to narrow"))
+			return
+		}
+		req.Egress.Normalize()
+		if err := req.Egress.Validate(); err != nil {
+			replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: %w", err))
+			return
+		}
+		if err := req.Egress.Narrows(a.egress.Policy()); err != nil {
+			replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: %w", err))
+			return
+		}
+	}
 	if req.N < 1 || req.N > maxForkChildren {
 		replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: n=%d, want 1 to %d", req.N, maxForkChildren))
 		return
@@ -157,6 +184,16 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 	}
 	// The children's identities and paths are settled before the pause.
 	tag := randomHex(3)
+	var egState egress.State
+	if a.egress != nil {
+		var err error
+		if egState, err = a.egress.State(); err != nil {
+			return nil, fmt.Errorf("fork: egress state: %w", err)
+		}
+		if req.Egress != nil {
+			egState.Policy = *req.Egress
+		}
+	}
 	specs := make([]forkSpec, req.N)
 	children := make([]forkChild, req.N)
 	for k := range req.N {
@@ -177,6 +214,12 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 			}
 			o.Tap, o.MAC = fmt.Sprintf("wf%s%d", tag, k), mac.String()
 			ch.Tap, ch.MAC = o.Tap, o.MAC
+		}
+		if o.Egress != nil {
+			e := *o.Egress
+			e.State, e.Audit, e.Sandbox = egState, p+".audit.jsonl", ch.Hostname
+			o.Egress = &e
+			ch.Audit = e.Audit
 		}
 		specs[k] = forkSpec{Options: o, API: ch.API, Console: ch.Console, KVM: a.kvmPath,
 			Identity: agent.Identity{Hostname: ch.Hostname, MachineID: ch.MachineID, MAC: ch.MAC}}
@@ -428,8 +471,18 @@ func forkCmd(args []string, stdout, stderr io.Writer) int {
 	prefix := fs.String("prefix", "", "path prefix of the children's sockets and files (default: beside API)")
 	asJSON := fs.Bool("json", false, "print the answer as JSON")
 	netns := fs.Bool("netns", false, "start each child in a new network namespace, with its tap there (needs a VM with a tap)")
+	egressFile := fs.String("egress", "", "the children's egress policy (JSON), narrowing the parent's (default: the parent's)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	var childPolicy *policy.Policy
+	if *egressFile != "" {
+		p, err := policy.Load(*egressFile)
+		if err != nil {
+			fmt.Fprintf(stderr, "warren fork: %v\n", err)
+			return 2
+		}
+		childPolicy = &p
 	}
 	if fs.NArg() != 1 || *n < 1 || *n > maxForkChildren {
 		fs.Usage()
@@ -446,7 +499,7 @@ func forkCmd(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := interruptContext()
 	defer stop()
 	var r forkReply
-	if err := apiCall(ctx, fs.Arg(0), "fork", forkRequest{N: *n, Prefix: *prefix, NetNS: *netns}, &r); err != nil {
+	if err := apiCall(ctx, fs.Arg(0), "fork", forkRequest{N: *n, Prefix: *prefix, NetNS: *netns, Egress: childPolicy}, &r); err != nil {
 		fmt.Fprintf(stderr, "warren fork: %v\n", err)
 		return 1
 	}

@@ -28,6 +28,8 @@ type runOptions struct {
 	RNG    bool         `json:"rng"`
 	Vsock  string       `json:"vsock,omitempty"`
 	CID    uint64       `json:"cid,omitempty"`
+	// Egress is the VM's egress settings, when it has an egress policy.
+	Egress *egressOptions `json:"egress,omitempty"`
 }
 
 // diskOption is one --disk in runOptions (an absolute path).
@@ -41,7 +43,7 @@ type diskOption struct {
 
 // recordOptions returns o's device options as runOptions JSON.
 func recordOptions(o vmOptions) (json.RawMessage, error) {
-	r := runOptions{MemMiB: o.memMiB, CPUs: o.cpus, Tap: o.tap, RNG: o.rng, Vsock: o.vsock}
+	r := runOptions{MemMiB: o.memMiB, CPUs: o.cpus, Tap: o.tap, RNG: o.rng, Vsock: o.vsock, Egress: o.egress}
 	if o.vsock != "" {
 		r.CID = o.cid
 	}
@@ -71,7 +73,7 @@ func applyOptions(o *vmOptions, raw json.RawMessage) error {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return fmt.Errorf("the snapshot's run options: %w", err)
 	}
-	o.memMiB, o.cpus, o.tap, o.rng, o.vsock, o.cid = r.MemMiB, r.CPUs, r.Tap, r.RNG, r.Vsock, r.CID
+	o.memMiB, o.cpus, o.tap, o.rng, o.vsock, o.cid, o.egress = r.MemMiB, r.CPUs, r.Tap, r.RNG, r.Vsock, r.CID, r.Egress
 	if r.MAC != "" {
 		mac, err := net.ParseMAC(r.MAC)
 		if err != nil {
@@ -107,7 +109,11 @@ func startAPI(sock string, b *built, o vmOptions, log *slog.Logger, layer, name 
 	}
 	a := &apiServer{vm: b.vm, snap: s, log: log, host: func() ([]byte, error) { return fp, nil },
 		apiPath: sock, opts: ro, kvmPath: o.kvmPath,
-		forker: &cow.Forker{VM: b.vm, Devices: b.devs.snap, Disks: b.devs.disks}}
+		forker: &cow.Forker{VM: b.vm, Devices: b.devs.snap, Disks: b.devs.disks},
+		egress: b.devs.egress, sync: b.devs.sync}
+	if a.egress != nil {
+		s.Options = a.liveOptions
+	}
 	for _, d := range o.disks {
 		if !d.readOnly {
 			a.writableDisks = append(a.writableDisks, d.path)

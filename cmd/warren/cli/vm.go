@@ -14,6 +14,7 @@ import (
 	"github.com/warrenvm/warren/devices/virtio/rng"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
 	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/hostd/egress"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
@@ -34,8 +35,11 @@ type vmOptions struct {
 	disks        []diskSpec
 	tap          string // virtio-net on this tap device, when set
 	mac          net.HardwareAddr
-	vsock        string // virtio-vsock with its host unix socket here, when set
-	cid          uint64 // the guest's vsock CID
+	// egress, when set, starts the tap's egress services (filter,
+	// resolver, credential proxy, audit log) before the guest runs.
+	egress *egressOptions
+	vsock  string // virtio-vsock with its host unix socket here, when set
+	cid    uint64 // the guest's vsock CID
 	// identity, when set, is sent to the guest agent with every re-sync
 	// (a forked child's new hostname and machine id).
 	identity   *agent.Identity
@@ -94,6 +98,8 @@ type vmDevices struct {
 	sync *agent.SyncService
 	// disks are the VM's disks in order, for forks.
 	disks []cow.Disk
+	// egress is the tap's egress services (nil without vmOptions.egress).
+	egress *egress.Sandbox
 }
 
 // buildVMWithDevices is buildVM that also returns some device models.
@@ -156,6 +162,15 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 		}
 		closers = append(closers, dev.Close)
 		add("net0", 2, dev)
+		if o.egress != nil {
+			if d.egress, err = startEgress(o.egress, o.tap, o); err != nil {
+				return nil, d, nil, fmt.Errorf("--egress: %w", err)
+			}
+			// Stopped before the tap goes (closers run in order).
+			closers = append(closers[:len(closers)-1], d.egress.Close, dev.Close)
+		}
+	} else if o.egress != nil {
+		return nil, d, nil, fmt.Errorf("--egress needs --tap")
 	}
 	if o.rng {
 		d.rng = rng.New()
@@ -164,6 +179,9 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 	if o.vsock != "" {
 		d.sync = &agent.SyncService{}
 		d.sync.SetIdentity(o.identity)
+		if d.egress != nil {
+			d.sync.SetEgress(d.egress.Guest())
+		}
 		dev := &vsock.Device{CID: o.cid, UDSPath: o.vsock,
 			Services: map[uint32]func(net.Conn){agent.SyncPort: d.sync.Serve}}
 		if err := dev.Listen(); err != nil {

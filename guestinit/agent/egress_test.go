@@ -1,0 +1,139 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func testCertPEM(t *testing.T, cn string) string {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+func TestEgressCheck(t *testing.T) {
+	good := &Egress{TrustPEM: testCertPEM(t, "ca"), Env: map[string]string{"API_KEY": "warren-placeholder-API_KEY"}}
+	if err := good.Check(); err != nil {
+		t.Fatal(err)
+	}
+	bad := []*Egress{
+		{TrustPEM: "not pem"},
+		{TrustPEM: string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: []byte{1}}))},
+		{TrustPEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte{1, 2}}))},
+		{Env: map[string]string{"1X": "v"}},
+		{Env: map[string]string{"A=B": "v"}},
+		{Env: map[string]string{"A": "v\x00"}},
+		{Env: map[string]string{"A": strings.Repeat("v", MaxEnvValue+1)}},
+	}
+	for i, e := range bad {
+		if err := e.Check(); err == nil {
+			t.Errorf("case %d accepted", i)
+		}
+	}
+	// A message carrying a bad egress is refused as a whole.
+	m := NewSyncMessage(time.Now())
+	m.Egress = &Egress{Env: map[string]string{"bad name": "x"}}
+	if _, err := ParseSyncMessage(m.MarshalLine()); err == nil {
+		t.Error("a sync line with a bad egress parsed")
+	}
+	m.Egress = good
+	got, err := ParseSyncMessage(m.MarshalLine())
+	if err != nil || got.Egress.TrustPEM != good.TrustPEM {
+		t.Fatalf("round trip: %v", err)
+	}
+}
+
+func TestApplyTrust(t *testing.T) {
+	old := TrustStorePath
+	TrustStorePath = filepath.Join(t.TempDir(), "etc", "ssl", "certs", "ca-certificates.crt")
+	t.Cleanup(func() { TrustStorePath = old })
+	a, b := testCertPEM(t, "a"), testCertPEM(t, "b")
+	if err := ApplyTrust(a); err != nil {
+		t.Fatal(err)
+	}
+	// Another certificate already there stays; ours is replaced, not appended.
+	f, err := os.OpenFile(TrustStorePath, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := testCertPEM(t, "other")
+	f.WriteString(other)
+	f.Close()
+	if err := ApplyTrust(b); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(TrustStorePath)
+	if strings.Contains(string(got), a) || !strings.Contains(string(got), b) || !strings.Contains(string(got), other) {
+		t.Fatalf("trust store after two calls:\n%s", got)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(got) {
+		t.Fatal("the trust store does not parse")
+	}
+	if err := ApplyTrust(""); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = os.ReadFile(TrustStorePath)
+	if strings.Contains(string(got), b) || !strings.Contains(string(got), other) {
+		t.Fatalf("trust store after removal:\n%s", got)
+	}
+}
+
+// TestSyncEgressEnv checks that placeholders a sync delivers reach the
+// processes the agent starts, and that a request's own variables win.
+func TestSyncEgressEnv(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(ProcessWaiter{}, Options{})
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(l) }()
+	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	})
+	defer func() {
+		c.Close()
+		s.Close()
+		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	s.SetExtraEnv(map[string]string{"API_KEY": "warren-placeholder-API_KEY", "B": "from-sync"})
+	var out bytes.Buffer
+	code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", `echo "$API_KEY $B"`}, Env: []string{"B=from-request"}}, &out, nil)
+	if err != nil || code != 0 {
+		t.Fatal(code, err)
+	}
+	if got := out.String(); got != "warren-placeholder-API_KEY from-request\n" {
+		t.Fatalf("got %q", got)
+	}
+}
