@@ -111,6 +111,9 @@ bench: warren kernel initramfs
 	CGO_ENABLED=0 $(GO) build -o bin/bench-agent ./bench/agent
 	CGO_ENABLED=0 $(GO) build -o bin/bench-snapshot ./bench/snapshot
 	CGO_ENABLED=0 $(GO) build -o bin/bench-fork ./bench/fork
+	CGO_ENABLED=0 $(GO) build -o bin/bench-egress ./bench/egress
+	# No VM in it (a fake guest writes frames into a tap): runs here, as root.
+	./bin/bench-egress --json $(BUILD)/bench-egress.json
 ifeq ($(HAVE_KVM),yes)
 	./bin/bench-boot $(BENCH_ARGS) --json $(BUILD)/bench-boot.json
 	./bin/bench-devices $(BENCH_ARGS) --json $(BUILD)/bench-devices.json

@@ -397,12 +397,24 @@ func summary(p policy.Policy) string {
 	return fmt.Sprintf("%d rules, %d domains, %d credentials, ipv6 %v", len(p.Rules), len(p.Domains), len(p.Credentials), p.IPv6)
 }
 
-// setHostAddr gives the tap its host address (if it lacks it) and brings
-// it up.
+// HostMAC is the MAC address the tap's host end gets for host address a:
+// 02:57 (locally administered, "W") followed by a's four bytes. It depends
+// on the address alone, so that a guest restored from a snapshot, or forked
+// onto a new tap, finds its gateway at the MAC its ARP cache still holds.
+func HostMAC(a netip.Addr) net.HardwareAddr {
+	b := a.As4()
+	return net.HardwareAddr{0x02, 0x57, b[0], b[1], b[2], b[3]}
+}
+
+// setHostAddr gives the tap its host address (if it lacks it) and its
+// HostMAC, and brings it up.
 func setHostAddr(tap string, addr netip.Prefix) error {
 	link, err := netlink.LinkByName(tap)
 	if err != nil {
 		return fmt.Errorf("egress: tap %s: %w", tap, err)
+	}
+	if err := netlink.LinkSetHardwareAddr(link, HostMAC(addr.Addr())); err != nil {
+		return fmt.Errorf("egress: tap %s: set MAC: %w", tap, err)
 	}
 	a, err := netlink.ParseAddr(addr.String())
 	if err != nil {

@@ -84,6 +84,9 @@ func TestSandboxServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got, want := link.Attrs().HardwareAddr.String(), HostMAC(host.Addr()).String(); got != want {
+		t.Errorf("tap MAC %s, want %s (stable across restores)", got, want)
+	}
 	addrs, _ := netlink.AddrList(link, netlink.FAMILY_V4)
 	if len(addrs) != 1 || addrs[0].IPNet.String() != host.String() {
 		t.Errorf("tap addresses %v, want %v", addrs, host)

@@ -21,15 +21,19 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/warrenvm/warren/ebpf/audit"
 	"github.com/warrenvm/warren/ebpf/policy"
+	"github.com/warrenvm/warren/memsnap/vmsnap"
+	"github.com/warrenvm/warren/vmm/hostprofile"
 )
 
 // upstreamCert makes a CA and a server certificate for names, signed by
@@ -125,25 +129,14 @@ func TestEgressEndToEnd(t *testing.T) {
 	var g *guest
 	var o vmOptions
 	var srvs []*http.Server
+	var testNS netns.NsHandle
 	err = inNewNetns(func() error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
+		var err error
+		if testNS, err = netns.Get(); err != nil {
 			return err
 		}
-		netlink.LinkSetUp(lo)
-		for _, a := range []string{"198.51.100.10", "198.51.100.20", "198.51.100.30"} {
-			addr, _ := netlink.ParseAddr(a + "/32")
-			if err := netlink.AddrAdd(lo, addr); err != nil {
-				return err
-			}
-			ln, err := net.Listen("tcp", a+":8080")
-			if err != nil {
-				return err
-			}
-			page := "page of " + a
-			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, page) })}
-			go srv.Serve(ln)
-			srvs = append(srvs, srv)
+		if srvs, err = pageServers(); err != nil {
+			return err
 		}
 		o = vmOptions{memMiB: 256, cpus: 1, rng: true, tap: "wegr0", vsock: sock, cid: 3, trackDirty: true, egress: eg,
 			mac:     net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x57},
@@ -155,6 +148,7 @@ func TestEgressEndToEnd(t *testing.T) {
 		for _, s := range srvs {
 			s.Close()
 		}
+		testNS.Close()
 	}()
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +171,7 @@ func TestEgressEndToEnd(t *testing.T) {
 	}
 	fetch := func(url string) (int, string) {
 		t.Helper()
-		return exec(20*time.Second, "wget", "-O", "-", url)
+		return exec(8*time.Second, "wget", "-O", "-", url)
 	}
 	mustFetch := func(url, want string) {
 		t.Helper()
@@ -325,4 +319,156 @@ func TestEgressEndToEnd(t *testing.T) {
 			t.Errorf("filter counters: %+v", rep.Stats.Filter)
 		}
 	})
+
+	// The policy in force (the live change above) survives a snapshot and
+	// a restore in a new VM: same verdicts, same CA (the guest's trust
+	// store, restored with its memory, still accepts the proxy).
+	var g2 *guest
+	parent := t // the restored guest outlives its subtest
+	sock2, api2 := filepath.Join(dir, "vm2.sock"), filepath.Join(dir, "api2.sock")
+	t.Run("restore", func(t *testing.T) {
+		snapPath := filepath.Join(dir, "snaps", "egress")
+		os.MkdirAll(filepath.Dir(snapPath), 0o755)
+		mustRun(t, "snapshot", api, snapPath)
+		stopAPI()
+		g.stop()
+		snap, err := vmsnap.Load(snapPath, vmsnap.HostFingerprintSource("/dev/kvm", hostprofile.Detect("/sys/module")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer snap.Close()
+		o2 := vmOptions{restore: snap, trackDirty: true}
+		if err := applyOptions(&o2, snap.Meta.Options); err != nil {
+			t.Fatal(err)
+		}
+		if o2.egress == nil || len(o2.egress.State.Policy.Rules) != 1 || o2.egress.State.Policy.Rules[0].CIDR.String() != "198.51.100.20/32" {
+			t.Fatalf("the snapshot recorded egress %+v, want the policy in force", o2.egress)
+		}
+		o2.vsock = sock2
+		err = inNetns(testNS, func() error {
+			var err error
+			g2, err = startGuest(parent, o2)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop2, err := startAPI(api2, &built{vm: g2.vm, devs: g2.dev}, o2, newLogger(os.Stderr, false), snap.Layer(), snap.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		parent.Cleanup(stop2)
+		mustRun(t, "health", "--wait", "2m", sock2)
+		sock = sock2 // exec, fetch and friends now reach the restored guest
+		mustFetch("http://198.51.100.20:8080/", "page of 198.51.100.20")
+		mustFail("http://198.51.100.30:8080/")
+		code, out := exec(30*time.Second, "sh", "-c", `wget -O - "https://api.test/v1/echo?key=$API_KEY"`)
+		if code != 0 || !strings.Contains(out, "key=warren-placeholder-API_KEY") {
+			t.Errorf("https://api.test after the restore: exit %d %q", code, out)
+		}
+	})
+
+	// A fork's child inherits the policy or narrows it, never widens it,
+	// and runs its own filter in its own network namespace.
+	t.Run("fork", func(t *testing.T) {
+		if g2 == nil {
+			t.Skip("skipped: the restore failed")
+		}
+		wide := filepath.Join(dir, "wide.json")
+		os.WriteFile(wide, []byte(`{"rules": [{"cidr": "198.51.100.0/24", "proto": "tcp", "ports": "8080"}]}`), 0o644)
+		narrow := filepath.Join(dir, "narrow.json")
+		os.WriteFile(narrow, []byte(`{"rules": [{"cidr": "198.51.100.20/32", "proto": "tcp", "ports": "8080"}]}`), 0o644)
+		if code, _, errOut := cli(t, nil, "fork", "--netns", "--egress", wide, api2); code == 0 || !strings.Contains(errOut, "not within") {
+			t.Errorf("a widening fork: exit %d %q", code, errOut)
+		}
+		if code, _, errOut := cli(t, nil, "fork", api2); code == 0 || !strings.Contains(errOut, "--netns") {
+			t.Errorf("a fork without --netns: exit %d %q", code, errOut)
+		}
+		var r forkReply
+		if err := json.Unmarshal([]byte(mustRun(t, "fork", "--netns", "--egress", narrow, "--json", "--prefix", filepath.Join(dir, "kid"), api2)), &r); err != nil {
+			t.Fatal(err)
+		}
+		c := r.Children[0]
+		t.Cleanup(func() {
+			if p, err := os.FindProcess(c.PID); err == nil {
+				p.Kill()
+			}
+		})
+		var rep egressReply
+		if err := json.Unmarshal([]byte(mustRun(t, "egress", c.API)), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Policy.Rules) != 1 || len(rep.Policy.Domains) != 0 || len(rep.Policy.Credentials) != 0 {
+			t.Errorf("the child's policy: %+v", rep.Policy)
+		}
+		// The child's namespace gets the same servers as ours.
+		h, err := netns.GetFromPath(c.NetNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		var kidSrvs []*http.Server
+		if err := inNetns(h, func() (err error) { kidSrvs, err = pageServers(); return err }); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			for _, s := range kidSrvs {
+				s.Close()
+			}
+		}()
+		mustRun(t, "health", "--wait", "2m", c.Vsock)
+		sock = c.Vsock
+		mustFetch("http://198.51.100.20:8080/", "page of 198.51.100.20")
+		mustFail("http://www.allowed.test:8080/")
+		sock = sock2
+		// The parent's policy is untouched by the child's.
+		if err := json.Unmarshal([]byte(mustRun(t, "egress", api2)), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Policy.Domains) != 1 || len(rep.Policy.Credentials) != 2 {
+			t.Errorf("the parent's policy after the fork: %+v", rep.Policy)
+		}
+	})
+}
+
+// pageServers gives lo (brought up) the addresses 198.51.100.10, .20 and .30
+// and serves "page of ADDRESS" on port 8080 of each, in the calling
+// thread's network namespace.
+func pageServers() ([]*http.Server, error) {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return nil, err
+	}
+	netlink.LinkSetUp(lo)
+	var srvs []*http.Server
+	for _, a := range []string{"198.51.100.10", "198.51.100.20", "198.51.100.30"} {
+		addr, _ := netlink.ParseAddr(a + "/32")
+		if err := netlink.AddrAdd(lo, addr); err != nil {
+			return srvs, err
+		}
+		ln, err := net.Listen("tcp", a+":8080")
+		if err != nil {
+			return srvs, err
+		}
+		page := "page of " + a
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, page) })}
+		go srv.Serve(ln)
+		srvs = append(srvs, srv)
+	}
+	return srvs, nil
+}
+
+// inNetns runs fn on an OS thread moved into the network namespace h; the
+// thread is discarded afterwards.
+func inNetns(h netns.NsHandle, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		if err := netns.Set(h); err != nil {
+			errc <- err
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
 }

@@ -56,6 +56,9 @@ type guest struct {
 	// snapLayer and snapName are the snapshot a restored guest came from
 	// (for startAPI, so its incremental snapshots build on it).
 	snapLayer, snapName string
+	// stop stops the VM and closes its devices (once; the test's cleanup
+	// calls it too).
+	stop func()
 }
 
 // bootGuest boots the project kernel and initramfs with opts and waits for
@@ -99,14 +102,19 @@ func startGuest(t *testing.T, o vmOptions) (*guest, error) {
 	g.rng = g.dev.rng
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { g.done <- g.vm.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-g.done
-		closeAll()
-		if t.Failed() {
-			t.Logf("guest console:\n%s", tail([]byte(g.con.String())))
-		}
-	})
+	var once sync.Once
+	g.stop = func() {
+		once.Do(func() {
+			cancel()
+			err := <-g.done
+			g.done <- err
+			closeAll()
+			if t.Failed() {
+				t.Logf("guest console:\n%s", tail([]byte(g.con.String())))
+			}
+		})
+	}
+	t.Cleanup(g.stop)
 	return g, nil
 }
 
