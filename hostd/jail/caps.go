@@ -1,0 +1,110 @@
+//go:build linux && amd64
+
+package jail
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// lastCap is the highest capability the running kernel knows.
+func lastCap() uintptr {
+	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n >= 0 && n < 64 {
+			return uintptr(n)
+		}
+	}
+	return unix.CAP_LAST_CAP
+}
+
+// CapMask is the 64-bit capability set of keep.
+func CapMask(keep []uintptr) uint64 {
+	var m uint64
+	for _, c := range keep {
+		if c < 64 {
+			m |= 1 << c
+		}
+	}
+	return m
+}
+
+// DropCapabilities leaves the process with the capabilities in keep (say
+// unix.CAP_NET_ADMIN) and no others, on every thread (capabilities are per
+// thread in Linux, and a Go process runs goroutines on any thread):
+//
+//  1. every capability not kept leaves the bounding set (PR_CAPBSET_DROP;
+//     needs CAP_SETPCAP, so this comes first), so no execve can regain it;
+//  2. the ambient set is cleared;
+//  3. capset(2) (v3) sets permitted, effective and inheritable to keep.
+//
+// Each step runs on all threads with syscall.AllThreadsSyscall, which is
+// unavailable in cgo binaries: there DropCapabilities returns an error
+// wrapping ENOTSUP and must not be relied on.
+func DropCapabilities(keep []uintptr) error {
+	mask := CapMask(keep)
+	if err := dropBounding(mask); err != nil {
+		return err
+	}
+	return setCaps(mask)
+}
+
+// dropBounding removes every capability not in mask from the bounding set
+// and clears the ambient set, on all threads. Permitted and effective are
+// untouched (dropping from the bounding set needs CAP_SETPCAP effective).
+func dropBounding(mask uint64) error {
+	for c := uintptr(0); c <= lastCap(); c++ {
+		if mask&(1<<c) != 0 {
+			continue
+		}
+		if err := allThreads(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, c, 0); err != nil {
+			if err == unix.EINVAL { // capability unknown to this kernel
+				continue
+			}
+			return fmt.Errorf("jail: prctl(PR_CAPBSET_DROP, %d): %w", c, err)
+		}
+	}
+	if err := allThreads(unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0); err != nil && err != unix.EINVAL {
+		return fmt.Errorf("jail: prctl(PR_CAP_AMBIENT_CLEAR_ALL): %w", err)
+	}
+	return nil
+}
+
+// setCaps sets permitted, effective and inheritable to mask on all threads.
+// The header's pid 0 means "the calling thread", which is what every
+// thread running the AllThreadsSyscall wants.
+func setCaps(mask uint64) error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	for i := range data {
+		v := uint32(mask >> (32 * i))
+		data[i] = unix.CapUserData{Effective: v, Permitted: v, Inheritable: v}
+	}
+	if err := allThreads(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); err != nil {
+		return fmt.Errorf("jail: capset: %w", err)
+	}
+	return nil
+}
+
+// SetUser switches every thread to uid and gid, with no supplementary
+// groups (setgroups, setresgid, setresuid, in that order, each with
+// syscall.AllThreadsSyscall). Leaving uid 0 clears the permitted and
+// effective capabilities (the kernel does it; SECBIT_KEEP_CAPS is not
+// set), so call it after anything that needs privileges, and before the
+// seccomp filter (ProfileStrict refuses setresuid).
+func SetUser(uid, gid int) error {
+	if err := allThreads(unix.SYS_SETGROUPS, 0, 0, 0); err != nil {
+		return fmt.Errorf("jail: setgroups: %w", err)
+	}
+	if err := allThreads(unix.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); err != nil {
+		return fmt.Errorf("jail: setresgid(%d): %w", gid, err)
+	}
+	if err := allThreads(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); err != nil {
+		return fmt.Errorf("jail: setresuid(%d): %w", uid, err)
+	}
+	return nil
+}

@@ -1,0 +1,114 @@
+// Package jail hardens one VMM process (`warren run`, `warren restore`,
+// `warren fork-child`) after its setup: its own namespaces, no privileges
+// it no longer needs, and a seccomp allowlist. Linux, x86_64, no cgo: the
+// classic-BPF program is assembled here (no libseccomp).
+//
+// # Order
+//
+// The daemon starts a VMM with SysProcAttr (new mount, pid, ipc and uts
+// namespaces, a new network namespace with NSOptions.NetNS, a new session,
+// SIGKILL when the daemon dies). The VMM does its privileged setup (open
+// /dev/kvm, create the VM and vCPUs, map guest memory, open disks and tap,
+// attach the egress filter, bind its API socket) and then calls Enter once:
+//
+//  1. PrepareMounts: make every mount private (MS_REC|MS_PRIVATE on /);
+//     optionally mount a fresh /proc for the new pid namespace.
+//  2. Privileges: with Config.User, empty the bounding set, switch uid/gid
+//     (SetUser) and clear every capability; otherwise DropCapabilities
+//     (Config.KeepCaps survive, everything else leaves the bounding,
+//     ambient, permitted, effective and inheritable sets).
+//  3. PR_SET_NO_NEW_PRIVS (execve can never gain privileges again).
+//  4. The seccomp filter, with SECCOMP_FILTER_FLAG_TSYNC so that every
+//     thread of the Go process gets it at once.
+//
+// Each step may need what a later one removes, and the filter refuses the
+// calls of the steps before it, so the order is fixed. Capabilities,
+// no_new_privs and uid are per thread in Linux: this package changes them
+// on all threads with syscall.AllThreadsSyscall, which only exists for
+// binaries built without cgo (the Makefile builds warren with
+// CGO_ENABLED=0); in a cgo binary DropCapabilities and SetUser fail with
+// ENOTSUP rather than half-apply. (seccomp itself is fine either way:
+// TSYNC is done by the kernel.)
+//
+// # The filter
+//
+// The program first checks seccomp_data.arch (anything but
+// AUDIT_ARCH_X86_64 is killed: an int 0x80 i386 syscall must not bypass
+// the x86_64 numbers), then refuses the x32 ABI (bit 30 of the number),
+// then compares the number against the table in syscalls.go, hottest
+// first (ioctl, futex, read, write, epoll). Syscalls with argument checks
+// jump to a body that compares the low 32 bits of the argument (the kernel
+// reads those as int or unsigned int, or has all its flags there):
+//
+//   - ioctl: the request must be in the ioctl table: the KVM requests of
+//     vmm/kvm by name (the run loop, vCPU and VM state for snapshots,
+//     irqfd/ioeventfd, dirty logging; creation requests only in
+//     ProfileVMM), FICLONE, FIONBIO/FIONREAD/FIOCLEX/FIONCLEX, TCGETS and
+//     TIOCGWINSZ. TUNSETIFF and friends only in ProfileVMM. TIOCSTI and
+//     everything else is refused.
+//   - socket: AF_UNIX, AF_INET, AF_INET6 (plus AF_NETLINK in ProfileVMM);
+//     AF_PACKET, AF_VSOCK and the rest are refused. socketpair: AF_UNIX.
+//   - clone: ProfileStrict allows threads only (CLONE_THREAD and the
+//     Go runtime's companion flags, no namespace flag); ProfileVMM also
+//     allows new processes but never CLONE_NEWUSER. clone3 fails with
+//     ENOSYS (its flags are in memory the filter cannot read; Go uses
+//     clone unless asked for a cgroup fd or a time namespace).
+//   - mmap, mprotect: never PROT_WRITE and PROT_EXEC together.
+//   - prctl: a short list (PR_SET_VMA for the Go runtime, names, reading
+//     no_new_privs and capabilities; ProfileVMM adds PR_SET_PDEATHSIG and
+//     capability drops).
+//   - kill, tgkill: ProfileStrict only signals its own pid (Go preemption
+//     sends SIGURG with tgkill, vCPU kicks too).
+//   - bpf (ProfileVMM, or Options.BPFMaps): map lookups, updates,
+//     deletes, iteration, batches, object info and link detach, for the
+//     egress filter's maps; never BPF_PROG_LOAD or BPF_MAP_CREATE.
+//
+// Never allowed, in either profile: mount, umount2, pivot_root, chroot,
+// unshare, setns, ptrace, process_vm_*, bpf program loads, kexec_*,
+// init_module/finit_module/delete_module, reboot, swapon, perf_event_open,
+// keyctl/add_key/request_key, userfaultfd, io_uring_*, open_by_handle_at,
+// name_to_handle_at, mknod, clock_settime/settimeofday/adjtimex, acct,
+// quotactl, syslog, iopl/ioperm, personality, seccomp in ProfileStrict,
+// and anything else not in the table.
+//
+// # Profiles
+//
+// ProfileStrict is what a running VMM needs after its setup: the Go
+// runtime (threads, memory, signals, timers, the netpoller), files
+// (snapshots, disks, logs: openat, pread/pwrite, fallocate, fsync,
+// rename, unlink, memfd_create, copy_file_range), sockets for the API,
+// the vsock backends and the egress resolver/proxy, and the KVM requests
+// of a built VM. It cannot create a process, exec, or signal anything but
+// itself.
+//
+// ProfileVMM adds what the fork API needs: it starts `warren fork-child`
+// with os/exec (clone of a process, execve, wait4/waitid, pidfd_*, setsid,
+// setpgid, chdir), and a seccomp filter survives fork and execve, so the
+// child does its whole setup under it: the KVM creation requests, the tap
+// requests, AF_NETLINK, and what a fork child needs to harden itself in
+// turn (capget/capset, capability prctls, seccomp to stack a filter,
+// setresuid/setresgid/setgroups), plus the startup of an exec'd dynamic
+// binary (brk, access, set_tid_address, set_robust_list, rseq).
+//
+// Which one the daemon should use: ProfileStrict for every VMM that does
+// not serve the fork API (run, restore, and fork children themselves once
+// set up); ProfileVMM only for a VMM whose fork API is enabled. A fork
+// child with --netns also needs the parent to keep CAP_SYS_ADMIN (new
+// network namespace) and CAP_NET_ADMIN (its tap): capabilities dropped in
+// the parent are gone for its children too. A VMM with egress needs
+// Options.BPFMaps under ProfileStrict.
+//
+// # A missing syscall
+//
+// The default action is SECCOMP_RET_ERRNO with EPERM, so a syscall the
+// table lacks fails and shows up in the VMM's log as "operation not
+// permitted" from an unexpected place. To find which: run the VMM with
+// Options{Mode: ModeLog} (SECCOMP_RET_LOG, with SECCOMP_FILTER_FLAG_LOG):
+// everything is allowed and each unlisted call is logged by the kernel
+// (`dmesg | grep 'type=1326'` or `journalctl -k | grep audit`, or
+// /var/log/audit/audit.log with auditd; the syscall= field is the x86_64
+// number, `ausyscall <n>` names it). Add it to the table with a comment
+// saying who needs it (or, until then, Options.Extra). ModeKill
+// (SECCOMP_RET_KILL_PROCESS) kills the VMM with SIGSYS instead; the tests
+// use it to prove the Go runtime needs nothing outside the table.
+package jail
