@@ -1,5 +1,8 @@
-// Package hostd owns the host daemon: API, sandbox lifecycle, storage, credentials, encryption (the warren-hostd issue).
-//
-// It is empty until that issue lands; the folder exists so the layout in
-// README.md is visible from the start.
+// Package hostd is the host daemon's side of Warren: hostd/daemon (the
+// warren-hostd API, templates, sandboxes, supervision, tenants), hostd/store
+// (its state directory), hostd/cgroup (per-sandbox limits), hostd/metrics
+// (Prometheus), hostd/crypt (at-rest encryption under tenants' keys),
+// hostd/jail (VMM process hardening), hostd/egress and hostd/credproxy (a
+// sandbox's egress services) and hostd/agentclient (the guest agent's
+// client). See hostd/openapi.yaml for the API.
 package hostd

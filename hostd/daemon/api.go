@@ -1,0 +1,627 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/hostd/store"
+)
+
+// TenantHeader names the tenant of a request on the unix socket.
+const TenantHeader = "X-Warren-Tenant"
+
+// An Authenticator returns the tenant a request acts for.
+type Authenticator func(r *http.Request) (string, error)
+
+// HeaderAuth takes the tenant from TenantHeader (the unix socket, whose
+// access the socket file's permissions control).
+func HeaderAuth(r *http.Request) (string, error) {
+	t := r.Header.Get(TenantHeader)
+	if t == "" {
+		return "", errf(401, "missing %s header", TenantHeader)
+	}
+	if !store.ValidTenant(t) {
+		return "", errf(400, "bad tenant %q: want [a-z0-9-]{1,63}", t)
+	}
+	return t, nil
+}
+
+// TokenAuth takes the tenant from the bearer token (TCP): tokens maps
+// each token to its tenant. A TenantHeader naming another tenant is
+// refused.
+func TokenAuth(tokens map[string]string) Authenticator {
+	return func(r *http.Request) (string, error) {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		t := tokens[strings.TrimSpace(tok)]
+		if !ok || t == "" {
+			return "", errf(401, "missing or unknown bearer token")
+		}
+		if h := r.Header.Get(TenantHeader); h != "" && h != t {
+			return "", errf(403, "the token does not belong to tenant %q", h)
+		}
+		return t, nil
+	}
+}
+
+// LoadTokens reads a tokens file: a JSON object {"token": "tenant", ...},
+// which must not be readable by group or others.
+func LoadTokens(path string) (map[string]string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("tokens file %s: mode %v, want 0600", path, fi.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]string
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("tokens file %s: %w", path, err)
+	}
+	for tok, t := range m {
+		if len(tok) < 16 || !store.ValidTenant(t) {
+			return nil, fmt.Errorf("tokens file %s: tokens must have 16+ characters and tenants match [a-z0-9-]{1,63}", path)
+		}
+	}
+	return m, nil
+}
+
+// auditLog writes one JSON line per request.
+type auditLog struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+type auditEntry struct {
+	Time       time.Time `json:"time"`
+	Tenant     string    `json:"tenant,omitempty"`
+	Method     string    `json:"method"`
+	Path       string    `json:"path"`
+	Status     int       `json:"status"`
+	DurationMS float64   `json:"duration_ms"`
+	Sandbox    string    `json:"sandbox,omitempty"`
+	Template   string    `json:"template,omitempty"`
+	Remote     string    `json:"remote,omitempty"`
+}
+
+func (a *auditLog) write(e auditEntry) {
+	if a.w == nil {
+		return
+	}
+	b, _ := json.Marshal(e)
+	a.mu.Lock()
+	a.w.Write(append(b, '\n'))
+	a.mu.Unlock()
+}
+
+type recorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *recorder) WriteHeader(s int) {
+	if r.status == 0 {
+		r.status = s
+	}
+	r.ResponseWriter.WriteHeader(s)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = 200
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *recorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	st, msg := errStatus(err)
+	writeJSON(w, st, map[string]string{"error": msg})
+}
+
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return errf(400, "bad request body: %v", err)
+	}
+	return nil
+}
+
+type handlerFunc func(w http.ResponseWriter, r *http.Request, tenant string)
+
+// Handler returns the API's handler; auth names each request's tenant.
+func (d *Daemon) Handler(auth Authenticator) http.Handler {
+	if auth == nil {
+		auth = HeaderAuth
+	}
+	mux := http.NewServeMux()
+	handle := func(pattern string, h handlerFunc) {
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			rec := &recorder{ResponseWriter: w}
+			tenant, err := auth(r)
+			if err != nil {
+				writeErr(rec, err)
+			} else {
+				h(rec, r, tenant)
+			}
+			if rec.status == 0 {
+				rec.status = 200
+			}
+			dur := time.Since(start)
+			d.audit.write(auditEntry{Time: start.UTC(), Tenant: tenant, Method: r.Method, Path: r.URL.Path, Status: rec.status,
+				DurationMS: float64(dur.Microseconds()) / 1000, Sandbox: r.PathValue("id"), Remote: r.RemoteAddr})
+			d.obs.ObserveRequest(tenant, r.Method, pattern, rec.status, dur)
+		})
+	}
+	handle("GET /v1/health", func(w http.ResponseWriter, r *http.Request, tenant string) {
+		writeJSON(w, 200, map[string]any{"ok": true, "tenant": tenant, "cgroups": d.cgroupVersion()})
+	})
+	handle("POST /v1/templates", d.postTemplate)
+	handle("GET /v1/templates", d.listTemplates)
+	handle("GET /v1/templates/{id}", d.getTemplate)
+	handle("DELETE /v1/templates/{id}", d.delTemplate)
+	handle("POST /v1/sandboxes", d.postSandbox)
+	handle("GET /v1/sandboxes", func(w http.ResponseWriter, r *http.Request, tenant string) {
+		l := d.listSandboxes(tenant)
+		if l == nil {
+			l = []store.Sandbox{}
+		}
+		writeJSON(w, 200, l)
+	})
+	handle("GET /v1/sandboxes/{id}", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
+		writeJSON(w, 200, d.snapshotRec(s))
+	}))
+	handle("DELETE /v1/sandboxes/{id}", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
+		if err := d.deleteSandbox(s); err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, 200, map[string]string{"deleted": s.rec.ID})
+	}))
+	handle("POST /v1/sandboxes/{id}/exec", d.withSandbox(d.exec))
+	handle("GET /v1/sandboxes/{id}/files", d.withSandbox(d.getFile))
+	handle("PUT /v1/sandboxes/{id}/files", d.withSandbox(d.putFile))
+	handle("POST /v1/sandboxes/{id}/pause", d.withSandbox(d.postPause))
+	handle("POST /v1/sandboxes/{id}/resume", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
+		newOp().run(w, r, func(o *op) (int, any, error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			res, err := d.resume(d.ctx, s, o)
+			return 200, res, err
+		})
+	}))
+	handle("POST /v1/sandboxes/{id}/snapshots", d.withSandbox(d.postSnapshot))
+	handle("GET /v1/sandboxes/{id}/snapshots", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
+		rec := d.snapshotRec(s)
+		l := rec.Snapshots
+		if l == nil {
+			l = []store.Snapshot{}
+		}
+		writeJSON(w, 200, map[string]any{"snapshots": l, "rolling": rec.Rolling})
+	}))
+	handle("POST /v1/sandboxes/{id}/rollback", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
+		var req struct {
+			Snapshot string `json:"snapshot"`
+		}
+		if err := decode(r, &req); err != nil {
+			writeErr(w, err)
+			return
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		res, err := d.rollback(r.Context(), s, req.Snapshot)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, 200, res)
+	}))
+	handle("POST /v1/sandboxes/{id}/fork", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
+		var req struct {
+			N int `json:"n"`
+		}
+		if err := decode(r, &req); err != nil {
+			writeErr(w, err)
+			return
+		}
+		if req.N == 0 {
+			req.N = 1
+		}
+		newOp().run(w, r, func(o *op) (int, any, error) { return d.fork(o, s, req.N) })
+	}))
+	handle("GET /v1/events", d.streamEvents)
+	return mux
+}
+
+func (d *Daemon) cgroupVersion() int {
+	if d.cg == nil {
+		return 0
+	}
+	return d.cg.Version
+}
+
+// withSandbox resolves {id} to the tenant's sandbox, or answers 404.
+func (d *Daemon) withSandbox(h func(w http.ResponseWriter, r *http.Request, s *sbState)) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, tenant string) {
+		s := d.sandbox(tenant, r.PathValue("id"))
+		if s == nil {
+			writeErr(w, errf(404, "sandbox %q not found", r.PathValue("id")))
+			return
+		}
+		h(w, r, s)
+	}
+}
+
+func (d *Daemon) postTemplate(w http.ResponseWriter, r *http.Request, tenant string) {
+	var req TemplateRequest
+	if err := decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	newOp().run(w, r, func(o *op) (int, any, error) { return d.buildTemplate(o, tenant, req) })
+}
+
+func (d *Daemon) listTemplates(w http.ResponseWriter, r *http.Request, tenant string) {
+	d.mu.Lock()
+	out := []store.Template{}
+	for _, t := range d.templates {
+		if t.rec.Tenant == tenant {
+			out = append(out, *t.view.Load())
+		}
+	}
+	d.mu.Unlock()
+	writeJSON(w, 200, out)
+}
+
+func (d *Daemon) getTemplate(w http.ResponseWriter, r *http.Request, tenant string) {
+	t := d.template(tenant, r.PathValue("id"))
+	if t == nil {
+		writeErr(w, errf(404, "template %q not found", r.PathValue("id")))
+		return
+	}
+	writeJSON(w, 200, *t.view.Load())
+}
+
+func (d *Daemon) delTemplate(w http.ResponseWriter, r *http.Request, tenant string) {
+	t := d.template(tenant, r.PathValue("id"))
+	if t == nil {
+		writeErr(w, errf(404, "template %q not found", r.PathValue("id")))
+		return
+	}
+	if err := d.deleteTemplate(t); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, map[string]string{"deleted": r.PathValue("id")})
+}
+
+func (d *Daemon) postSandbox(w http.ResponseWriter, r *http.Request, tenant string) {
+	var req SandboxRequest
+	if err := decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	newOp().run(w, r, func(o *op) (int, any, error) { return d.createSandbox(o, tenant, req) })
+}
+
+func (d *Daemon) postPause(w http.ResponseWriter, r *http.Request, s *sbState) {
+	toDisk, _ := strconv.ParseBool(r.URL.Query().Get("to_disk"))
+	if toDisk {
+		newOp().run(w, r, func(o *op) (int, any, error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			res, err := d.suspendLocked(d.ctx, s, o)
+			return 200, res, err
+		})
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := d.pause(r.Context(), s); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, copyRec(s.rec))
+}
+
+// SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots.
+type SnapshotRequest struct {
+	Name        string `json:"name,omitempty"`
+	Incremental bool   `json:"incremental,omitempty"`
+	// Every, when set, starts (or with "0", stops) rolling snapshots.
+	Every string `json:"every,omitempty"`
+	Keep  int    `json:"keep,omitempty"`
+}
+
+func (d *Daemon) postSnapshot(w http.ResponseWriter, r *http.Request, s *sbState) {
+	var req SnapshotRequest
+	if err := decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if req.Every != "" {
+		if req.Every == "0" || req.Every == "off" {
+			if s.stopRolling != nil {
+				s.stopRolling()
+				s.stopRolling = nil
+			}
+			s.rec.Rolling = nil
+			d.save(s)
+			writeJSON(w, 200, map[string]any{"rolling": nil})
+			return
+		}
+		every, err := time.ParseDuration(req.Every)
+		if err != nil || every < time.Second {
+			writeErr(w, errf(400, "every %q: want a duration of at least 1s", req.Every))
+			return
+		}
+		if err := running(s, true); err != nil {
+			writeErr(w, err)
+			return
+		}
+		if req.Keep <= 0 {
+			req.Keep = 8
+		}
+		s.rec.Rolling = &store.Rolling{Every: every.String(), Keep: req.Keep}
+		s.chain = 0
+		d.save(s)
+		d.startRolling(s)
+		writeJSON(w, http.StatusAccepted, map[string]any{"rolling": s.rec.Rolling})
+		return
+	}
+	if err := running(s, true); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if req.Name == "" {
+		req.Name = freeName(s.rec, "snap")
+	}
+	kind := "full"
+	if req.Incremental {
+		kind = "incremental"
+	}
+	snap, err := d.takeSnapshot(r.Context(), s, req.Name, kind, false)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snap)
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
+type ExecRequest struct {
+	Argv      []string `json:"argv"`
+	Env       []string `json:"env,omitempty"`
+	Cwd       string   `json:"cwd,omitempty"`
+	TimeoutMS int64    `json:"timeout_ms,omitempty"`
+	// Stdin is the process's whole standard input (base64 in JSON).
+	Stdin []byte `json:"stdin,omitempty"`
+}
+
+// ExecFrame is one line of an exec's NDJSON answer: exactly one of
+// Stdout, Stderr (base64 in JSON), Exit (with Signal, TimedOut) or Error.
+type ExecFrame struct {
+	Stdout   []byte `json:"stdout,omitempty"`
+	Stderr   []byte `json:"stderr,omitempty"`
+	Exit     *int   `json:"exit,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+// frameWriter turns the agent's output into ExecFrames; the answer's
+// header goes out with the first frame, so an error before any output is
+// answered with a proper status.
+type frameWriter struct {
+	w       http.ResponseWriter
+	enc     *json.Encoder
+	started bool
+	stderr  bool
+}
+
+func (f *frameWriter) start() {
+	if !f.started {
+		f.started = true
+		f.w.Header().Set("Content-Type", "application/x-ndjson")
+		f.w.WriteHeader(200)
+		f.enc = json.NewEncoder(f.w)
+	}
+}
+
+func (f *frameWriter) frame(fr ExecFrame) error {
+	f.start()
+	err := f.enc.Encode(fr)
+	if fl, ok := f.w.(http.Flusher); ok {
+		fl.Flush()
+	}
+	return err
+}
+
+type streamOut struct {
+	f      *frameWriter
+	stderr bool
+}
+
+func (s streamOut) Write(p []byte) (int, error) {
+	fr := ExecFrame{Stdout: p}
+	if s.stderr {
+		fr = ExecFrame{Stderr: p}
+	}
+	if err := s.f.frame(fr); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func agentErr(err error) error {
+	var ae *agent.Error
+	if errors.As(err, &ae) && ae.Status >= 400 && ae.Status < 500 {
+		return errf(ae.Status, "%v", err)
+	}
+	return errf(502, "guest agent: %v", err)
+}
+
+func (d *Daemon) readyAgent(s *sbState) (*agent.Client, []string, error) {
+	rec := d.snapshotRec(s)
+	if rec.Status != store.Running {
+		return nil, nil, errf(409, "sandbox %s is %s", rec.ID, rec.Status)
+	}
+	return s.agent, rec.Env, nil
+}
+
+func (d *Daemon) exec(w http.ResponseWriter, r *http.Request, s *sbState) {
+	var req ExecRequest
+	if err := decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if len(req.Argv) == 0 {
+		writeErr(w, errf(400, "argv is required"))
+		return
+	}
+	c, env, err := d.readyAgent(s)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	start := time.Now()
+	ar := agent.ExecRequest{Argv: req.Argv, Env: append(append([]string(nil), env...), req.Env...), Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}
+	if req.Stdin != nil {
+		ar.Input = bytes.NewReader(req.Stdin)
+	}
+	fw := &frameWriter{w: w}
+	st, err := c.ExecStatus(r.Context(), ar, streamOut{f: fw}, streamOut{f: fw, stderr: true})
+	d.obs.ObserveOp("exec", time.Since(start), err)
+	if err != nil && !errors.Is(err, agent.ErrTimedOut) {
+		if !fw.started {
+			writeErr(w, agentErr(err))
+			return
+		}
+		fw.frame(ExecFrame{Error: err.Error()})
+		return
+	}
+	code := st.Code
+	fw.frame(ExecFrame{Exit: &code, Signal: st.Signal, TimedOut: st.TimedOut})
+}
+
+func (d *Daemon) getFile(w http.ResponseWriter, r *http.Request, s *sbState) {
+	p := r.URL.Query().Get("path")
+	if !strings.HasPrefix(p, "/") {
+		writeErr(w, errf(400, "path must be absolute"))
+		return
+	}
+	c, _, err := d.readyAgent(s)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	fi, err := c.Stat(r.Context(), p)
+	if err != nil {
+		writeErr(w, agentErr(err))
+		return
+	}
+	if fi.IsDir {
+		writeErr(w, errf(400, "%s is a directory", p))
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("X-Warren-Mode", strconv.FormatUint(uint64(fi.Mode.Perm()), 8))
+	bw := bufio.NewWriterSize(w, 64<<10)
+	if _, err := c.ReadFile(r.Context(), p, bw); err != nil {
+		// Headers may be out already: the connection is cut short.
+		d.log.Warn("file download failed", "sandbox", s.rec.ID, "path", p, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+	bw.Flush()
+}
+
+func (d *Daemon) putFile(w http.ResponseWriter, r *http.Request, s *sbState) {
+	p := r.URL.Query().Get("path")
+	if !strings.HasPrefix(p, "/") {
+		writeErr(w, errf(400, "path must be absolute"))
+		return
+	}
+	mode := uint64(0o644)
+	if m := r.URL.Query().Get("mode"); m != "" {
+		var err error
+		if mode, err = strconv.ParseUint(m, 8, 32); err != nil || mode > 0o7777 {
+			writeErr(w, errf(400, "bad mode %q", m))
+			return
+		}
+	}
+	c, _, err := d.readyAgent(s)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	fi, err := c.WriteFile(r.Context(), p, r.Body, fs.FileMode(mode&0o777))
+	if err != nil {
+		writeErr(w, agentErr(err))
+		return
+	}
+	writeJSON(w, 200, fi)
+}
+
+// streamEvents streams the tenant's events as NDJSON until the client
+// goes away.
+func (d *Daemon) streamEvents(w http.ResponseWriter, r *http.Request, tenant string) {
+	ch, cancel := d.events.subscribe(tenant)
+	defer cancel()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(200)
+	fl, _ := w.(http.Flusher)
+	if fl != nil {
+		fl.Flush()
+	}
+	enc := json.NewEncoder(w)
+	ctx, stop := context.WithCancel(r.Context())
+	defer stop()
+	for {
+		select {
+		case e := <-ch:
+			if enc.Encode(e) != nil {
+				return
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		case <-ctx.Done():
+			return
+		case <-d.ctx.Done():
+			return
+		}
+	}
+}

@@ -1,0 +1,435 @@
+// Package daemon is warren-hostd: one daemon per KVM host that owns the
+// host's sandboxes. It keeps their records in a state directory
+// (hostd/store), runs one VMM process (the warren binary) per sandbox in a
+// cgroup of its own (hostd/cgroup), supervises them, and serves the JSON
+// API described in hostd/openapi.yaml, per tenant.
+//
+// The VMMs are separate processes in their own sessions: a daemon that
+// stops or is killed leaves them running, and a daemon that starts re-adopts
+// every sandbox whose VMM is still the process it recorded (PID and start
+// time) and answers on its control socket; the others are marked stopped
+// and can be resumed from their latest snapshot.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/hostd/cgroup"
+	"github.com/warrenvm/warren/hostd/store"
+)
+
+// Hooks are where other host components plug in.
+type Hooks struct {
+	// SnapshotWritten is called after a VMM wrote the snapshot DIR/NAME
+	// (NAME.wstate and its NAME.*.wsnap layers) of tenant's sandbox or
+	// template, before the daemon records it: at-rest encryption
+	// (hostd/crypt) plugs in here.
+	SnapshotWritten func(tenant, path string) error
+	// BeforeRestore is called before a VMM is started on, or rolled back
+	// to, the snapshot DIR/NAME (and the chain under it): decryption plugs
+	// in here.
+	BeforeRestore func(tenant, path string) error
+	// (The VMM jail plugs into the Launcher: ExecLauncher.Prepare.)
+}
+
+// Observer receives measurements (a Prometheus exporter implements it).
+type Observer interface {
+	// ObserveRequest is called once per API request.
+	ObserveRequest(tenant, method, route string, status int, d time.Duration)
+	// ObserveOp is called when an operation ends: template_build, create,
+	// resume_from_disk, pause_to_disk, fork, snapshot, exec.
+	ObserveOp(op string, d time.Duration, err error)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) ObserveRequest(string, string, string, int, time.Duration) {}
+func (nopObserver) ObserveOp(string, time.Duration, error)                    {}
+
+// Config configures a Daemon.
+type Config struct {
+	// State is the state directory.
+	State string
+	// Launcher starts VMMs; default an ExecLauncher on Warren.
+	Launcher Launcher
+	// Warren is the warren binary (for the default launcher).
+	Warren string
+	// Log is the daemon's log (default: JSON on stderr).
+	Log *slog.Logger
+	// Audit receives one JSON line per API request (default: none).
+	Audit io.Writer
+	// CgroupRoot is where cgroup hierarchies are mounted (default
+	// /sys/fs/cgroup); "none" runs without cgroups.
+	CgroupRoot string
+	// CgroupParent is the daemon's parent group (default "warren").
+	CgroupParent string
+	// BootTimeout bounds a template's boot to its agent's first answer
+	// (default 5 min); RestoreTimeout a restore's (default 2 min).
+	BootTimeout, RestoreTimeout time.Duration
+	// MonitorInterval is how often VMM processes are checked (default 1 s).
+	MonitorInterval time.Duration
+	// MemOverheadMiB is added to a sandbox's memory for its VMM's cgroup
+	// limit (default 128).
+	MemOverheadMiB int
+	Hooks          Hooks
+	Observer       Observer
+}
+
+// Daemon is the host daemon.
+type Daemon struct {
+	cfg      Config
+	store    *store.Store
+	log      *slog.Logger
+	launcher Launcher
+	cg       *cgroup.Manager
+	obs      Observer
+	events   *bus
+	audit    *auditLog
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	templates map[string]*tplState
+	sandboxes map[string]*sbState
+	servers   []*http.Server
+}
+
+type tplState struct {
+	mu  sync.Mutex // held while the template is built or deleted
+	rec *store.Template
+	// warm is held by the first restore of the template: a lazy restore
+	// flattens the snapshot once, and concurrent first restores would all
+	// flatten it.
+	warm   sync.Mutex
+	warmed bool
+	// view is a copy of rec as last saved.
+	view atomic.Pointer[store.Template]
+}
+
+// saveTemplate writes t's record and publishes it to readers.
+func (d *Daemon) saveTemplate(t *tplState) error {
+	c := *t.rec
+	t.view.Store(&c)
+	err := d.store.SaveTemplate(t.rec)
+	if err != nil {
+		d.log.Error("save record", "template", t.rec.ID, "err", err)
+	}
+	return err
+}
+
+type sbState struct {
+	mu  sync.Mutex // serialises the sandbox's operations and guards rec
+	rec *store.Sandbox
+	// agent is the client of its guest agent.
+	agent *agent.Client
+	// chainOK says the VMM took a snapshot into the sandbox's directory
+	// since it started or rolled back, so an incremental one has its
+	// parent there.
+	chainOK bool
+	// chain counts the layers of the rolling snapshotter's current chain.
+	chain int
+	// stopRolling stops the rolling snapshotter.
+	stopRolling context.CancelFunc
+	cgroup      *cgroup.Group
+	deleted     bool
+	// view is a copy of rec as last saved, for readers that must not wait
+	// for an operation in progress.
+	view atomic.Pointer[store.Sandbox]
+}
+
+// save writes s's record and publishes it to readers (caller holds s.mu
+// or owns s).
+func (d *Daemon) save(s *sbState) error {
+	err := d.store.SaveSandbox(s.rec)
+	c := copyRec(s.rec)
+	s.view.Store(&c)
+	if err != nil {
+		d.log.Error("save record", "sandbox", s.rec.ID, "err", err)
+	}
+	return err
+}
+
+// New opens the state directory, re-adopts the sandboxes whose VMMs still
+// run and starts supervising them. It serves nothing until Serve.
+func New(cfg Config) (*Daemon, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	}
+	if cfg.BootTimeout == 0 {
+		cfg.BootTimeout = 5 * time.Minute
+	}
+	if cfg.RestoreTimeout == 0 {
+		cfg.RestoreTimeout = 2 * time.Minute
+	}
+	if cfg.MonitorInterval == 0 {
+		cfg.MonitorInterval = time.Second
+	}
+	if cfg.MemOverheadMiB == 0 {
+		cfg.MemOverheadMiB = 128
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "warren"
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
+	}
+	st, err := store.Open(cfg.State)
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, store: st, log: cfg.Log, obs: cfg.Observer, events: newBus(),
+		audit: &auditLog{w: cfg.Audit}, templates: map[string]*tplState{}, sandboxes: map[string]*sbState{}}
+	d.launcher = cfg.Launcher
+	if d.launcher == nil {
+		if cfg.Warren == "" {
+			return nil, errors.New("daemon: no warren binary and no launcher")
+		}
+		d.launcher = &ExecLauncher{Warren: cfg.Warren}
+	}
+	if cfg.CgroupRoot != "none" {
+		root := cfg.CgroupRoot
+		if root == "" {
+			root = "/sys/fs/cgroup"
+		}
+		if d.cg, err = cgroup.Detect(root, cfg.CgroupParent); err != nil {
+			d.log.Warn("no usable cgroup hierarchy: VMMs run without memory and CPU limits", "err", err)
+			d.cg = nil
+		} else {
+			d.log.Info("cgroups", "version", d.cg.Version)
+		}
+	}
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	d.adopt()
+	d.wg.Add(1)
+	go d.monitor()
+	return d, nil
+}
+
+// adopt loads the records and settles each against the processes found.
+func (d *Daemon) adopt() {
+	tpls, sbs, errs := d.store.Load()
+	for _, err := range errs {
+		d.log.Error("unreadable record skipped", "err", err)
+	}
+	for _, t := range tpls {
+		if t.Status == store.TemplateBuilding {
+			stopProc(t.PID, t.StartTime, 2*time.Second)
+			t.Status, t.Error, t.PID, t.StartTime = store.TemplateFailed, "build interrupted by a daemon restart", 0, 0
+		}
+		ts := &tplState{rec: t}
+		d.saveTemplate(ts)
+		d.templates[t.ID] = ts
+	}
+	for _, sb := range sbs {
+		s := &sbState{rec: sb, agent: agentclient.New(sb.Vsock)}
+		if d.cg != nil && len(sb.Cgroup) > 0 && sb.Cgroup[0] != "none" {
+			s.cgroup = d.cg.Open(sb.ID)
+		}
+		c := copyRec(sb)
+		s.view.Store(&c)
+		d.sandboxes[sb.ID] = s
+		switch sb.Status {
+		case store.Running, store.Paused:
+			if !alive(sb.PID, sb.StartTime) {
+				d.markStopped(s, fmt.Sprintf("VMM (pid %d) was gone when the daemon started", sb.PID))
+				continue
+			}
+			if err := vmmAnswers(sb.API); err != nil {
+				stopProc(sb.PID, sb.StartTime, 2*time.Second)
+				d.markStopped(s, fmt.Sprintf("VMM (pid %d) did not answer on its control socket when the daemon started (%v); stopped", sb.PID, err))
+				continue
+			}
+			d.log.Info("re-adopted sandbox", "tenant", sb.Tenant, "sandbox", sb.ID, "pid", sb.PID, "status", sb.Status)
+			if sb.Rolling != nil {
+				d.startRolling(s)
+			}
+		case store.Creating:
+			stopProc(sb.PID, sb.StartTime, 2*time.Second)
+			sb.Status, sb.Reason, sb.PID, sb.StartTime = store.Failed, "creation interrupted by a daemon restart", 0, 0
+			d.save(s)
+		}
+	}
+}
+
+// markStopped records that s's VMM is gone (caller holds s.mu or owns s).
+func (d *Daemon) markStopped(s *sbState, reason string) {
+	sb := s.rec
+	if s.stopRolling != nil {
+		s.stopRolling()
+		s.stopRolling = nil
+	}
+	sb.Status, sb.Reason, sb.PID, sb.StartTime = store.Stopped, reason, 0, 0
+	s.chainOK = false
+	d.save(s)
+	d.log.Warn("sandbox stopped", "tenant", sb.Tenant, "sandbox", sb.ID, "reason", reason)
+	d.events.publish(sb.Tenant, Event{Type: "stopped", Sandbox: sb.ID, Detail: reason})
+}
+
+// monitor notices VMMs that ended on their own.
+func (d *Daemon) monitor() {
+	defer d.wg.Done()
+	t := time.NewTicker(d.cfg.MonitorInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, s := range d.allSandboxes() {
+			if !s.mu.TryLock() { // an operation is under way: it settles the status
+				continue
+			}
+			sb := s.rec
+			if !s.deleted && (sb.Status == store.Running || sb.Status == store.Paused) && !alive(sb.PID, sb.StartTime) {
+				reason := fmt.Sprintf("VMM (pid %d) exited", sb.PID)
+				if t := tail(sb.Log, 300); t != "" {
+					reason += ": " + t
+				}
+				d.markStopped(s, reason)
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+func (d *Daemon) allSandboxes() []*sbState {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]*sbState, 0, len(d.sandboxes))
+	for _, s := range d.sandboxes {
+		out = append(out, s)
+	}
+	return out
+}
+
+// Serve serves the API on l until Close; auth names the tenant of each
+// request (TenantHeader for a unix socket, TokenAuth for TCP).
+func (d *Daemon) Serve(l net.Listener, auth Authenticator) error {
+	srv := &http.Server{Handler: d.Handler(auth), ReadHeaderTimeout: 10 * time.Second}
+	d.mu.Lock()
+	d.servers = append(d.servers, srv)
+	d.mu.Unlock()
+	err := srv.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close stops serving and supervising, abruptly (open requests are cut),
+// and leaves every VMM running: a new daemon on the same state directory
+// re-adopts them. It is what a kill of the daemon does, minus the records
+// being written: they always are before an operation answers.
+func (d *Daemon) Close() error {
+	d.mu.Lock()
+	srvs := d.servers
+	d.servers = nil
+	d.mu.Unlock()
+	for _, s := range srvs {
+		s.Close()
+	}
+	d.cancel()
+	d.wg.Wait()
+	return nil
+}
+
+// StopAll stops every VMM, each sandbox suspended to disk first when
+// suspend is set (a host shutdown), otherwise just stopped.
+func (d *Daemon) StopAll(suspend bool) {
+	var wg sync.WaitGroup
+	for _, s := range d.allSandboxes() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.rec.Status != store.Running && s.rec.Status != store.Paused {
+				return
+			}
+			if suspend {
+				if _, err := d.suspendLocked(d.ctx, s, newOp()); err == nil {
+					return
+				}
+			}
+			stopProc(s.rec.PID, s.rec.StartTime, 5*time.Second)
+			d.markStopped(s, "stopped with the daemon")
+		}()
+	}
+	wg.Wait()
+}
+
+// newID returns prefix-<12 hex digits>.
+func newID(prefix string) string {
+	var b [6]byte
+	rand.Read(b[:])
+	return prefix + "-" + hex.EncodeToString(b[:])
+}
+
+// template returns tenant's template id, or nil.
+func (d *Daemon) template(tenant, id string) *tplState {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	t := d.templates[id]
+	if t == nil || t.rec.Tenant != tenant {
+		return nil
+	}
+	return t
+}
+
+// sandbox returns tenant's sandbox id, or nil: another tenant's is
+// indistinguishable from a missing one.
+func (d *Daemon) sandbox(tenant, id string) *sbState {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.sandboxes[id]
+	if s == nil || s.rec.Tenant != tenant {
+		return nil
+	}
+	return s
+}
+
+// listSandboxes returns copies of tenant's sandbox records, by creation.
+func (d *Daemon) listSandboxes(tenant string) []store.Sandbox {
+	var out []store.Sandbox
+	for _, s := range d.allSandboxes() {
+		if s.rec.Tenant != tenant {
+			continue
+		}
+		out = append(out, d.snapshotRec(s))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out
+}
+
+// snapshotRec returns a copy of s's record as last saved.
+func (d *Daemon) snapshotRec(s *sbState) store.Sandbox { return *s.view.Load() }
+
+func copyRec(r *store.Sandbox) store.Sandbox {
+	c := *r
+	c.Snapshots = append([]store.Snapshot(nil), r.Snapshots...)
+	return c
+}
+
+// sockets returns the control and vsock socket paths for id.
+func (d *Daemon) sockets(id string) (api, vsock string) {
+	return filepath.Join(d.store.RunDir(), id+".api"), filepath.Join(d.store.RunDir(), id+".vsock")
+}

@@ -1,0 +1,253 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/warrenvm/warren/guestinit/agent"
+)
+
+// fakeLauncher stands in for the warren binary: each "VMM" is a real
+// `sleep` process (so PIDs, start times, signals and cgroups are real),
+// and the launcher serves, in the test process, a fake control API on the
+// VMM's --api socket and a real guest agent (running commands on this
+// host) behind a fake vsock CONNECT handshake on its --vsock socket. Both
+// stop when the sleep process dies. The fake outlives a Daemon, like a
+// real VMM.
+type fakeLauncher struct {
+	t      testing.TB
+	mu     sync.Mutex
+	vms    map[int]*fakeVM
+	starts atomic.Int32
+	// failRestore makes `restore` fail to start.
+	failRestore atomic.Bool
+}
+
+type fakeVM struct {
+	cmd        *exec.Cmd
+	api, vsock string
+	mu         sync.Mutex
+	paused     bool
+	snaps      []string
+	closers    []func()
+	launcher   *fakeLauncher
+}
+
+func newFakeLauncher(t testing.TB) *fakeLauncher {
+	f := &fakeLauncher{t: t, vms: map[int]*fakeVM{}}
+	t.Cleanup(func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, vm := range f.vms {
+			vm.cmd.Process.Kill()
+		}
+	})
+	return f
+}
+
+func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
+	var api, vs string
+	for i := 0; i+1 < len(spec.Args); i++ {
+		switch spec.Args[i] {
+		case "--api":
+			api = spec.Args[i+1]
+		case "--vsock":
+			vs = spec.Args[i+1]
+		}
+	}
+	if api == "" || vs == "" {
+		return Proc{}, fmt.Errorf("fake: no --api/--vsock in %v", spec.Args)
+	}
+	if spec.Args[0] == "restore" && f.failRestore.Load() {
+		return Proc{}, errors.New("fake: restore refused")
+	}
+	f.starts.Add(1)
+	vm, err := f.startVM(api, vs)
+	if err != nil {
+		return Proc{}, err
+	}
+	st, err := procStartTime(vm.cmd.Process.Pid)
+	return Proc{PID: vm.cmd.Process.Pid, StartTime: st}, err
+}
+
+func (f *fakeLauncher) vm(pid int) *fakeVM {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.vms[pid]
+}
+
+func (f *fakeLauncher) startVM(api, vs string) (*fakeVM, error) {
+	cmd := exec.Command("sleep", "600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	vm := &fakeVM{cmd: cmd, api: api, vsock: vs, launcher: f}
+	if err := vm.serve(); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, err
+	}
+	f.mu.Lock()
+	f.vms[cmd.Process.Pid] = vm
+	f.mu.Unlock()
+	go func() {
+		cmd.Wait()
+		vm.mu.Lock()
+		cl := vm.closers
+		vm.closers = nil
+		vm.mu.Unlock()
+		for _, c := range cl {
+			c()
+		}
+	}()
+	return vm, nil
+}
+
+// serve starts the fake control API and the agent.
+func (vm *fakeVM) serve() error {
+	os.Remove(vm.api)
+	os.Remove(vm.vsock)
+	al, err := net.Listen("unix", vm.api)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	reply := func(w http.ResponseWriter, st int, v any) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(st)
+		json.NewEncoder(w).Encode(v)
+	}
+	mux.HandleFunc("POST /v1/pause", func(w http.ResponseWriter, r *http.Request) {
+		vm.mu.Lock()
+		vm.paused = true
+		vm.mu.Unlock()
+		reply(w, 200, map[string]bool{"paused": true})
+	})
+	mux.HandleFunc("POST /v1/resume", func(w http.ResponseWriter, r *http.Request) {
+		vm.mu.Lock()
+		vm.paused = false
+		vm.mu.Unlock()
+		reply(w, 200, map[string]bool{"paused": false})
+	})
+	mux.HandleFunc("POST /v1/snapshot", func(w http.ResponseWriter, r *http.Request) {
+		var req struct{ Path, Kind string }
+		json.NewDecoder(r.Body).Decode(&req)
+		if err := os.WriteFile(req.Path+".wstate", []byte(req.Kind), 0o600); err != nil {
+			reply(w, 500, map[string]string{"error": err.Error()})
+			return
+		}
+		os.WriteFile(req.Path+".0001.wsnap", []byte("layer"), 0o600)
+		vm.mu.Lock()
+		vm.snaps = append(vm.snaps, req.Path)
+		vm.mu.Unlock()
+		reply(w, 200, map[string]any{"path": req.Path, "kind": req.Kind, "layer_bytes": 5})
+	})
+	mux.HandleFunc("POST /v1/rollback", func(w http.ResponseWriter, r *http.Request) {
+		var req struct{ Path string }
+		json.NewDecoder(r.Body).Decode(&req)
+		if _, err := os.Stat(req.Path + ".wstate"); err != nil {
+			reply(w, 400, map[string]string{"error": err.Error()})
+			return
+		}
+		reply(w, 200, map[string]any{"path": req.Path})
+	})
+	mux.HandleFunc("POST /v1/fork", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			N      int
+			Prefix string
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		var kids []map[string]any
+		for k := range req.N {
+			p := fmt.Sprintf("%s-%d", req.Prefix, k)
+			c, err := vm.launcher.startVM(p+".api", p+".vsock")
+			if err != nil {
+				reply(w, 500, map[string]string{"error": err.Error()})
+				return
+			}
+			kids = append(kids, map[string]any{"index": k, "pid": c.cmd.Process.Pid, "api": p + ".api", "vsock": p + ".vsock",
+				"console": p + ".console", "log": p + ".log", "hostname": fmt.Sprintf("fork-%d", k)})
+		}
+		reply(w, 200, map[string]any{"pause_ms": 1.5, "children": kids})
+	})
+	mux.HandleFunc("GET /v1/egress", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, 404, map[string]string{"error": "egress: this VM has no egress policy"})
+	})
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(al)
+
+	vl, err := net.Listen("unix", vm.vsock)
+	if err != nil {
+		srv.Close()
+		return err
+	}
+	conns := &chanListener{ch: make(chan net.Conn), done: make(chan struct{}), addr: vl.Addr()}
+	as := agent.NewServer(agent.ProcessWaiter{}, agent.Options{})
+	go as.Serve(conns)
+	go func() {
+		for {
+			c, err := vl.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				// Firecracker's hybrid vsock: "CONNECT <port>\n" -> "OK <host port>\n".
+				br := bufio.NewReader(io.LimitReader(c, 64))
+				line, err := br.ReadString('\n')
+				if err != nil || !strings.HasPrefix(line, "CONNECT ") {
+					c.Close()
+					return
+				}
+				fmt.Fprintf(c, "OK 1073741824\n")
+				select {
+				case conns.ch <- c:
+				case <-conns.done:
+					c.Close()
+				}
+			}()
+		}
+	}()
+	vm.closers = append(vm.closers, func() { srv.Close() }, func() { vl.Close(); conns.Close(); as.Close() },
+		func() { os.Remove(vm.api); os.Remove(vm.vsock) })
+	return nil
+}
+
+// chanListener is a net.Listener fed with connections.
+type chanListener struct {
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
+	addr net.Addr
+}
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *chanListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *chanListener) Addr() net.Addr { return l.addr }
+
+var _ = context.Background

@@ -1,0 +1,217 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warrenvm/warren/hostd/store"
+)
+
+// testDaemon is a Daemon served on a unix socket in a temp dir.
+type testDaemon struct {
+	*Daemon
+	sock  string
+	audit *syncBuffer
+	done  chan struct{}
+}
+
+func startDaemon(t testing.TB, state string, l Launcher, mod ...func(*Config)) *testDaemon {
+	t.Helper()
+	cfg := Config{State: state, Launcher: l, CgroupRoot: "none", MonitorInterval: 100 * time.Millisecond,
+		BootTimeout: 20 * time.Second, RestoreTimeout: 20 * time.Second,
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	audit := &syncBuffer{}
+	cfg.Audit = audit
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(state, "hostd.sock")
+	os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	td := &testDaemon{Daemon: d, sock: sock, audit: audit, done: make(chan struct{})}
+	go func() { d.Serve(ln, HeaderAuth); close(td.done) }()
+	t.Cleanup(func() { d.Close() })
+	return td
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// client is an API client over the daemon's unix socket.
+type client struct {
+	t      testing.TB
+	sock   string
+	tenant string
+	hc     *http.Client
+}
+
+func (td *testDaemon) client(t testing.TB, tenant string) *client {
+	return newClient(t, td.sock, tenant)
+}
+
+func newClient(t testing.TB, sock, tenant string) *client {
+	return &client{t: t, sock: sock, tenant: tenant, hc: &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}}
+}
+
+// do sends a request and returns the status and body.
+func (c *client) do(method, path string, body any, hdr ...string) (int, []byte) {
+	c.t.Helper()
+	var r io.Reader
+	switch b := body.(type) {
+	case nil:
+	case []byte:
+		r = bytes.NewReader(b)
+	default:
+		j, _ := json.Marshal(b)
+		r = bytes.NewReader(j)
+	}
+	req, _ := http.NewRequest(method, "http://hostd"+path, r)
+	if c.tenant != "" {
+		req.Header.Set(TenantHeader, c.tenant)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	res, err := c.hc.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, b
+}
+
+// ok is do expecting status want, decoding the answer into out.
+func (c *client) ok(want int, method, path string, body, out any) {
+	c.t.Helper()
+	st, b := c.do(method, path, body)
+	if st != want {
+		c.t.Fatalf("%s %s: status %d, want %d: %s", method, path, st, want, b)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			c.t.Fatalf("%s %s: %v: %s", method, path, err, b)
+		}
+	}
+}
+
+func (c *client) template(kernel string) store.Template {
+	var tp store.Template
+	c.ok(201, "POST", "/v1/templates", map[string]any{"kernel": kernel, "mem_mib": 128, "cpus": 1}, &tp)
+	if tp.Status != store.TemplateReady {
+		c.t.Fatalf("template %+v", tp)
+	}
+	return tp
+}
+
+func (c *client) create(tpl string) store.Sandbox {
+	var sb store.Sandbox
+	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tpl}, &sb)
+	if sb.Status != store.Running {
+		c.t.Fatalf("sandbox %+v", sb)
+	}
+	return sb
+}
+
+func (c *client) get(id string) store.Sandbox {
+	var sb store.Sandbox
+	c.ok(200, "GET", "/v1/sandboxes/"+id, nil, &sb)
+	return sb
+}
+
+// exec runs argv and returns stdout, stderr and the exit code.
+func (c *client) exec(id string, argv ...string) (string, string, int) {
+	c.t.Helper()
+	st, b := c.do("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"argv": argv})
+	if st != 200 {
+		c.t.Fatalf("exec %v: %d %s", argv, st, b)
+	}
+	var out, errb strings.Builder
+	code := -1
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		var f ExecFrame
+		if err := json.Unmarshal(sc.Bytes(), &f); err != nil {
+			c.t.Fatalf("frame %q: %v", sc.Text(), err)
+		}
+		out.Write(f.Stdout)
+		errb.Write(f.Stderr)
+		if f.Exit != nil {
+			code = *f.Exit
+		}
+		if f.Error != "" {
+			c.t.Fatalf("exec error frame: %s", f.Error)
+		}
+	}
+	return out.String(), errb.String(), code
+}
+
+// waitFor polls cond every 50 ms for up to d.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// fakeKernel writes a file to pass as a template's kernel.
+func fakeKernel(t testing.TB) string {
+	p := filepath.Join(t.TempDir(), "vmlinux")
+	os.WriteFile(p, []byte("not a kernel"), 0o600)
+	return p
+}
+
+type osCmd = exec.Cmd
+
+func newCmd(name string, args ...string) *exec.Cmd { return exec.Command(name, args...) }
+
+func sprintf(format string, a ...any) string { return fmt.Sprintf(format, a...) }

@@ -1,0 +1,132 @@
+package daemon
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+)
+
+// Main is warren-hostd's main: it parses args, starts the daemon and
+// serves until SIGINT or SIGTERM, and returns the exit code. On a signal
+// the VMMs keep running (a new daemon re-adopts them); with
+// --stop-on-exit they are stopped, with --suspend-on-exit paused to disk.
+func Main(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("warren-hostd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	state := fs.String("state", "/var/lib/warren", "state directory (records, snapshots, sockets)")
+	sock := fs.String("socket", "/run/warren/hostd.sock", "the API's unix socket (tenant from the X-Warren-Tenant header)")
+	warren := fs.String("warren", "", "the warren binary the VMMs run (default: warren beside this executable, else in PATH)")
+	listen := fs.String("listen", "", "also serve the API on this TCP address (needs --tokens)")
+	tokens := fs.String("tokens", "", "JSON file {\"token\": \"tenant\"} (mode 0600) for --listen")
+	audit := fs.String("audit", "", "API audit log, JSON lines (default STATE/audit.jsonl; - for stderr)")
+	cgroups := fs.String("cgroup-root", "/sys/fs/cgroup", "cgroup mount root; \"none\" to run VMMs without cgroups")
+	verbose := fs.Bool("v", false, "debug logging")
+	stopOnExit := fs.Bool("stop-on-exit", false, "stop every VMM when the daemon exits on a signal")
+	suspendOnExit := fs.Bool("suspend-on-exit", false, "pause every sandbox to disk when the daemon exits on a signal")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	fail := func(err error) int {
+		log.Error("warren-hostd", "err", err)
+		return 1
+	}
+	bin, err := findWarren(*warren)
+	if err != nil {
+		return fail(err)
+	}
+	if err := os.MkdirAll(*state, 0o700); err != nil {
+		return fail(err)
+	}
+	var auditW io.Writer = stderr
+	if *audit != "-" {
+		p := *audit
+		if p == "" {
+			p = filepath.Join(*state, "audit.jsonl")
+		}
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return fail(err)
+		}
+		defer f.Close()
+		auditW = f
+	}
+	var tokMap map[string]string
+	if *listen != "" {
+		if *tokens == "" {
+			return fail(errors.New("--listen needs --tokens"))
+		}
+		if tokMap, err = LoadTokens(*tokens); err != nil {
+			return fail(err)
+		}
+	}
+	d, err := New(Config{State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups})
+	if err != nil {
+		return fail(err)
+	}
+	os.MkdirAll(filepath.Dir(*sock), 0o755)
+	if c, err := net.Dial("unix", *sock); err == nil {
+		c.Close()
+		return fail(fmt.Errorf("%s: another daemon serves there", *sock))
+	}
+	os.Remove(*sock)
+	ul, err := net.Listen("unix", *sock)
+	if err != nil {
+		return fail(err)
+	}
+	os.Chmod(*sock, 0o660)
+	errc := make(chan error, 2)
+	go func() { errc <- d.Serve(ul, HeaderAuth) }()
+	if *listen != "" {
+		tl, err := net.Listen("tcp", *listen)
+		if err != nil {
+			return fail(err)
+		}
+		go func() { errc <- d.Serve(tl, TokenAuth(tokMap)) }()
+	}
+	log.Info("warren-hostd serving", "socket", *sock, "tcp", *listen, "state", *state, "warren", bin)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	select {
+	case s := <-sig:
+		log.Info("signal: exiting", "signal", s.String())
+	case err := <-errc:
+		log.Error("serve", "err", err)
+	}
+	if *suspendOnExit || *stopOnExit {
+		d.StopAll(*suspendOnExit)
+	}
+	d.Close()
+	os.Remove(*sock)
+	return 0
+}
+
+// findWarren resolves the warren binary: flag, beside this executable, PATH.
+func findWarren(flagVal string) (string, error) {
+	if flagVal != "" {
+		return filepath.Abs(flagVal)
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "warren")
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("warren")
+	if err != nil {
+		return "", fmt.Errorf("no warren binary: use --warren")
+	}
+	return filepath.Abs(p)
+}

@@ -1,0 +1,632 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/hostd/cgroup"
+	"github.com/warrenvm/warren/hostd/store"
+)
+
+// apiError is an error with its HTTP status.
+type apiError struct {
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func errf(status int, format string, a ...any) error {
+	return &apiError{status, fmt.Sprintf(format, a...)}
+}
+
+// errStatus returns err's status (500 when it has none) and message.
+func errStatus(err error) (int, string) {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae.status, err.Error()
+	}
+	return http.StatusInternalServerError, err.Error()
+}
+
+// TemplateRequest is the body of POST /v1/templates.
+type TemplateRequest struct {
+	Kernel    string   `json:"kernel"`
+	Initramfs string   `json:"initramfs,omitempty"`
+	Disks     []string `json:"disks,omitempty"`
+	MemMiB    int      `json:"mem_mib,omitempty"`
+	CPUs      int      `json:"cpus,omitempty"`
+	Cmdline   string   `json:"cmdline,omitempty"`
+}
+
+// buildTemplate boots the template's guest, waits for its agent,
+// snapshots it and stops it.
+func (d *Daemon) buildTemplate(o *op, tenant string, req TemplateRequest) (int, any, error) {
+	start := time.Now()
+	if req.Kernel == "" {
+		return 0, nil, errf(400, "kernel is required")
+	}
+	for _, p := range append([]string{req.Kernel, req.Initramfs}, req.Disks...) {
+		if p == "" {
+			continue
+		}
+		if !filepath.IsAbs(p) {
+			return 0, nil, errf(400, "%q: paths must be absolute (they are read by the daemon)", p)
+		}
+		if _, err := os.Stat(p); err != nil {
+			return 0, nil, errf(400, "%v", err)
+		}
+	}
+	if req.MemMiB == 0 {
+		req.MemMiB = 256
+	}
+	if req.CPUs == 0 {
+		req.CPUs = 1
+	}
+	if req.MemMiB < 64 || req.CPUs < 1 || req.CPUs > 64 {
+		return 0, nil, errf(400, "mem_mib must be at least 64 and cpus 1 to 64")
+	}
+	t := &store.Template{ID: newID("tp"), Tenant: tenant, Status: store.TemplateBuilding, Kernel: req.Kernel,
+		Initramfs: req.Initramfs, Disks: req.Disks, MemMiB: req.MemMiB, CPUs: req.CPUs, Cmdline: req.Cmdline,
+		Created: time.Now().UTC()}
+	ts := &tplState{rec: t}
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if err := d.saveTemplate(ts); err != nil {
+		return 0, nil, err
+	}
+	d.mu.Lock()
+	d.templates[t.ID] = ts
+	d.mu.Unlock()
+	dir := d.store.TemplateDir(tenant, t.ID)
+	api, vs := d.sockets(t.ID)
+	os.Remove(api)
+	os.Remove(vs)
+	fail := func(err error) (int, any, error) {
+		stopProc(t.PID, t.StartTime, 3*time.Second)
+		os.Remove(api)
+		os.Remove(vs)
+		t.Status, t.Error, t.PID, t.StartTime = store.TemplateFailed, err.Error(), 0, 0
+		d.saveTemplate(ts)
+		d.events.publish(tenant, Event{Type: "template_failed", Template: t.ID, Detail: err.Error()})
+		d.obs.ObserveOp("template_build", time.Since(start), err)
+		d.log.Error("template build failed", "tenant", tenant, "template", t.ID, "err", err)
+		return 0, nil, err
+	}
+	o.progress("template "+t.ID+": starting the VMM", 5)
+	args := []string{"run", "--kernel", req.Kernel, "--mem", strconv.Itoa(req.MemMiB), "--cpus", strconv.Itoa(req.CPUs),
+		"--vsock", vs, "--api", api, "--console", filepath.Join(dir, "console.log")}
+	if req.Initramfs != "" {
+		args = append(args, "--initramfs", req.Initramfs)
+	}
+	for _, disk := range req.Disks {
+		// Every sandbox of the template shares its disks: read-only.
+		args = append(args, "--disk", strings.TrimSuffix(disk, ",ro")+",ro")
+	}
+	if req.Cmdline != "" {
+		args = append(args, "--cmdline", req.Cmdline)
+	}
+	p, err := d.launcher.Start(LaunchSpec{Tenant: tenant, ID: t.ID, Kind: "template", Args: args, Log: filepath.Join(dir, "vmm.log")})
+	if err != nil {
+		return fail(fmt.Errorf("start VMM: %w", err))
+	}
+	t.PID, t.StartTime = p.PID, p.StartTime
+	d.saveTemplate(ts)
+	o.progress("booting the guest; waiting for its agent", 10)
+	if err := d.waitAgent(o, vs, p, d.cfg.BootTimeout, filepath.Join(dir, "vmm.log"), 10, 75); err != nil {
+		return fail(err)
+	}
+	o.progress("snapshotting", 80)
+	snap := filepath.Join(dir, "snap", "base")
+	os.MkdirAll(filepath.Dir(snap), 0o700)
+	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Minute)
+	defer cancel()
+	if err := vmmCall(ctx, api, http.MethodPost, "snapshot", map[string]string{"path": snap, "kind": "full"}, nil); err != nil {
+		return fail(fmt.Errorf("snapshot: %w", err))
+	}
+	if h := d.cfg.Hooks.SnapshotWritten; h != nil {
+		if err := h(tenant, snap); err != nil {
+			return fail(fmt.Errorf("snapshot hook: %w", err))
+		}
+	}
+	o.progress("stopping the build VMM", 95)
+	stopProc(t.PID, t.StartTime, 5*time.Second)
+	os.Remove(api)
+	os.Remove(vs)
+	t.Status, t.Snapshot, t.PID, t.StartTime = store.TemplateReady, snap, 0, 0
+	t.BuildMS = float64(time.Since(start).Milliseconds())
+	if err := d.saveTemplate(ts); err != nil {
+		return fail(err)
+	}
+	d.obs.ObserveOp("template_build", time.Since(start), nil)
+	d.events.publish(tenant, Event{Type: "template_ready", Template: t.ID})
+	d.log.Info("template ready", "tenant", tenant, "template", t.ID, "ms", t.BuildMS)
+	c := *t
+	return http.StatusCreated, c, nil
+}
+
+// waitAgent waits until the agent behind vsock answers, the VMM p ends,
+// or timeout; it reports progress from pct0 towards pct1.
+func (d *Daemon) waitAgent(o *op, vsock string, p Proc, timeout time.Duration, log string, pct0, pct1 int) error {
+	c := agentclient.New(vsock)
+	defer c.Close()
+	start := time.Now()
+	lastReport := start
+	for {
+		ctx, cancel := context.WithTimeout(d.ctx, 3*time.Second)
+		_, err := c.Health(ctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if !alive(p.PID, p.StartTime) {
+			return fmt.Errorf("the VMM (pid %d) exited: %s", p.PID, tail(log, 600))
+		}
+		el := time.Since(start)
+		if el > timeout {
+			return fmt.Errorf("the guest agent did not answer within %s: %v", timeout, err)
+		}
+		if d.ctx.Err() != nil {
+			return d.ctx.Err()
+		}
+		if time.Since(lastReport) > 5*time.Second {
+			lastReport = time.Now()
+			pct := pct0 + int(float64(pct1-pct0)*min(1, el.Seconds()/timeout.Seconds()))
+			o.progress(fmt.Sprintf("waiting for the guest agent (%ds)", int(el.Seconds())), pct)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// SandboxRequest is the body of POST /v1/sandboxes.
+type SandboxRequest struct {
+	Template string `json:"template"`
+	// MemMiB and CPUs are the VMM's cgroup limits (the guest's own size
+	// is its template's); default the template's.
+	MemMiB  int               `json:"mem_mib,omitempty"`
+	CPUs    int               `json:"cpus,omitempty"`
+	Egress  json.RawMessage   `json:"egress,omitempty"`
+	Env     []string          `json:"env,omitempty"`
+	Secrets []string          `json:"secrets,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+}
+
+// createSandbox restores the template's snapshot in a new VMM.
+func (d *Daemon) createSandbox(o *op, tenant string, req SandboxRequest) (int, any, error) {
+	start := time.Now()
+	ts := d.template(tenant, req.Template)
+	if ts == nil {
+		return 0, nil, errf(404, "template %q not found", req.Template)
+	}
+	tp := *ts.view.Load()
+	if tp.Status != store.TemplateReady {
+		return 0, nil, errf(409, "template %s is %s", tp.ID, tp.Status)
+	}
+	if req.MemMiB == 0 {
+		req.MemMiB = tp.MemMiB
+	}
+	if req.CPUs == 0 {
+		req.CPUs = tp.CPUs
+	}
+	if req.MemMiB < tp.MemMiB {
+		return 0, nil, errf(400, "mem_mib %d is less than the template's guest memory (%d MiB)", req.MemMiB, tp.MemMiB)
+	}
+	if req.CPUs < 1 || req.CPUs > 64 {
+		return 0, nil, errf(400, "cpus must be 1 to 64")
+	}
+	for _, e := range req.Env {
+		if !strings.Contains(e, "=") {
+			return 0, nil, errf(400, "env entry %q is not KEY=VALUE", e)
+		}
+	}
+	id := newID("sb")
+	api, vs := d.sockets(id)
+	dir := d.store.SandboxDir(tenant, id)
+	now := time.Now().UTC()
+	sb := &store.Sandbox{ID: id, Tenant: tenant, Template: tp.ID, Status: store.Creating, API: api, Vsock: vs,
+		Console: filepath.Join(dir, "console.log"), Log: filepath.Join(dir, "vmm.log"), MemMiB: req.MemMiB, CPUs: req.CPUs,
+		Egress: req.Egress, Env: req.Env, Secrets: req.Secrets, Labels: req.Labels, Created: now}
+	s := &sbState{rec: sb, agent: agentclient.New(vs)}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := d.save(s); err != nil {
+		return 0, nil, err
+	}
+	d.mu.Lock()
+	d.sandboxes[id] = s
+	d.mu.Unlock()
+	// The first restore of a template flattens its snapshot: the others wait for it.
+	ts.warm.Lock()
+	if ts.warmed {
+		ts.warm.Unlock()
+	} else {
+		defer func() {
+			ts.warmed = sb.Status == store.Running
+			ts.warm.Unlock()
+		}()
+	}
+	if err := d.startVMM(o, s, tp.Snapshot); err != nil {
+		sb.Status, sb.Reason = store.Failed, err.Error()
+		d.save(s)
+		d.obs.ObserveOp("create", time.Since(start), err)
+		return 0, nil, err
+	}
+	d.obs.ObserveOp("create", time.Since(start), nil)
+	d.events.publish(tenant, Event{Type: "created", Sandbox: id, Template: tp.ID})
+	d.log.Info("sandbox created", "tenant", tenant, "sandbox", id, "template", tp.ID, "pid", sb.PID, "ms", time.Since(start).Milliseconds())
+	return http.StatusCreated, copyRec(sb), nil
+}
+
+// startVMM restores snap in a new VMM for s, puts it in s's cgroup and
+// waits for its agent; on success s is running (caller holds s.mu).
+func (d *Daemon) startVMM(o *op, s *sbState, snap string) error {
+	sb := s.rec
+	if h := d.cfg.Hooks.BeforeRestore; h != nil {
+		if err := h(sb.Tenant, snap); err != nil {
+			return fmt.Errorf("restore hook: %w", err)
+		}
+	}
+	os.Remove(sb.API)
+	os.Remove(sb.Vsock)
+	s.agent.Close() // connections to a previous VMM
+	o.progress("starting the VMM", 10)
+	args := []string{"restore", "--lazy", "--api", sb.API, "--vsock", sb.Vsock, "--console", sb.Console, snap}
+	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Args: args, Log: sb.Log})
+	if err != nil {
+		return fmt.Errorf("start VMM: %w", err)
+	}
+	sb.PID, sb.StartTime, sb.RestoredFrom = p.PID, p.StartTime, snap
+	s.chainOK, s.chain = false, 0
+	d.placeInCgroup(s, p.PID)
+	d.save(s)
+	o.progress("restoring; waiting for the guest agent", 30)
+	if err := d.waitAgent(o, sb.Vsock, p, d.cfg.RestoreTimeout, sb.Log, 30, 95); err != nil {
+		stopProc(p.PID, p.StartTime, 2*time.Second)
+		sb.PID, sb.StartTime = 0, 0
+		return err
+	}
+	sb.Status, sb.Reason = store.Running, ""
+	d.save(s)
+	o.progress("running", 100)
+	return nil
+}
+
+// placeInCgroup moves pid into s's cgroup (made on first use); without
+// cgroups, or when that fails, it records "none" and goes on.
+func (d *Daemon) placeInCgroup(s *sbState, pid int) {
+	sb := s.rec
+	if d.cg == nil {
+		sb.Cgroup = []string{"none"}
+		return
+	}
+	if s.cgroup == nil {
+		g, err := d.cg.Create(sb.ID, cgroup.Limits{MemoryBytes: int64(sb.MemMiB+d.cfg.MemOverheadMiB) << 20, CPUs: float64(sb.CPUs)})
+		if err != nil {
+			d.log.Warn("cgroup: sandbox runs without limits", "sandbox", sb.ID, "err", err)
+			sb.Cgroup = []string{"none"}
+			return
+		}
+		s.cgroup = g
+	}
+	if err := s.cgroup.Add(pid); err != nil {
+		d.log.Warn("cgroup: sandbox runs without limits", "sandbox", sb.ID, "err", err)
+		sb.Cgroup = []string{"none"}
+		return
+	}
+	sb.Cgroup = s.cgroup.Dirs
+}
+
+// running checks that s can take a VMM call (caller holds s.mu).
+func running(s *sbState, allowPaused bool) error {
+	st := s.rec.Status
+	if st == store.Running || (allowPaused && st == store.Paused) {
+		return nil
+	}
+	return errf(409, "sandbox %s is %s", s.rec.ID, st)
+}
+
+// pause pauses s's VMM in memory.
+func (d *Daemon) pause(ctx context.Context, s *sbState) error {
+	if err := running(s, false); err != nil {
+		return err
+	}
+	if err := vmmCall(ctx, s.rec.API, http.MethodPost, "pause", struct{}{}, nil); err != nil {
+		return err
+	}
+	s.rec.Status = store.Paused
+	d.save(s)
+	d.events.publish(s.rec.Tenant, Event{Type: "paused", Sandbox: s.rec.ID})
+	return nil
+}
+
+// suspendLocked snapshots s and stops its VMM (pause to disk).
+func (d *Daemon) suspendLocked(ctx context.Context, s *sbState, o *op) (any, error) {
+	start := time.Now()
+	if err := running(s, true); err != nil {
+		return nil, err
+	}
+	sb := s.rec
+	if sb.Status == store.Paused {
+		if err := vmmCall(ctx, sb.API, http.MethodPost, "resume", struct{}{}, nil); err != nil {
+			return nil, err
+		}
+		sb.Status = store.Running
+	}
+	o.progress("snapshotting", 20)
+	snap, err := d.takeSnapshot(ctx, s, freeName(sb, "suspend"), "full", false)
+	if err != nil {
+		return nil, err
+	}
+	o.progress("stopping the VMM", 80)
+	if s.stopRolling != nil {
+		s.stopRolling()
+		s.stopRolling = nil
+	}
+	stopProc(sb.PID, sb.StartTime, 5*time.Second)
+	sb.Status, sb.Reason, sb.PID, sb.StartTime = store.Suspended, "paused to disk at "+snap.Name, 0, 0
+	d.save(s)
+	d.obs.ObserveOp("pause_to_disk", time.Since(start), nil)
+	d.events.publish(sb.Tenant, Event{Type: "paused", Sandbox: sb.ID, Detail: "to disk: " + snap.Name})
+	return copyRec(sb), nil
+}
+
+// resume resumes a paused VMM, or restores a suspended or stopped
+// sandbox from its latest snapshot.
+func (d *Daemon) resume(ctx context.Context, s *sbState, o *op) (any, error) {
+	sb := s.rec
+	switch sb.Status {
+	case store.Paused:
+		if err := vmmCall(ctx, sb.API, http.MethodPost, "resume", struct{}{}, nil); err != nil {
+			return nil, err
+		}
+		sb.Status = store.Running
+		d.save(s)
+		d.events.publish(sb.Tenant, Event{Type: "resumed", Sandbox: sb.ID})
+		return copyRec(sb), nil
+	case store.Suspended, store.Stopped:
+		latest := sb.Latest()
+		if latest == nil {
+			return nil, errf(409, "sandbox %s is %s and has no snapshot to resume from", sb.ID, sb.Status)
+		}
+		start := time.Now()
+		if err := d.startVMM(o, s, latest.Path); err != nil {
+			sb.Reason = "resume failed: " + err.Error()
+			d.save(s)
+			d.obs.ObserveOp("resume_from_disk", time.Since(start), err)
+			return nil, err
+		}
+		if sb.Rolling != nil {
+			d.startRolling(s)
+		}
+		d.obs.ObserveOp("resume_from_disk", time.Since(start), nil)
+		d.events.publish(sb.Tenant, Event{Type: "resumed", Sandbox: sb.ID, Detail: "from " + latest.Name})
+		return copyRec(sb), nil
+	case store.Running:
+		return copyRec(sb), nil
+	}
+	return nil, errf(409, "sandbox %s is %s", sb.ID, sb.Status)
+}
+
+// freeName returns prefix-<UTC time>, with -N added if a snapshot has that name.
+func freeName(sb *store.Sandbox, prefix string) string {
+	base := prefix + "-" + time.Now().UTC().Format("20060102T150405Z")
+	name := base
+	for n := 2; ; n++ {
+		taken := false
+		for _, x := range sb.Snapshots {
+			taken = taken || x.Name == name
+		}
+		if !taken {
+			return name
+		}
+		name = fmt.Sprintf("%s-%d", base, n)
+	}
+}
+
+var snapNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
+
+// takeSnapshot snapshots s's VMM into its snapshots directory (caller
+// holds s.mu). An incremental snapshot is taken full when the VMM has no
+// earlier snapshot there (its parent must be in the same directory).
+func (d *Daemon) takeSnapshot(ctx context.Context, s *sbState, name, kind string, rolling bool) (store.Snapshot, error) {
+	sb := s.rec
+	if !snapNameRE.MatchString(name) || strings.HasSuffix(name, ".wstate") {
+		return store.Snapshot{}, errf(400, "bad snapshot name %q", name)
+	}
+	for _, x := range sb.Snapshots {
+		if x.Name == name {
+			return store.Snapshot{}, errf(409, "snapshot %q exists", name)
+		}
+	}
+	if kind == "incremental" && !s.chainOK {
+		kind = "full"
+	}
+	path := filepath.Join(d.store.SandboxDir(sb.Tenant, sb.ID), "snapshots", name)
+	os.MkdirAll(filepath.Dir(path), 0o700)
+	start := time.Now()
+	var rep vmmSnapshotReply
+	err := vmmCall(ctx, sb.API, http.MethodPost, "snapshot", map[string]string{"path": path, "kind": kind}, &rep)
+	d.obs.ObserveOp("snapshot", time.Since(start), err)
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	if h := d.cfg.Hooks.SnapshotWritten; h != nil {
+		if err := h(sb.Tenant, path); err != nil {
+			return store.Snapshot{}, fmt.Errorf("snapshot hook: %w", err)
+		}
+	}
+	s.chainOK = true
+	snap := store.Snapshot{Name: name, Path: path, Kind: kind, Time: time.Now().UTC(), Bytes: rep.LayerBytes, Rolling: rolling}
+	sb.Snapshots = append(sb.Snapshots, snap)
+	d.save(s)
+	d.events.publish(sb.Tenant, Event{Type: "snapshotted", Sandbox: sb.ID, Detail: name + " (" + kind + ")"})
+	return snap, nil
+}
+
+// rollback rolls s's VMM back to its snapshot name, in place.
+func (d *Daemon) rollback(ctx context.Context, s *sbState, name string) (any, error) {
+	if err := running(s, true); err != nil {
+		return nil, err
+	}
+	sb := s.rec
+	var snap *store.Snapshot
+	for i := range sb.Snapshots {
+		if sb.Snapshots[i].Name == name {
+			snap = &sb.Snapshots[i]
+		}
+	}
+	if snap == nil {
+		return nil, errf(404, "snapshot %q not found", name)
+	}
+	if h := d.cfg.Hooks.BeforeRestore; h != nil {
+		if err := h(sb.Tenant, snap.Path); err != nil {
+			return nil, fmt.Errorf("restore hook: %w", err)
+		}
+	}
+	var rep map[string]any
+	if err := vmmCall(ctx, sb.API, http.MethodPost, "rollback", map[string]string{"path": snap.Path}, &rep); err != nil {
+		return nil, err
+	}
+	s.chainOK, s.chain = false, 0
+	// The rollback reset the vsock transport: connections to the agent
+	// are gone, and it answers again once it has reconnected.
+	s.agent.Close()
+	if err := d.waitAgent(newOp(), sb.Vsock, Proc{sb.PID, sb.StartTime}, 30*time.Second, sb.Log, 0, 0); err != nil {
+		return nil, fmt.Errorf("after the rollback: %w", err)
+	}
+	d.events.publish(sb.Tenant, Event{Type: "rolled_back", Sandbox: sb.ID, Detail: name})
+	return rep, nil
+}
+
+// fork forks s's VMM into n children, each a new sandbox of the tenant.
+func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
+	start := time.Now()
+	s.mu.Lock()
+	if err := running(s, false); err != nil {
+		s.mu.Unlock()
+		return 0, nil, err
+	}
+	if n < 1 || n > 64 {
+		s.mu.Unlock()
+		return 0, nil, errf(400, "n must be 1 to 64")
+	}
+	parent := copyRec(s.rec)
+	prefix := filepath.Join(d.store.RunDir(), newID("fk"))
+	o.progress(fmt.Sprintf("forking into %d", n), 10)
+	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Minute)
+	defer cancel()
+	var rep vmmForkReply
+	err := vmmCall(ctx, parent.API, http.MethodPost, "fork", map[string]any{"n": n, "prefix": prefix}, &rep)
+	s.mu.Unlock()
+	if err != nil {
+		d.obs.ObserveOp("fork", time.Since(start), err)
+		return 0, nil, err
+	}
+	o.progress("children started; waiting for their agents", 50)
+	var kids []store.Sandbox
+	var errs []string
+	for _, ch := range rep.Children {
+		id := newID("sb")
+		dir := d.store.SandboxDir(parent.Tenant, id)
+		os.MkdirAll(dir, 0o700)
+		st, _ := procStartTime(ch.PID)
+		now := time.Now().UTC()
+		sb := &store.Sandbox{ID: id, Tenant: parent.Tenant, Template: parent.Template, Status: store.Creating, PID: ch.PID,
+			StartTime: st, API: ch.API, Vsock: ch.Vsock, Console: ch.Console, Log: ch.Log, MemMiB: parent.MemMiB,
+			CPUs: parent.CPUs, Egress: parent.Egress, Env: parent.Env, Secrets: parent.Secrets, Parent: parent.ID, Created: now}
+		ks := &sbState{rec: sb, agent: agentclient.New(ch.Vsock)}
+		ks.mu.Lock()
+		d.placeInCgroup(ks, ch.PID)
+		d.save(ks)
+		d.mu.Lock()
+		d.sandboxes[id] = ks
+		d.mu.Unlock()
+		if err := d.waitAgent(o, ch.Vsock, Proc{ch.PID, st}, d.cfg.RestoreTimeout, ch.Log, 50, 95); err != nil {
+			sb.Status, sb.Reason = store.Failed, err.Error()
+			errs = append(errs, fmt.Sprintf("child %d: %v", ch.Index, err))
+		} else {
+			sb.Status = store.Running
+			d.events.publish(sb.Tenant, Event{Type: "created", Sandbox: id, Detail: "forked from " + parent.ID})
+		}
+		d.save(ks)
+		kids = append(kids, copyRec(sb))
+		ks.mu.Unlock()
+	}
+	d.events.publish(parent.Tenant, Event{Type: "forked", Sandbox: parent.ID, Detail: fmt.Sprintf("%d children", len(kids))})
+	var ferr error
+	if len(errs) > 0 {
+		ferr = errors.New(strings.Join(errs, "; "))
+	}
+	d.obs.ObserveOp("fork", time.Since(start), ferr)
+	res := map[string]any{"parent": parent.ID, "pause_ms": rep.PauseMS, "children": kids}
+	if ferr != nil {
+		res["errors"] = errs
+	}
+	return http.StatusCreated, res, nil
+}
+
+// deleteSandbox stops s's VMM and removes everything of it.
+func (d *Daemon) deleteSandbox(s *sbState) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb := s.rec
+	if s.stopRolling != nil {
+		s.stopRolling()
+		s.stopRolling = nil
+	}
+	s.deleted = true
+	stopProc(sb.PID, sb.StartTime, 3*time.Second)
+	if s.cgroup != nil {
+		if err := s.cgroup.Remove(); err != nil {
+			d.log.Warn("cgroup remove", "sandbox", sb.ID, "err", err)
+		}
+	}
+	os.Remove(sb.API)
+	os.Remove(sb.Vsock)
+	if strings.HasPrefix(sb.Console, d.store.RunDir()) { // a fork child's files
+		os.Remove(sb.Console)
+		os.Remove(sb.Log)
+	}
+	s.agent.Close()
+	if err := d.store.RemoveSandbox(sb.Tenant, sb.ID); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	delete(d.sandboxes, sb.ID)
+	d.mu.Unlock()
+	d.events.publish(sb.Tenant, Event{Type: "deleted", Sandbox: sb.ID})
+	d.log.Info("sandbox deleted", "tenant", sb.Tenant, "sandbox", sb.ID)
+	return nil
+}
+
+// deleteTemplate removes a template no sandbox uses.
+func (d *Daemon) deleteTemplate(ts *tplState) error {
+	if !ts.mu.TryLock() {
+		return errf(409, "template %s is being built", ts.rec.ID)
+	}
+	defer ts.mu.Unlock()
+	t := ts.rec
+	for _, s := range d.allSandboxes() {
+		if s.rec.Tenant == t.Tenant && s.rec.Template == t.ID {
+			return errf(409, "template %s is used by sandbox %s", t.ID, s.rec.ID)
+		}
+	}
+	if err := d.store.RemoveTemplate(t.Tenant, t.ID); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	delete(d.templates, t.ID)
+	d.mu.Unlock()
+	d.events.publish(t.Tenant, Event{Type: "template_deleted", Template: t.ID})
+	return nil
+}

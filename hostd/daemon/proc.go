@@ -1,0 +1,153 @@
+package daemon
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// LaunchSpec is one VMM process to start: `warren ARGS...`.
+type LaunchSpec struct {
+	// Tenant and ID name the sandbox (or template) it runs.
+	Tenant, ID string
+	// Kind is "template" (a build's `warren run`) or "sandbox" (`warren restore`).
+	Kind string
+	// Args are warren's arguments (the subcommand first).
+	Args []string
+	// Log receives the process's stdout and stderr.
+	Log string
+}
+
+// Proc is a started VMM process.
+type Proc struct {
+	PID int
+	// StartTime is field 22 of /proc/PID/stat: with the PID it names the
+	// process across PID reuse.
+	StartTime uint64
+}
+
+// Launcher starts VMM processes. The process must outlive the daemon (its
+// own session, not killed with the daemon). Tests inject a fake.
+type Launcher interface {
+	Start(spec LaunchSpec) (Proc, error)
+}
+
+// ExecLauncher starts the warren binary.
+type ExecLauncher struct {
+	// Warren is the path of the warren binary.
+	Warren string
+	// Prepare, when set, is called with the command just before it starts:
+	// the place where the VMM jail (hostd/jail: seccomp, namespaces,
+	// credentials) wraps the process.
+	Prepare func(cmd *exec.Cmd, spec LaunchSpec) error
+}
+
+// Start starts warren detached: its own session, stdin /dev/null, stdout
+// and stderr appended to spec.Log. The daemon reaps it if it ends while
+// the daemon runs; after a daemon restart the process is init's.
+func (l *ExecLauncher) Start(spec LaunchSpec) (Proc, error) {
+	logf, err := os.OpenFile(spec.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return Proc{}, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(l.Warren, spec.Args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if l.Prepare != nil {
+		if err := l.Prepare(cmd, spec); err != nil {
+			return Proc{}, fmt.Errorf("prepare VMM: %w", err)
+		}
+	}
+	if err := cmd.Start(); err != nil {
+		return Proc{}, err
+	}
+	go cmd.Wait()
+	st, err := procStartTime(cmd.Process.Pid)
+	if err != nil {
+		return Proc{}, fmt.Errorf("VMM pid %d: %w", cmd.Process.Pid, err)
+	}
+	return Proc{PID: cmd.Process.Pid, StartTime: st}, nil
+}
+
+// procStat returns the state letter and start time of pid from
+// /proc/PID/stat.
+func procStat(pid int) (state byte, start uint64, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	// The command name (field 2) may hold spaces and parentheses: the
+	// fields resume after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, errors.New("malformed /proc stat")
+	}
+	f := bytes.Fields(b[i+1:])
+	// f[0] is field 3 (state); field 22 (starttime) is f[19].
+	if len(f) < 20 || len(f[0]) != 1 {
+		return 0, 0, errors.New("malformed /proc stat")
+	}
+	start, err = strconv.ParseUint(string(f[19]), 10, 64)
+	return f[0][0], start, err
+}
+
+func procStartTime(pid int) (uint64, error) {
+	_, st, err := procStat(pid)
+	return st, err
+}
+
+// alive reports whether pid runs and is the process that started at start
+// (a zombie counts as dead).
+func alive(pid int, start uint64) bool {
+	if pid <= 0 {
+		return false
+	}
+	state, st, err := procStat(pid)
+	return err == nil && st == start && state != 'Z' && state != 'X'
+}
+
+// stopProc ends the process pid (if it is still the one that started at
+// start): SIGTERM, then SIGKILL after grace.
+func stopProc(pid int, start uint64, grace time.Duration) {
+	if !alive(pid, start) {
+		return
+	}
+	syscall.Kill(pid, syscall.SIGTERM)
+	if waitDead(pid, start, grace) {
+		return
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	waitDead(pid, start, 5*time.Second)
+}
+
+func waitDead(pid int, start uint64, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if !alive(pid, start) {
+			return true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return !alive(pid, start)
+}
+
+// tail returns the last n bytes of the file at path, trimmed.
+func tail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		f.Seek(fi.Size()-n, 0)
+	}
+	b := make([]byte, n)
+	k, _ := f.Read(b)
+	return string(bytes.TrimSpace(b[:k]))
+}

@@ -1,0 +1,120 @@
+package daemon
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+)
+
+// An op is a long operation (template build, sandbox create, fork, resume
+// from disk, pause to disk) running on its own goroutine: a client that
+// disconnects does not cut it short. Its progress goes to the request
+// that started it, as NDJSON lines when the client asked for
+// application/x-ndjson:
+//
+//	{"progress": "booting the guest", "pct": 10}
+//	...
+//	{"result": {...}}   or   {"error": "...", "status": 500}
+//
+// and otherwise as one JSON answer at the end.
+type op struct {
+	mu       sync.Mutex
+	ch       chan progressLine
+	done     chan struct{}
+	status   int
+	result   any
+	err      error
+	finished bool
+}
+
+type progressLine struct {
+	Progress string `json:"progress"`
+	Pct      int    `json:"pct"`
+}
+
+func newOp() *op { return &op{ch: make(chan progressLine, 64), done: make(chan struct{})} }
+
+// progress reports a step; dropped when nobody reads fast enough.
+func (o *op) progress(msg string, pct int) {
+	select {
+	case o.ch <- progressLine{msg, pct}:
+	default:
+	}
+}
+
+// finish ends the op with a result (status 2xx) or an error.
+func (o *op) finish(status int, result any, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.finished {
+		return
+	}
+	o.finished = true
+	o.status, o.result, o.err = status, result, err
+	close(o.done)
+}
+
+func wantsStream(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), "application/x-ndjson")
+}
+
+// run starts fn on its own goroutine and answers r with its progress and
+// outcome.
+func (o *op) run(w http.ResponseWriter, r *http.Request, fn func(o *op) (int, any, error)) {
+	go func() {
+		status, res, err := fn(o)
+		o.finish(status, res, err)
+	}()
+	if !wantsStream(r) {
+		select {
+		case <-o.done:
+		case <-r.Context().Done():
+			return
+		}
+		if o.err != nil {
+			writeErr(w, o.err)
+			return
+		}
+		writeJSON(w, o.status, o.result)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	fl, _ := w.(http.Flusher)
+	flush := func() {
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	flush()
+	for {
+		select {
+		case p := <-o.ch:
+			enc.Encode(p)
+			flush()
+		case <-o.done:
+			// Drain the progress already reported.
+			for {
+				select {
+				case p := <-o.ch:
+					enc.Encode(p)
+					continue
+				default:
+				}
+				break
+			}
+			if o.err != nil {
+				st, msg := errStatus(o.err)
+				enc.Encode(map[string]any{"error": msg, "status": st})
+			} else {
+				enc.Encode(map[string]any{"result": o.result, "status": o.status})
+			}
+			flush()
+			return
+		case <-r.Context().Done():
+			return
+		}
+	}
+}

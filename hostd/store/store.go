@@ -1,0 +1,309 @@
+// Package store is warren-hostd's state directory: one JSON record per
+// template and per sandbox, under the tenant that owns it, each written
+// atomically (temporary file, fsync, rename, fsync of the directory) so a
+// kill -9 of the daemon at any instant leaves either the old or the new
+// record, never a torn one.
+//
+//	ROOT/tenants/<tenant>/templates/<id>/template.json   (+ snap/: the template snapshot)
+//	ROOT/tenants/<tenant>/sandboxes/<id>/sandbox.json    (+ snapshots/, vmm.log, console.log)
+//	ROOT/run/<id>.api, <id>.vsock                        (sockets: short paths, < 108 bytes)
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+)
+
+// Record file names.
+const (
+	templateFile = "template.json"
+	sandboxFile  = "sandbox.json"
+)
+
+// Template statuses.
+const (
+	TemplateBuilding = "building"
+	TemplateReady    = "ready"
+	TemplateFailed   = "failed"
+)
+
+// Sandbox statuses.
+const (
+	// Creating: the VMM is being started; a record still creating when
+	// the daemon starts was interrupted and becomes failed.
+	Creating = "creating"
+	// Running: the VMM runs the guest.
+	Running = "running"
+	// Paused: the VMM holds the guest paused in memory.
+	Paused = "paused"
+	// Suspended: paused to disk, no VMM process; resume restores it.
+	Suspended = "suspended"
+	// Stopped: the VMM is gone (it exited, or the daemon found it dead
+	// at start); Reason says why. Resume restores its latest snapshot,
+	// if it has one.
+	Stopped = "stopped"
+	// Failed: creation failed; only delete is possible.
+	Failed = "failed"
+)
+
+// Template is one template's record.
+type Template struct {
+	ID        string    `json:"id"`
+	Tenant    string    `json:"tenant"`
+	Status    string    `json:"status"`
+	Error     string    `json:"error,omitempty"`
+	Kernel    string    `json:"kernel"`
+	Initramfs string    `json:"initramfs,omitempty"`
+	Disks     []string  `json:"disks,omitempty"`
+	MemMiB    int       `json:"mem_mib"`
+	CPUs      int       `json:"cpus"`
+	Cmdline   string    `json:"cmdline,omitempty"`
+	Snapshot  string    `json:"snapshot,omitempty"` // DIR/NAME of its snapshot
+	PID       int       `json:"pid,omitempty"`      // the build's VMM while building
+	StartTime uint64    `json:"start_time,omitempty"`
+	Created   time.Time `json:"created"`
+	BuildMS   float64   `json:"build_ms,omitempty"`
+}
+
+// Snapshot is one snapshot of a sandbox.
+type Snapshot struct {
+	Name  string    `json:"name"`
+	Path  string    `json:"path"` // DIR/NAME as `warren snapshot` takes it
+	Kind  string    `json:"kind"` // full or incremental
+	Time  time.Time `json:"time"`
+	Bytes int64     `json:"layer_bytes,omitempty"`
+	// Rolling marks a snapshot taken by the rolling snapshotter (pruned by it).
+	Rolling bool `json:"rolling,omitempty"`
+}
+
+// Rolling is a sandbox's rolling-snapshot setting.
+type Rolling struct {
+	Every string `json:"every"` // a Go duration
+	Keep  int    `json:"keep"`  // most layers in one chain, and chains kept: see the daemon
+}
+
+// Sandbox is one sandbox's record.
+type Sandbox struct {
+	ID       string `json:"id"`
+	Tenant   string `json:"tenant"`
+	Template string `json:"template"`
+	Status   string `json:"status"`
+	Reason   string `json:"reason,omitempty"`
+	// The VMM process: PID and its start time (field 22 of
+	// /proc/PID/stat), which tells a reused PID apart.
+	PID       int    `json:"pid,omitempty"`
+	StartTime uint64 `json:"start_time,omitempty"`
+	API       string `json:"api"`
+	Vsock     string `json:"vsock"`
+	Console   string `json:"console,omitempty"`
+	Log       string `json:"log,omitempty"`
+	// Limits: the guest's size comes from the template; these are the
+	// cgroup limits of its VMM process.
+	MemMiB int `json:"mem_mib"`
+	CPUs   int `json:"cpus"`
+	// Cgroup is "none" or the cgroup paths of the VMM.
+	Cgroup  []string          `json:"cgroup,omitempty"`
+	Egress  json.RawMessage   `json:"egress,omitempty"`
+	Env     []string          `json:"env,omitempty"`
+	Secrets []string          `json:"secrets,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	// Parent is the sandbox this one was forked from.
+	Parent    string     `json:"parent,omitempty"`
+	Snapshots []Snapshot `json:"snapshots,omitempty"`
+	Rolling   *Rolling   `json:"rolling,omitempty"`
+	// RestoredFrom is the snapshot its current VMM was restored from.
+	RestoredFrom string    `json:"restored_from,omitempty"`
+	Created      time.Time `json:"created"`
+	Updated      time.Time `json:"updated"`
+}
+
+// Latest returns the sandbox's newest snapshot, or nil.
+func (s *Sandbox) Latest() *Snapshot {
+	if len(s.Snapshots) == 0 {
+		return nil
+	}
+	return &s.Snapshots[len(s.Snapshots)-1]
+}
+
+var tenantRE = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)
+
+// ValidTenant reports whether name is a tenant name: [a-z0-9-]{1,63}.
+func ValidTenant(name string) bool { return tenantRE.MatchString(name) }
+
+var idRE = regexp.MustCompile(`^[a-z]{2,3}-[0-9a-f]{12}$`)
+
+// ValidID reports whether id looks like an id the daemon makes.
+func ValidID(id string) bool { return idRE.MatchString(id) }
+
+// Store is a state directory.
+type Store struct {
+	Root string
+}
+
+// Open creates (if needed) and returns the state directory at root.
+func Open(root string) (*Store, error) {
+	root, err := filepath.Abs(root)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []string{root, filepath.Join(root, "tenants"), filepath.Join(root, "run")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("store: %w", err)
+		}
+	}
+	return &Store{Root: root}, nil
+}
+
+// RunDir holds the VMMs' sockets.
+func (s *Store) RunDir() string { return filepath.Join(s.Root, "run") }
+
+// TemplateDir is a template's directory.
+func (s *Store) TemplateDir(tenant, id string) string {
+	return filepath.Join(s.Root, "tenants", tenant, "templates", id)
+}
+
+// SandboxDir is a sandbox's directory.
+func (s *Store) SandboxDir(tenant, id string) string {
+	return filepath.Join(s.Root, "tenants", tenant, "sandboxes", id)
+}
+
+// SaveTemplate writes t's record atomically.
+func (s *Store) SaveTemplate(t *Template) error {
+	return WriteJSON(filepath.Join(s.TemplateDir(t.Tenant, t.ID), templateFile), t)
+}
+
+// SaveSandbox writes sb's record atomically, stamping Updated.
+func (s *Store) SaveSandbox(sb *Sandbox) error {
+	sb.Updated = time.Now().UTC()
+	return WriteJSON(filepath.Join(s.SandboxDir(sb.Tenant, sb.ID), sandboxFile), sb)
+}
+
+// RemoveTemplate deletes a template's directory.
+func (s *Store) RemoveTemplate(tenant, id string) error {
+	return removeDir(s.TemplateDir(tenant, id))
+}
+
+// RemoveSandbox deletes a sandbox's directory.
+func (s *Store) RemoveSandbox(tenant, id string) error {
+	return removeDir(s.SandboxDir(tenant, id))
+}
+
+// removeDir removes the record first (atomically: a crash leaves either a
+// whole record or none), then the rest.
+func removeDir(dir string) error {
+	for _, f := range []string{templateFile, sandboxFile} {
+		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	syncDir(dir)
+	return os.RemoveAll(dir)
+}
+
+// Load reads every record. A directory without a record (a delete cut
+// short, a create that never wrote one) is skipped; an unreadable record
+// is returned in errs and skipped.
+func (s *Store) Load() (tpls []*Template, sbs []*Sandbox, errs []error) {
+	tenants, _ := os.ReadDir(filepath.Join(s.Root, "tenants"))
+	for _, te := range tenants {
+		if !te.IsDir() || !ValidTenant(te.Name()) {
+			continue
+		}
+		tn := te.Name()
+		ids, _ := os.ReadDir(filepath.Join(s.Root, "tenants", tn, "templates"))
+		for _, e := range ids {
+			var t Template
+			if ok, err := readJSON(filepath.Join(s.TemplateDir(tn, e.Name()), templateFile), &t); err != nil {
+				errs = append(errs, err)
+			} else if ok && t.ID == e.Name() && t.Tenant == tn {
+				tpls = append(tpls, &t)
+			}
+		}
+		ids, _ = os.ReadDir(filepath.Join(s.Root, "tenants", tn, "sandboxes"))
+		for _, e := range ids {
+			var sb Sandbox
+			if ok, err := readJSON(filepath.Join(s.SandboxDir(tn, e.Name()), sandboxFile), &sb); err != nil {
+				errs = append(errs, err)
+			} else if ok && sb.ID == e.Name() && sb.Tenant == tn {
+				sbs = append(sbs, &sb)
+			}
+		}
+	}
+	return tpls, sbs, errs
+}
+
+func readJSON(path string, v any) (bool, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return false, fmt.Errorf("store: %s: %w", path, err)
+	}
+	return true, nil
+}
+
+// WriteJSON writes v as JSON to path atomically and durably: a temporary
+// file in the same directory, fsync, rename over path, fsync of the
+// directory. The directory is created if missing.
+func WriteJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	return WriteFileAtomic(path, b, 0o600)
+}
+
+// WriteFileAtomic is WriteJSON for bytes.
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	fail := func(err error) error {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("store: write %s: %w", path, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		return fail(err)
+	}
+	if err := f.Chmod(mode); err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("store: write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("store: write %s: %w", path, err)
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
