@@ -12,7 +12,7 @@ TESTDISK := $(BUILD)/testdisk.img
 TEST_ENV := WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) WARREN_TESTDISK=$(CURDIR)/$(TESTDISK)
 GUEST_SRC := vmm/testdata/guests
 # Packages whose tests need /dev/kvm.
-KVM_PKGS := vmm/kvm vmm memsnap/vmsnap cow cmd/warren/cli
+KVM_PKGS := vmm/kvm vmm memsnap/vmsnap cow cmd/warren/cli hostd/daemon
 HAVE_KVM := $(shell test -c /dev/kvm && echo yes)
 KVMHOST := bash .ci/kvmhost/run.sh --timeout 900
 RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"
@@ -73,16 +73,16 @@ unit: testguests
 # shown guests triple-faulting at boot and one odd CPUID read, none of
 # which repeated; a second failure fails the build, and the first one
 # stays in the log. The whole nested run is retried once when the nested
-# host fails (125) or freezes past 720 s (124; a normal run takes about
-# 250 s): its kernel has been seen to die of a kernel-stack overflow in
+# host fails (125) or freezes past 1200 s (124; a normal run takes about
+# 500 s): its kernel has been seen to die of a kernel-stack overflow in
 # KVM under restore-heavy load (.ci/kvmhost/README.md).
-test-kvm: testguests testdisk
+test-kvm: warren testguests testdisk
 	@mkdir -p $(BUILD)/tests
 	@for p in $(KVM_PKGS); do \
 		CGO_ENABLED=0 $(GO) test -c -o $(BUILD)/tests/$$(echo $$p | tr / _).test ./$$p || exit 1; \
 	done
 	@for try in 1 2; do \
-		$(KVMHOST) --timeout 720 --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) --env WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) $(CURDIR) -- \
+		$(KVMHOST) --timeout 1200 --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) --env WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) --env WARREN_BIN=$(CURDIR)/bin/warren $(CURDIR) -- \
 		'for p in $(KVM_PKGS); do echo "=== package $$p (nested KVM)"; t=$(CURDIR)/$(BUILD)/tests/$$(echo $$p | tr / _).test; \
 		 (cd $$p && $$t -test.count=1 -test.v -test.timeout 400s) && continue; \
 		 echo "=== FLAKY? package $$p failed in the nested KVM host; running it once more (a second failure fails the build)"; \
