@@ -87,7 +87,15 @@ func main() {
 	flag.BoolVar(&c.skipRestore, "skip-restore", false, "skip measurement 2")
 	variants := flag.String("variants", "eager,lazy,qemu", "restore variants to run: warren eager, warren lazy, qemu")
 	caches := flag.String("caches", "warm,cold", "restore cache states to run: warm, cold")
+	merge := flag.String("merge", "", "print one restore table from these --json files of earlier invocations (comma-separated) and exit")
 	flag.Parse()
+	if *merge != "" {
+		if err := mergeRestores(strings.Split(*merge, ","), c.jsonOut); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/snapshot:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	c.caches = map[string]bool{}
 	for _, v := range strings.Split(*caches, ",") {
 		c.caches[strings.TrimSpace(v)] = true

@@ -368,7 +368,7 @@ func printRestores(c config, res map[string]*restoreSeries, srcInfo map[string]a
 
 // restoreJSON is measurement 2 for --json.
 func restoreJSON(c config, res map[string]*restoreSeries) map[string]any {
-	out := map[string]any{"runs": c.restoreRuns, "warm_dir": c.warmDir, "cold_dir": c.coldDir}
+	out := map[string]any{"runs": c.restoreRuns, "warm_dir": c.warmDir, "cold_dir": c.coldDir, "mem_mib": c.memMiB}
 	for k, s := range res {
 		e := map[string]any{"agent_answer": stats.Summarise(k, s.Health), "failures": s.Failures}
 		if s.FirstRun != nil {

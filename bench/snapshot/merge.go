@@ -1,0 +1,80 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/warrenvm/warren/bench/stats"
+)
+
+// mergeRestores reads the restore part of several --json files written by
+// separate invocations (each in a fresh host) and prints one table of all
+// their runs together, as if one invocation had made them. It exists for
+// hosts that cannot keep a long restore loop alive (the nested KVM host
+// freezes in long ones: .ci/kvmhost/README.md): a series is then made of
+// short invocations whose rounds alternate the variants just the same.
+func mergeRestores(files []string, jsonOut string) error {
+	res := map[string]*restoreSeries{}
+	c := config{caches: map[string]bool{}}
+	var srcInfo map[string]any
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		var doc struct {
+			Restore map[string]json.RawMessage `json:"restore"`
+			Sources map[string]any             `json:"restore_sources"`
+		}
+		if err := json.Unmarshal(b, &doc); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		if doc.Restore == nil {
+			return fmt.Errorf("%s: no restore results", f)
+		}
+		if srcInfo == nil {
+			srcInfo = doc.Sources
+		}
+		if m, ok := doc.Restore["mem_mib"]; ok && c.memMiB == 0 {
+			json.Unmarshal(m, &c.memMiB)
+		}
+		for k, raw := range doc.Restore {
+			cache, _, ok := strings.Cut(k, " ")
+			if !ok || (cache != "warm" && cache != "cold") {
+				continue
+			}
+			var e struct {
+				Agent    stats.Summary  `json:"agent_answer"`
+				First    *stats.Summary `json:"first_kvm_run"`
+				Failures []string       `json:"failures"`
+			}
+			if err := json.Unmarshal(raw, &e); err != nil {
+				return fmt.Errorf("%s: %s: %w", f, k, err)
+			}
+			s := res[k]
+			if s == nil {
+				s = &restoreSeries{}
+				res[k] = s
+			}
+			s.Health = append(s.Health, e.Agent.Samples...)
+			if e.First != nil {
+				s.FirstRun = append(s.FirstRun, e.First.Samples...)
+			}
+			s.Failures = append(s.Failures, e.Failures...)
+			c.caches[cache] = true
+		}
+	}
+	for _, s := range res {
+		if n := len(s.Health) + len(s.Failures); n > c.restoreRuns {
+			c.restoreRuns = n
+		}
+	}
+	fmt.Printf("merged from %d invocations: %s\n", len(files), strings.Join(files, " "))
+	printRestores(c, res, srcInfo)
+	if jsonOut != "" {
+		return stats.WriteJSON(jsonOut, map[string]any{"merged_from": files, "restore": restoreJSON(c, res), "restore_sources": srcInfo})
+	}
+	return nil
+}
