@@ -1,49 +1,64 @@
 #!/bin/bash
-# The issue's "main job" through warren-hostd: start the daemon, build a
-# template (boot once, snapshot), create a sandbox from it, run a command in
-# it, fork it, pause and resume it, and stop the daemon (the VMMs are
-# deleted first). Needs /dev/kvm, curl and jq; run from the repository root
-# after `make warren kernel initramfs` and
-# `CGO_ENABLED=0 go build -o bin/warren-hostd ./cmd/warren-hostd`.
-# Without /dev/kvm: bash .ci/kvmhost/run.sh --host-root $PWD -- bash hostd/daemon/demo.sh
+# The main job, through warren-hostd and the warren CLI: start the daemon
+# on a temporary state directory and socket, build a template (boot once,
+# snapshot), create a sandbox from it, run a command in it, fork it and run
+# a command in a child, pause and resume it, list the sandboxes, delete
+# everything and stop the daemon. `make run` runs it (with /dev/kvm here, or
+# in the nested KVM host: see the Makefile); by hand, from the repository
+# root, after `make warren hostd kernel initramfs`: bash hostd/demo.sh
 set -euo pipefail
 ROOT=$(pwd)
 S=$(mktemp -d /tmp/warren-demo-XXXXXX)
-./bin/warren-hostd --state "$S/state" --socket "$S/hostd.sock" --warren "$ROOT/bin/warren" --cgroup-root /sys/fs/cgroup 2>"$S/hostd.log" &
+export WARREN_HOST=$S/hostd.sock WARREN_TENANT=demo
+W=$ROOT/bin/warren
+"$ROOT/bin/warren-hostd" --state "$S/state" --socket "$WARREN_HOST" --warren "$W" --stop-on-exit 2>"$S/hostd.log" &
 HOSTD=$!
-trap 'kill $HOSTD 2>/dev/null; wait $HOSTD 2>/dev/null; echo "daemon log: $S/hostd.log"' EXIT
-for _ in $(seq 50); do [ -S "$S/hostd.sock" ] && break; sleep 0.1; done
-export JQ_COLORS= NO_COLOR=1
-jq() { command jq -M "$@"; }
-api() { curl -sS --fail-with-body --unix-socket "$S/hostd.sock" -H "X-Warren-Tenant: demo" "$@"; }
-# Runs a command in sandbox $1, printing its output.
-run() {
-	local id=$1; shift
-	local argv
-	argv=$(for a in "$@"; do jq -n --arg a "$a" '$a'; done | jq -sc '{argv: .}')
-	api -d "$argv" "http://hostd/v1/sandboxes/$id/exec" |
-		jq -j 'if .stdout then (.stdout|@base64d) elif .stderr then (.stderr|@base64d) elif .exit != null then "(exit \(.exit))\n" else "error: \(.error)\n" end'
+cleanup() {
+	local rc=$?
+	kill "$HOSTD" 2>/dev/null && wait "$HOSTD" 2>/dev/null
+	if [ $rc -ne 0 ]; then
+		echo "demo failed (exit $rc); the daemon's log:"
+		tail -n 30 "$S/hostd.log"
+	fi
+	echo "state, daemon log and audit log: $S"
+}
+trap cleanup EXIT
+for _ in $(seq 100); do [ -S "$WARREN_HOST" ] && break; sleep 0.1; done
+step() { printf '\n== %s\n' "$*" >&2; }
+# show prints a command (on stderr, so that $(show ...) captures only its
+# output) and runs it.
+show() {
+	local a line=\$
+	for a in "${1#$ROOT/bin/}" "${@:2}"; do
+		case $a in *[\ \$\(\)\'\"]*) a="'$a'" ;; esac
+		line+=" $a"
+	done
+	printf '%s\n' "$line" >&2
+	"$@"
 }
 
-echo "== template: boot, wait for the agent, snapshot (progress streamed)"
-api -H 'Accept: application/x-ndjson' -d "{\"kernel\":\"$ROOT/build/vmlinux\",\"initramfs\":\"$ROOT/build/initramfs.cpio\",\"mem_mib\":256,\"cpus\":1}" \
-	http://hostd/v1/templates | tee "$S/template.ndjson" | jq -c .
-TPL=$(tail -1 "$S/template.ndjson" | jq -er .result.id)
+step "template: boot the guest once, wait for its agent, snapshot it"
+TPL=$(show "$W" templates create --kernel build/vmlinux --initramfs build/initramfs.cpio --mem 256 --cpus 1)
+echo "$TPL"
+show "$W" templates
 
-echo "== sandbox from $TPL"
-SB=$(api -d "{\"template\":\"$TPL\",\"mem_mib\":512,\"cpus\":1}" http://hostd/v1/sandboxes | jq -er .id)
-api "http://hostd/v1/sandboxes/$SB" | jq -c '{id, status, pid, cgroup}'
-run "$SB" sh -c 'echo hello from $(cat /proc/sys/kernel/hostname)'
+step "a sandbox from $TPL"
+SB=$(show "$W" create --template "$TPL" --mem 512 --name demo)
+echo "$SB"
+show "$W" exec "$SB" -- sh -c 'echo hello from $(cat /proc/sys/kernel/hostname)'
 
-echo "== fork $SB into 2"
-KIDS=$(api -d '{"n":2}' "http://hostd/v1/sandboxes/$SB/fork" | jq -er '.children[].id')
-for k in $KIDS; do run "$k" cat /proc/sys/kernel/hostname; done
+step "fork $SB into 2"
+KIDS=$(show "$W" fork -n 2 "$SB")
+echo "$KIDS"
+for k in $KIDS; do show "$W" exec "$k" -- sh -c 'echo child $(cat /proc/sys/kernel/hostname)'; done
 
-echo "== pause, resume"
-api -X POST "http://hostd/v1/sandboxes/$SB/pause" | jq -c '{id, status}'
-api -X POST "http://hostd/v1/sandboxes/$SB/resume" | jq -c '{id, status}'
-run "$SB" sh -c 'echo still alive'
+step "pause, resume"
+show "$W" pause "$SB"
+show "$W" resume "$SB"
+show "$W" exec demo -- sh -c 'echo still alive'
+show "$W" ls
 
-echo "== cleanup"
-for id in $SB $KIDS; do api -X DELETE "http://hostd/v1/sandboxes/$id" | jq -c .; done
-api -X DELETE "http://hostd/v1/templates/$TPL" | jq -c .
+step "cleanup"
+show "$W" rm "$SB" $KIDS
+show "$W" templates rm "$TPL"
+show "$W" ls

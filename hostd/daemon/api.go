@@ -261,6 +261,9 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 		newOp().run(w, r, func(o *op) (int, any, error) { return d.fork(o, s, req.N) })
 	}))
 	handle("GET /v1/events", d.streamEvents)
+	handle("POST /v1/keys", d.postKey)
+	handle("GET /v1/keys", d.getKey)
+	handle("DELETE /v1/keys", d.deleteKey)
 	return mux
 }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/agentclient"
 	"github.com/warrenvm/warren/hostd/cgroup"
+	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
 )
 
@@ -43,8 +44,10 @@ type Hooks struct {
 	SnapshotWritten func(tenant, path string) error
 	// BeforeRestore is called before a VMM is started on, or rolled back
 	// to, the snapshot DIR/NAME (and the chain under it): decryption plugs
-	// in here.
-	BeforeRestore func(tenant, path string) error
+	// in here. It returns the snapshot path the VMM is to read (path, or
+	// a decrypted working copy) and, optionally, done, which the daemon
+	// calls once the VMM has loaded it (or failed to).
+	BeforeRestore func(tenant, path string) (use string, done func(), err error)
 	// (The VMM jail plugs into the Launcher: ExecLauncher.Prepare.)
 }
 
@@ -87,8 +90,18 @@ type Config struct {
 	// MemOverheadMiB is added to a sandbox's memory for its VMM's cgroup
 	// limit (default 128).
 	MemOverheadMiB int
-	Hooks          Hooks
-	Observer       Observer
+	// Keys, when set, turns on at-rest encryption of the snapshots of
+	// every tenant that has a key there (see atrest.go), the /v1/keys
+	// API, and the Hooks that are unset. DecryptDir is where restores
+	// decrypt their working copies (default STATE/run/decrypted; a tmpfs
+	// such as /run/warren/decrypted keeps them off disks).
+	Keys       *crypt.LocalProvider
+	DecryptDir string
+	// Jail, for the default launcher, jails every VMM: "strict" or "vmm"
+	// (see JailPrepare); "" or "off" for none.
+	Jail     string
+	Hooks    Hooks
+	Observer Observer
 }
 
 // Daemon is the host daemon.
@@ -101,6 +114,7 @@ type Daemon struct {
 	obs      Observer
 	events   *bus
 	audit    *auditLog
+	atRest   *atRest
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -202,7 +216,35 @@ func New(cfg Config) (*Daemon, error) {
 		if cfg.Warren == "" {
 			return nil, errors.New("daemon: no warren binary and no launcher")
 		}
-		d.launcher = &ExecLauncher{Warren: cfg.Warren}
+		el := &ExecLauncher{Warren: cfg.Warren}
+		if cfg.Jail != "" && cfg.Jail != "off" {
+			if el.Prepare, err = JailPrepare(cfg.Jail); err != nil {
+				return nil, err
+			}
+		}
+		d.launcher = el
+	}
+	if cfg.Keys != nil {
+		if cfg.DecryptDir == "" {
+			cfg.DecryptDir = filepath.Join(st.RunDir(), "decrypted")
+		}
+		d.atRest = &atRest{keys: cfg.Keys, work: cfg.DecryptDir}
+		if d.cfg.Hooks.SnapshotWritten == nil {
+			d.cfg.Hooks.SnapshotWritten = d.atRest.SnapshotWritten
+		}
+		if d.cfg.Hooks.BeforeRestore == nil {
+			d.cfg.Hooks.BeforeRestore = d.atRest.BeforeRestore
+		}
+		// Working copies left by a daemon that died mid-restore (only
+		// what BeforeRestore makes: TENANT-NNN directories).
+		if ents, err := os.ReadDir(cfg.DecryptDir); err == nil {
+			for _, e := range ents {
+				if e.IsDir() && workDirRE.MatchString(e.Name()) {
+					os.RemoveAll(filepath.Join(cfg.DecryptDir, e.Name()))
+				}
+			}
+		}
+		d.cfg.DecryptDir = cfg.DecryptDir
 	}
 	if cfg.CgroupRoot != "none" {
 		root := cfg.CgroupRoot
@@ -218,6 +260,7 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.adopt()
+	d.sealAll()
 	d.wg.Add(1)
 	go d.monitor()
 	return d, nil

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -8,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
 )
 
@@ -56,8 +59,25 @@ func TestE2E(t *testing.T) {
 	step := func(format string, a ...any) {
 		t.Logf("[%5.1fs] %s", time.Since(start).Seconds(), strings.TrimSpace(sprintf(format, a...)))
 	}
+	// Every VMM jailed (WARREN_E2E_JAIL: vmm by default, "off", or say
+	// "vmm,log" to find missing syscalls), every snapshot of tenant-a
+	// encrypted at rest once it has a key.
 	launcher := &ExecLauncher{Warren: warren}
+	jailProfile := os.Getenv("WARREN_E2E_JAIL")
+	if jailProfile == "" {
+		jailProfile = "vmm"
+	}
+	if jailProfile != "off" {
+		if launcher.Prepare, err = JailPrepare(jailProfile); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := &crypt.LocalProvider{Dir: filepath.Join(state, "keys")}
+	if err := os.Mkdir(keys.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	mod := func(c *Config) {
+		c.Keys = keys
 		c.CgroupRoot = "" // the host's, or none (a warning) where there is none
 		c.MonitorInterval = 500 * time.Millisecond
 		c.BootTimeout, c.RestoreTimeout = 4*time.Minute, 2*time.Minute
@@ -77,11 +97,17 @@ func TestE2E(t *testing.T) {
 		}
 	}()
 
+	var ki KeyInfo
+	a.ok(201, "POST", "/v1/keys", nil, &ki)
+	step("tenant-a's key %s created; VMMs jailed: %s", ki.KeyID, jailProfile)
+
 	step("building the template (boots the guest)")
 	var tp store.Template
 	a.ok(201, "POST", "/v1/templates", map[string]any{"kernel": kernel, "initramfs": initrd, "mem_mib": 256, "cpus": 1,
 		"cmdline": "warren.hostname=tpl"}, &tp)
 	step("template %s ready in %.0f ms", tp.ID, tp.BuildMS)
+	sealedAll(t, filepath.Dir(tp.Snapshot))
+	step("the template's snapshot is sealed on disk (%s header)", crypt.Magic)
 
 	sb := a.create(tp.ID)
 	all = append(all, sb)
@@ -164,6 +190,9 @@ func TestE2E(t *testing.T) {
 		t.Fatalf("suspended: %+v", rec)
 	}
 	step("paused to disk (%s)", rec.Latest().Name)
+	sealedAll(t, filepath.Dir(rec.Latest().Path))
+	suspended := *rec.Latest()
+	step("its snapshot is sealed on disk")
 	a.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/resume", nil, &rec)
 	all = append(all, rec)
 	if out, _, _ := a.exec(sb.ID, "cat", "/tmp/hello.txt"); out != "hello from the host" {
@@ -195,6 +224,61 @@ func TestE2E(t *testing.T) {
 		t.Fatalf("after rollback: %q", out)
 	}
 	step("rollback to %s ok", last.Name)
+
+	// tenant-b has no key: its snapshots stay plaintext, and incremental
+	// ones (on a layer the jailed VMM reopens) and a rollback onto a chain
+	// work under the jail.
+	var tpb store.Template
+	b.ok(201, "POST", "/v1/templates", map[string]any{"kernel": kernel, "initramfs": initrd, "mem_mib": 256, "cpus": 1}, &tpb)
+	sbb := b.create(tpb.ID)
+	all = append(all, sbb)
+	var s1, s2 store.Snapshot
+	b.ok(201, "POST", "/v1/sandboxes/"+sbb.ID+"/snapshots", map[string]any{"name": "b1"}, &s1)
+	b.ok(201, "POST", "/v1/sandboxes/"+sbb.ID+"/snapshots", map[string]any{"name": "b2", "incremental": true}, &s2)
+	if s2.Kind != "incremental" {
+		t.Fatalf("tenant-b's second snapshot is %s", s2.Kind)
+	}
+	if sealed, err := isSealed(s2.Path + ".wstate"); err != nil || sealed {
+		t.Fatalf("tenant-b (no key) has its snapshot sealed: %v %v", sealed, err)
+	}
+	b.ok(200, "POST", "/v1/sandboxes/"+sbb.ID+"/rollback", map[string]any{"snapshot": "b2"}, nil)
+	if out, _, _ := b.exec(sbb.ID, "sh", "-c", "echo b ok"); out != "b ok\n" {
+		t.Fatalf("tenant-b after rollback: %q", out)
+	}
+	b.ok(200, "DELETE", "/v1/sandboxes/"+sbb.ID, nil, nil)
+	b.ok(200, "DELETE", "/v1/templates/"+tpb.ID, nil, nil)
+	step("tenant-b (no key): plaintext snapshots, full + incremental, rollback onto the chain ok")
+
+	// Revoking the key stops the tenant's sandboxes; nothing of it can be
+	// restored any more, and its files stay sealed.
+	a.ok(200, "DELETE", "/v1/keys", nil, &ki)
+	step("key revoked; stopped %v", ki.Stopped)
+	if len(ki.Stopped) != 3 {
+		t.Fatalf("revoke stopped %v, want the sandbox and its 2 children", ki.Stopped)
+	}
+	for _, s := range append([]store.Sandbox{rec}, fr.Children...) {
+		if got := a.get(s.ID); got.Status != store.Stopped || alive(s.PID, s.StartTime) {
+			t.Fatalf("%s after revoke: %+v", s.ID, got)
+		}
+	}
+	for _, c := range []struct{ path, body string }{
+		{"/v1/sandboxes/" + sb.ID + "/resume", ""},
+		{"/v1/sandboxes", tp.ID},
+	} {
+		var body any
+		if c.body != "" {
+			body = map[string]any{"template": c.body}
+		}
+		st, out := a.do("POST", c.path, body)
+		if st != 403 || !strings.Contains(string(out), "tenant-a: key revoked at") {
+			t.Fatalf("POST %s after revoke: %d %s", c.path, st, out)
+		}
+		step("POST %s after revoke: %d %s", c.path, st, strings.TrimSpace(string(out)))
+	}
+	sealedAll(t, filepath.Dir(suspended.Path))
+	if _, err := crypt.Open(context.Background(), suspended.Path+".wstate", keys, "tenant-a"); !errors.Is(err, crypt.ErrRevoked) {
+		t.Fatalf("open after revoke: %v", err)
+	}
 
 	// Delete stops the VMMs.
 	for _, s := range append([]store.Sandbox{rec}, fr.Children...) {

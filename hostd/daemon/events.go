@@ -8,7 +8,7 @@ import (
 // Event is one lifecycle event of a tenant's sandbox or template.
 type Event struct {
 	Time     time.Time `json:"time"`
-	Type     string    `json:"type"` // created, paused, resumed, snapshotted, forked, rolled_back, stopped, deleted, template_ready, template_failed
+	Type     string    `json:"type"` // created, paused, resumed, snapshotted, forked, rolled_back, stopped, deleted, template_ready, template_failed, key_created, key_revoked
 	Sandbox  string    `json:"sandbox,omitempty"`
 	Template string    `json:"template,omitempty"`
 	Detail   string    `json:"detail,omitempty"`

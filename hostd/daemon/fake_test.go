@@ -34,6 +34,17 @@ type fakeLauncher struct {
 	starts atomic.Int32
 	// failRestore makes `restore` fail to start.
 	failRestore atomic.Bool
+	// lastRestore is the snapshot path of the last `restore`, lastArgs
+	// its arguments.
+	lastRestore string
+	lastArgs    []string
+}
+
+// restored returns the snapshot path the last `restore` was given.
+func (f *fakeLauncher) restored() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lastRestore
 }
 
 type fakeVM struct {
@@ -73,6 +84,18 @@ func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
 	}
 	if spec.Args[0] == "restore" && f.failRestore.Load() {
 		return Proc{}, errors.New("fake: restore refused")
+	}
+	if spec.Args[0] == "restore" {
+		// Like the real VMM, the fake reads the snapshot it is given:
+		// its state file and memory chain must be plaintext.
+		snap := spec.Args[len(spec.Args)-1]
+		if _, err := vmsnapChain(snap); err != nil {
+			return Proc{}, fmt.Errorf("fake: restore %s: %w", snap, err)
+		}
+		f.mu.Lock()
+		f.lastRestore = snap
+		f.lastArgs = spec.Args
+		f.mu.Unlock()
 	}
 	f.starts.Add(1)
 	vm, err := f.startVM(api, vs)
@@ -146,11 +169,12 @@ func (vm *fakeVM) serve() error {
 	mux.HandleFunc("POST /v1/snapshot", func(w http.ResponseWriter, r *http.Request) {
 		var req struct{ Path, Kind string }
 		json.NewDecoder(r.Body).Decode(&req)
-		if err := os.WriteFile(req.Path+".wstate", []byte(req.Kind), 0o600); err != nil {
+		// A real state file and memory layer (a made-up machine), so
+		// that at-rest encryption and restores see the real formats.
+		if _, err := writeFakeSnapshot(req.Path, "", 1); err != nil {
 			reply(w, 500, map[string]string{"error": err.Error()})
 			return
 		}
-		os.WriteFile(req.Path+".0001.wsnap", []byte("layer"), 0o600)
 		vm.mu.Lock()
 		vm.snaps = append(vm.snaps, req.Path)
 		vm.mu.Unlock()

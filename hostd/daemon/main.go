@@ -12,6 +12,8 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+
+	"github.com/warrenvm/warren/hostd/crypt"
 )
 
 // Main is warren-hostd's main: it parses args, starts the daemon and
@@ -31,6 +33,9 @@ func Main(args []string, stderr io.Writer) int {
 	verbose := fs.Bool("v", false, "debug logging")
 	stopOnExit := fs.Bool("stop-on-exit", false, "stop every VMM when the daemon exits on a signal")
 	suspendOnExit := fs.Bool("suspend-on-exit", false, "pause every sandbox to disk when the daemon exits on a signal")
+	keys := fs.String("keys", "", "at-rest encryption: tenants' keys in DIR (crypt.LocalProvider; POST /v1/keys makes one); unset: no encryption")
+	decryptDir := fs.String("decrypt-dir", "", "with --keys: where restores decrypt snapshots while the VMM loads them (default: decrypted/ beside --socket, a tmpfs under /run)")
+	jailFlag := fs.String("jail", "vmm", "harden every VMM after its setup (hostd/jail): vmm, strict (forks then fail) or off; ,log logs what the seccomp filter lacks instead of refusing it")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -72,7 +77,18 @@ func Main(args []string, stderr io.Writer) int {
 			return fail(err)
 		}
 	}
-	d, err := New(Config{State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups})
+	cfg := Config{State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups, Jail: *jailFlag}
+	if *keys != "" {
+		if err := os.MkdirAll(*keys, 0o700); err != nil {
+			return fail(err)
+		}
+		cfg.Keys = &crypt.LocalProvider{Dir: *keys}
+		cfg.DecryptDir = *decryptDir
+		if cfg.DecryptDir == "" {
+			cfg.DecryptDir = filepath.Join(filepath.Dir(*sock), "decrypted")
+		}
+	}
+	d, err := New(cfg)
 	if err != nil {
 		return fail(err)
 	}

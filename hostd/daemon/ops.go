@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,6 +67,9 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req TemplateRequest) (int, 
 		if _, err := os.Stat(p); err != nil {
 			return 0, nil, errf(400, "%v", err)
 		}
+	}
+	if err := d.keyUsable(tenant); err != nil {
+		return 0, nil, err
 	}
 	if req.MemMiB == 0 {
 		req.MemMiB = 256
@@ -136,7 +140,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req TemplateRequest) (int, 
 	}
 	if h := d.cfg.Hooks.SnapshotWritten; h != nil {
 		if err := h(tenant, snap); err != nil {
-			return fail(fmt.Errorf("snapshot hook: %w", err))
+			return fail(cryptStatus(fmt.Errorf("snapshot hook: %w", err)))
 		}
 	}
 	o.progress("stopping the build VMM", 95)
@@ -212,6 +216,9 @@ func (d *Daemon) createSandbox(o *op, tenant string, req SandboxRequest) (int, a
 	if tp.Status != store.TemplateReady {
 		return 0, nil, errf(409, "template %s is %s", tp.ID, tp.Status)
 	}
+	if err := d.keyUsable(tenant); err != nil {
+		return 0, nil, err
+	}
 	if req.MemMiB == 0 {
 		req.MemMiB = tp.MemMiB
 	}
@@ -271,16 +278,30 @@ func (d *Daemon) createSandbox(o *op, tenant string, req SandboxRequest) (int, a
 // waits for its agent; on success s is running (caller holds s.mu).
 func (d *Daemon) startVMM(o *op, s *sbState, snap string) error {
 	sb := s.rec
+	use := snap
 	if h := d.cfg.Hooks.BeforeRestore; h != nil {
-		if err := h(sb.Tenant, snap); err != nil {
-			return fmt.Errorf("restore hook: %w", err)
+		p, done, err := h(sb.Tenant, snap)
+		if err != nil {
+			return cryptStatus(fmt.Errorf("restore hook: %w", err))
+		}
+		use = p
+		if done != nil {
+			defer done()
 		}
 	}
 	os.Remove(sb.API)
 	os.Remove(sb.Vsock)
 	s.agent.Close() // connections to a previous VMM
 	o.progress("starting the VMM", 10)
-	args := []string{"restore", "--lazy", "--api", sb.API, "--vsock", sb.Vsock, "--console", sb.Console, snap}
+	args := []string{"restore", "--lazy", "--api", sb.API, "--vsock", sb.Vsock, "--console", sb.Console, use}
+	if use != snap {
+		// A decrypted working copy is restored eagerly (into the VMM's
+		// memfd) and removed as soon as the VMM has loaded it: a lazy
+		// restore would flatten it into a .wraw on the working copy's
+		// tmpfs and keep that mapped, plaintext and unreclaimable, for
+		// the VMM's life (see atrest.go).
+		args = slices.Delete(args, 1, 2)
+	}
 	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Args: args, Log: sb.Log})
 	if err != nil {
 		return fmt.Errorf("start VMM: %w", err)
@@ -399,6 +420,9 @@ func (d *Daemon) resume(ctx context.Context, s *sbState, o *op) (any, error) {
 			return nil, errf(409, "sandbox %s is %s and has no snapshot to resume from", sb.ID, sb.Status)
 		}
 		start := time.Now()
+		if err := d.keyUsable(sb.Tenant); err != nil {
+			return nil, err
+		}
 		if err := d.startVMM(o, s, latest.Path); err != nil {
 			sb.Reason = "resume failed: " + err.Error()
 			d.save(s)
@@ -462,10 +486,12 @@ func (d *Daemon) takeSnapshot(ctx context.Context, s *sbState, name, kind string
 	}
 	if h := d.cfg.Hooks.SnapshotWritten; h != nil {
 		if err := h(sb.Tenant, path); err != nil {
-			return store.Snapshot{}, fmt.Errorf("snapshot hook: %w", err)
+			return store.Snapshot{}, cryptStatus(fmt.Errorf("snapshot hook: %w", err))
 		}
 	}
-	s.chainOK = true
+	// A sealed layer cannot be the parent of the VMM's next incremental
+	// one (it opens it by path): a tenant with a key gets full ones.
+	s.chainOK = !d.encrypts(sb.Tenant)
 	snap := store.Snapshot{Name: name, Path: path, Kind: kind, Time: time.Now().UTC(), Bytes: rep.LayerBytes, Rolling: rolling}
 	sb.Snapshots = append(sb.Snapshots, snap)
 	d.save(s)
@@ -488,13 +514,19 @@ func (d *Daemon) rollback(ctx context.Context, s *sbState, name string) (any, er
 	if snap == nil {
 		return nil, errf(404, "snapshot %q not found", name)
 	}
+	use := snap.Path
 	if h := d.cfg.Hooks.BeforeRestore; h != nil {
-		if err := h(sb.Tenant, snap.Path); err != nil {
-			return nil, fmt.Errorf("restore hook: %w", err)
+		p, done, err := h(sb.Tenant, snap.Path)
+		if err != nil {
+			return nil, cryptStatus(fmt.Errorf("restore hook: %w", err))
+		}
+		use = p
+		if done != nil {
+			defer done()
 		}
 	}
 	var rep map[string]any
-	if err := vmmCall(ctx, sb.API, http.MethodPost, "rollback", map[string]string{"path": snap.Path}, &rep); err != nil {
+	if err := vmmCall(ctx, sb.API, http.MethodPost, "rollback", map[string]string{"path": use}, &rep); err != nil {
 		return nil, err
 	}
 	s.chainOK, s.chain = false, 0

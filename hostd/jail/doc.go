@@ -111,4 +111,29 @@
 // saying who needs it (or, until then, Options.Extra). ModeKill
 // (SECCOMP_RET_KILL_PROCESS) kills the VMM with SIGSYS instead; the tests
 // use it to prove the Go runtime needs nothing outside the table.
+//
+// # Use by warren and warren-hostd
+//
+// `warren run` and `warren restore` take --jail strict|vmm[,log|,kill]
+// (cmd/warren/cli/jail.go): Enter runs once the VM is built, its devices,
+// disks and egress attached and its control and vsock sockets listening,
+// right before the vCPUs run; a `warren fork-child` inherits its parent's
+// setting and enters the same jail after its own setup (without
+// PrepareMounts: it shares its parent's, already private, mount
+// namespace). warren-hostd --jail (default vmm) adds the flag to every
+// VMM it starts (daemon.JailPrepare) and starts them with SysProcAttr's
+// mount, ipc and uts namespaces but, deliberately, NoPidNS (fork children
+// must outlive their parent, and the daemon supervises them by the PIDs
+// the parent reports), no network namespace (egress taps live in the
+// host's) and no Pdeathsig (VMMs outlive the daemon, which re-adopts
+// them).
+//
+// Run for real (hostd/daemon's e2e test in the nested KVM host, every VMM
+// under ProfileVMM, ModeLog then ModeErrno: template build, restore, exec,
+// fork, pause/resume, daemon restart, pause to disk and resume, rolling
+// and incremental snapshots, rollback), the table lacked nothing. The one
+// call logged is, in each fork child (born under the filter), the
+// bpf(BPF_MAP_CREATE) probe that github.com/cilium/ebpf/rlimit makes in
+// its package init: refused on purpose (EPERM), and harmless for a child
+// without egress (the probe's error is only used by rlimit.RemoveMemlock).
 package jail

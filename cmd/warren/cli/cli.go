@@ -16,9 +16,7 @@ import (
 	"github.com/warrenvm/warren/vmm"
 )
 
-const usage = `usage: warren <command> [flags]
-
-commands:
+const usage = `VM-level commands (warren [vm] <command> [flags]):
   run      boot a microVM and stream its console until it powers off
   exec     run a command in a VM's guest: warren exec VM -- PROGRAM [ARGS...]
   cp       copy a file into or out of a VM: warren cp SRC DST (VM:/path on one side)
@@ -38,11 +36,21 @@ path of its control socket (warren run --api PATH).
 
 // Main runs the warren command with args (without the program name) and
 // returns the process exit code. stdin feeds the guest's serial console.
+// The sandbox verbs talk to warren-hostd (daemon.go); the VM-level verbs
+// of the same names run when their target is a VM's socket path.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, daemonUsage+usage)
 		return 2
 	}
+	if code, ok := daemonMain(args, stdin, stdout, stderr); ok {
+		return code
+	}
+	return vmMain(args, stdin, stdout, stderr)
+}
+
+// vmMain runs the VM-level verbs (`warren vm VERB ...`).
+func vmMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		return run(args[1:], stdin, stdout, stderr)
@@ -99,6 +107,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cid := fs.Uint64("cid", 3, "the guest's vsock context ID, with --vsock")
 	api := fs.String("api", "", "serve the VM's control API (pause, resume, snapshot) on this unix socket; turns on dirty-page tracking")
 	nf := addNetFlags(fs)
+	jailFlag := fs.String("jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see hostd/jail); vmm when --api may fork")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -112,6 +121,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	if *kernel == "" {
 		return fail("--kernel is required")
+	}
+	js, err := parseJail(*jailFlag)
+	if err != nil {
+		return fail("%v", err)
 	}
 	if *memMiB <= 0 {
 		return fail("--mem must be a positive number of MiB, got %d", *memMiB)
@@ -163,6 +176,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return fail("%v", err)
 		}
 		defer stopAPI()
+	}
+	if err := enterJail(js, &o, log); err != nil {
+		return fail("%v", err)
 	}
 	return runForeground(b.vm, stdin, fail)
 }

@@ -109,6 +109,9 @@ type forkSpec struct {
 	KVM      string                  `json:"kvm"`
 	Identity agent.Identity          `json:"identity"`
 	Verbose  bool                    `json:"verbose,omitempty"`
+	// Jail is the parent's --jail: the child hardens itself the same way
+	// once set up (see jail.go).
+	Jail string `json:"jail,omitempty"`
 }
 
 // forkRestore is what buildVMWithDevices makes a forked child from.
@@ -222,7 +225,7 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 			ch.Audit = e.Audit
 		}
 		specs[k] = forkSpec{Options: o, API: ch.API, Console: ch.Console, KVM: a.kvmPath,
-			Identity: agent.Identity{Hostname: ch.Hostname, MachineID: ch.MachineID, MAC: ch.MAC}}
+			Identity: agent.Identity{Hostname: ch.Hostname, MachineID: ch.MachineID, MAC: ch.MAC}, Jail: currentJail()}
 		if len(ch.API) > 100 || len(ch.Vsock) > 100 {
 			return nil, fmt.Errorf("fork: prefix %q is too long for a unix socket path", req.Prefix)
 		}
@@ -391,6 +394,11 @@ func forkChildCmd(args []string, stdout, stderr io.Writer) int {
 	if err := json.Unmarshal(b, &spec); err != nil {
 		return fail("spec: %v", err)
 	}
+	forkChildProcess = true
+	js, err := parseJail(spec.Jail)
+	if err != nil {
+		return fail("%v", err)
+	}
 	nfiles := 0
 	for _, l := range spec.Memory.Layers {
 		nfiles = max(nfiles, l.File+1)
@@ -450,6 +458,9 @@ func forkChildCmd(args []string, stdout, stderr io.Writer) int {
 		return fail("%v", err)
 	}
 	defer stopAPI()
+	if err := enterJail(js, &o, log); err != nil {
+		return fail("%v", err)
+	}
 	return runForeground(b2.vm, nil, func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "warren fork-child: "+format+"\n", a...)
 		return 1

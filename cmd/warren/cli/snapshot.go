@@ -268,7 +268,13 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	kvmPath := fs.String("kvm", "/dev/kvm", "KVM device")
 	verbose := fs.Bool("v", false, "log VMM diagnostics to stderr")
 	timing := fs.String("timing", "", "write the wall-clock time of the first KVM_RUN (Unix ns, one decimal line) to FILE, for benchmarks")
+	jailFlag := fs.String("jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see hostd/jail); vmm when --api may fork")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	js, jerr := parseJail(*jailFlag)
+	if jerr != nil {
+		fmt.Fprintf(stderr, "warren restore: %v\n", jerr)
 		return 2
 	}
 	if fs.NArg() != 1 {
@@ -320,6 +326,9 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return fail("%v", err)
 		}
 		defer stopAPI()
+	}
+	if err := enterJail(js, &o, log); err != nil {
+		return fail("%v", err)
 	}
 	return runForeground(b.vm, stdin, fail)
 }

@@ -1,0 +1,906 @@
+package cli
+
+// The warren verbs that talk to warren-hostd (hostd/openapi.yaml), and
+// the routing between them and the VM-level verbs of the same names: a
+// verb whose target is a VM's socket path (an existing socket, or an
+// argument that looks like a path) runs the VM-level code, as it always
+// did; `warren vm VERB ...` always does.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/hostd/client"
+)
+
+const daemonUsage = `usage: warren <command> [flags]
+
+Sandboxes, through the host daemon (warren-hostd):
+  templates                 list templates; templates create --kernel K [--initramfs I] [--disk D]...
+                            [--mem MiB] [--cpus N] [--cmdline S]; templates rm ID...
+  create    [--template ID] [--mem MiB] [--cpus N] [--name NAME] [--env K=V]...   prints the sandbox id
+  ls                        list sandboxes
+  exec      [--timeout D] [--cwd DIR] [--env K=V] [-i] SANDBOX -- PROGRAM [ARGS...]
+  cp        SRC DST         one side SANDBOX:/guest/path, the other a host path or -
+  pause     [--to-disk] SANDBOX
+  resume    SANDBOX
+  snapshot  [--incremental] [--name N] SANDBOX; snapshot --every 60s [--keep N] SANDBOX;
+            snapshot --every 0 SANDBOX (stop); snapshot --list SANDBOX
+  fork      [-n N] SANDBOX  prints the children's ids
+  rollback  SANDBOX SNAPSHOT
+  rm        SANDBOX...
+  events                    stream lifecycle events
+
+  Every daemon verb takes --host (default $WARREN_HOST, else /run/warren/hostd.sock:
+  a unix socket path, or http://HOST:PORT with the bearer token $WARREN_TOKEN),
+  --tenant (default $WARREN_TENANT, else "default") and --json (full JSON answers).
+  SANDBOX is a sandbox id (sb-...) or the name given to warren create --name.
+
+VM-level verbs (research use: one VMM, addressed by its socket paths), also
+spelled warren vm VERB ...: exec, cp, pause, resume, snapshot, fork and rollback
+run these when their target is a socket path (an existing socket, or a path
+with a / or ending in .sock, .api or .vsock).
+
+`
+
+// daemonVerbs are the verbs that only exist against the daemon.
+var daemonVerbs = map[string]bool{"templates": true, "create": true, "ls": true, "rm": true, "events": true}
+
+// sharedVerbs are the verbs of both the daemon and the VM level.
+var sharedVerbs = map[string]bool{"exec": true, "cp": true, "pause": true, "resume": true, "snapshot": true, "fork": true, "rollback": true}
+
+// boolFlags are the flags, of either spelling of every verb, that take no
+// value (to find the verbs' positional arguments before parsing).
+var boolFlags = map[string]bool{"i": true, "json": true, "netns": true, "incremental": true, "to-disk": true,
+	"list": true, "h": true, "help": true, "lazy": true}
+
+// daemonMain runs the daemon verbs and routes the shared ones; ok is
+// false when args are the VM-level command's.
+func daemonMain(args []string, stdin io.Reader, stdout, stderr io.Writer) (code int, ok bool) {
+	// Leading --host, --tenant and --json go to the daemon verb after them.
+	var global []string
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") {
+		name, _, hasVal := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+		if name != "host" && name != "tenant" && name != "json" {
+			break
+		}
+		if hasVal || name == "json" {
+			global, args = append(global, args[0]), args[1:]
+		} else if len(args) > 1 {
+			global, args = append(global, args[0], args[1]), args[2:]
+		} else {
+			break
+		}
+	}
+	if len(global) > 0 {
+		if len(args) == 0 || !daemonVerbs[args[0]] && !sharedVerbs[args[0]] {
+			fmt.Fprintf(stderr, "warren: %s must come before a sandbox command\n%s", strings.Join(global, " "), daemonUsage)
+			return 2, true
+		}
+		args = append([]string{args[0]}, append(global, args[1:]...)...)
+	}
+	verb, rest := args[0], args[1:]
+	pos := positionals(rest)
+	var vmLevel bool
+	switch verb {
+	case "vm":
+		if len(rest) == 0 {
+			fmt.Fprint(stderr, usage)
+			return 2, true
+		}
+		return vmMain(rest, stdin, stdout, stderr), true
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, daemonUsage+usage)
+		return 0, true
+	case "exec", "pause", "resume", "fork":
+		vmLevel = len(pos) > 0 && isVMTarget(pos[0])
+	case "snapshot":
+		vmLevel = len(pos) >= 2 || len(pos) == 1 && isVMTarget(pos[0])
+	case "rollback":
+		vmLevel = len(pos) >= 1 && isVMTarget(pos[0]) || len(pos) >= 2 && strings.Contains(pos[1], "/")
+	case "cp":
+		// The daemon's when a side names a sandbox; otherwise the VM
+		// level's (whose errors say what a cp needs).
+		vmLevel = true
+		for _, a := range pos {
+			if t, err := agentclient.ParseTarget(a); err == nil && t.InGuest() && !isVMTarget(t.VM) {
+				vmLevel = false
+			}
+		}
+		for _, a := range pos {
+			if t, err := agentclient.ParseTarget(a); err == nil && t.InGuest() && isVMTarget(t.VM) {
+				vmLevel = true
+			}
+		}
+	default:
+		if !daemonVerbs[verb] {
+			return 0, false
+		}
+	}
+	if vmLevel {
+		return 0, false
+	}
+	if routeProbe {
+		return 0, true
+	}
+	return daemonVerb(verb, rest, stdin, stdout, stderr), true
+}
+
+// routeProbe makes daemonMain only route (tests).
+var routeProbe bool
+
+// positionals returns the positional arguments in args before any "--",
+// skipping flags and their values.
+func positionals(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		if len(a) > 1 && a[0] == '-' {
+			name, _, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+			if !hasVal && !boolFlags[name] {
+				i++
+			}
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// isVMTarget reports whether s names a VM's socket rather than a sandbox.
+func isVMTarget(s string) bool {
+	if fi, err := os.Stat(s); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		return true
+	}
+	return strings.Contains(s, "/") || strings.HasSuffix(s, ".sock") || strings.HasSuffix(s, ".api") || strings.HasSuffix(s, ".vsock")
+}
+
+// daemonCmd is what every daemon verb shares: flags, the client, output.
+type daemonCmd struct {
+	name           string
+	fs             *flag.FlagSet
+	host, tenant   *string
+	asJSON         *bool
+	stdout, stderr io.Writer
+	c              *client.Client
+	ctx            context.Context
+}
+
+func newDaemonCmd(verb, usageLine string, stdout, stderr io.Writer) *daemonCmd {
+	d := &daemonCmd{name: "warren " + verb, stdout: stdout, stderr: stderr}
+	d.fs = flag.NewFlagSet(d.name, flag.ContinueOnError)
+	d.fs.SetOutput(stderr)
+	d.fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: warren %s\n\n", usageLine)
+		d.fs.PrintDefaults()
+	}
+	host := os.Getenv("WARREN_HOST")
+	if host == "" {
+		host = client.DefaultSocket
+	}
+	tenant := os.Getenv("WARREN_TENANT")
+	d.host = d.fs.String("host", host, "the daemon: a unix socket path, or http://HOST:PORT (token in $WARREN_TOKEN) ($WARREN_HOST)")
+	d.tenant = d.fs.String("tenant", tenant, "the tenant to act as ($WARREN_TENANT; default \"default\" on the unix socket)")
+	d.asJSON = d.fs.Bool("json", false, "print the daemon's full JSON answers")
+	return d
+}
+
+// parse parses args and connects; code is non-zero on a usage error.
+func (d *daemonCmd) parse(args []string) (code int) {
+	if err := d.fs.Parse(args); err != nil {
+		return 2
+	}
+	c, err := client.New(*d.host, *d.tenant, os.Getenv("WARREN_TOKEN"))
+	if err != nil {
+		fmt.Fprintf(d.stderr, "%s: %v\n", d.name, err)
+		return 2
+	}
+	d.c = c
+	return 0
+}
+
+func (d *daemonCmd) usageErr() int {
+	d.fs.Usage()
+	return 2
+}
+
+func (d *daemonCmd) fail(err error) int {
+	fmt.Fprintf(d.stderr, "%s: %v\n", d.name, err)
+	return 1
+}
+
+func (d *daemonCmd) printJSON(v any) {
+	b, _ := json.MarshalIndent(v, "", "  ")
+	fmt.Fprintf(d.stdout, "%s\n", b)
+}
+
+// resolve turns a sandbox reference (id or name) into its id.
+func (d *daemonCmd) resolve(ref string) (string, error) { return d.c.Resolve(d.ctx, ref) }
+
+// progress returns the display of a long operation's steps on stderr: on
+// a terminal one line rewritten in place, otherwise one line a step; done
+// ends it.
+func (d *daemonCmd) progress(what string) (fn client.ProgressFunc, done func()) {
+	tty := isTerminal(d.stderr)
+	shown := false
+	fn = func(p client.Progress) {
+		if tty {
+			fmt.Fprintf(d.stderr, "\r\033[K%s: %s %3d%%", what, p.Step, p.Pct)
+			shown = true
+			return
+		}
+		fmt.Fprintf(d.stderr, "%s: [%3d%%] %s\n", what, p.Pct, p.Step)
+	}
+	return fn, func() {
+		if shown {
+			fmt.Fprint(d.stderr, "\r\033[K")
+		}
+	}
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb"
+}
+
+func daemonVerb(verb string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	ctx, stop := interruptContext()
+	defer stop()
+	switch verb {
+	case "templates":
+		return templatesCmd(ctx, args, stdout, stderr)
+	case "create":
+		return createCmd(ctx, args, stdout, stderr)
+	case "ls":
+		return lsCmd(ctx, args, stdout, stderr)
+	case "rm":
+		return rmCmd(ctx, args, stdout, stderr)
+	case "events":
+		return eventsCmd(ctx, args, stdout, stderr)
+	case "exec":
+		return sbExecCmd(ctx, args, stdin, stdout, stderr)
+	case "cp":
+		return sbCpCmd(ctx, args, stdin, stdout, stderr)
+	case "pause":
+		return sbPauseCmd(ctx, args, stdout, stderr)
+	case "resume":
+		return sbResumeCmd(ctx, args, stdout, stderr)
+	case "snapshot":
+		return sbSnapshotCmd(ctx, args, stdout, stderr)
+	case "fork":
+		return sbForkCmd(ctx, args, stdout, stderr)
+	case "rollback":
+		return sbRollbackCmd(ctx, args, stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "warren: unknown command %q\n", verb)
+	return 2
+}
+
+func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	sub := "ls"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		sub, args = args[0], args[1:]
+	}
+	switch sub {
+	case "ls", "list":
+		d := newDaemonCmd("templates", "templates [ls]", stdout, stderr)
+		d.ctx = ctx
+		if code := d.parse(args); code != 0 {
+			return code
+		}
+		if d.fs.NArg() != 0 {
+			return d.usageErr()
+		}
+		l, err := d.c.Templates(ctx)
+		if err != nil {
+			return d.fail(err)
+		}
+		if *d.asJSON {
+			d.printJSON(l)
+			return 0
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tSTATUS\tMEM\tCPUS\tKERNEL\tBUILD\tCREATED")
+		for _, t := range l {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.0f ms\t%s\n", t.ID, t.Status, t.MemMiB, t.CPUs, filepath.Base(t.Kernel), t.BuildMS, ago(t.Created))
+		}
+		tw.Flush()
+		return 0
+	case "create":
+		d := newDaemonCmd("templates create", "templates create --kernel K [--initramfs I] [--disk D]... [--mem MiB] [--cpus N] [--cmdline S]", stdout, stderr)
+		d.ctx = ctx
+		kernel := d.fs.String("kernel", "", "guest kernel (vmlinux or bzImage; required)")
+		initramfs := d.fs.String("initramfs", "", "initramfs (cpio)")
+		var disks stringsFlag
+		d.fs.Var(&disks, "disk", "raw disk image, attached read-only to every sandbox (repeatable)")
+		mem := d.fs.Int("mem", 0, "guest memory in MiB (daemon default 256)")
+		cpus := d.fs.Int("cpus", 0, "vCPUs (daemon default 1)")
+		cmdline := d.fs.String("cmdline", "", "extra kernel command-line arguments")
+		if code := d.parse(args); code != 0 {
+			return code
+		}
+		if d.fs.NArg() != 0 || *kernel == "" {
+			return d.usageErr()
+		}
+		abs := func(p string) string {
+			if p == "" {
+				return ""
+			}
+			a, err := filepath.Abs(p)
+			if err != nil {
+				return p
+			}
+			return a
+		}
+		req := client.TemplateRequest{Kernel: abs(*kernel), Initramfs: abs(*initramfs), MemMiB: *mem, CPUs: *cpus, Cmdline: *cmdline}
+		for _, p := range disks {
+			req.Disks = append(req.Disks, abs(p))
+		}
+		fn, done := d.progress("template")
+		t, err := d.c.CreateTemplate(ctx, req, fn)
+		done()
+		if err != nil {
+			return d.fail(err)
+		}
+		if *d.asJSON {
+			d.printJSON(t)
+		} else {
+			fmt.Fprintln(stdout, t.ID)
+		}
+		return 0
+	case "rm", "delete":
+		d := newDaemonCmd("templates rm", "templates rm ID...", stdout, stderr)
+		d.ctx = ctx
+		if code := d.parse(args); code != 0 {
+			return code
+		}
+		if d.fs.NArg() == 0 {
+			return d.usageErr()
+		}
+		code := 0
+		for _, id := range d.fs.Args() {
+			if err := d.c.DeleteTemplate(ctx, id); err != nil {
+				code = d.fail(err)
+				continue
+			}
+			fmt.Fprintln(stdout, id)
+		}
+		return code
+	}
+	fmt.Fprintf(stderr, "warren templates: unknown sub-command %q (ls, create, rm)\n", sub)
+	return 2
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return time.Since(t).Round(time.Second).String() + " ago"
+}
+
+func createCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	d := newDaemonCmd("create", "create [--template ID] [--mem MiB] [--cpus N] [--name NAME] [--env K=V]... [--label K=V]...", stdout, stderr)
+	d.ctx = ctx
+	tpl := d.fs.String("template", "", "the template (default: the tenant's only ready template)")
+	mem := d.fs.Int("mem", 0, "the VMM's memory limit in MiB (default: the template's guest memory)")
+	cpus := d.fs.Int("cpus", 0, "the VMM's CPU limit (default: the template's vCPUs)")
+	name := d.fs.String("name", "", "a name for the sandbox (its \"name\" label), usable instead of its id")
+	var env, labels stringsFlag
+	d.fs.Var(&env, "env", "KEY=VALUE set in every exec (repeatable)")
+	d.fs.Var(&labels, "label", "KEY=VALUE label (repeatable)")
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	if d.fs.NArg() != 0 {
+		return d.usageErr()
+	}
+	req := client.SandboxRequest{Template: *tpl, MemMiB: *mem, CPUs: *cpus, Env: env}
+	for _, l := range labels {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			fmt.Fprintf(stderr, "warren create: --label %q is not KEY=VALUE\n", l)
+			return 2
+		}
+		if req.Labels == nil {
+			req.Labels = map[string]string{}
+		}
+		req.Labels[k] = v
+	}
+	if *name != "" {
+		if req.Labels == nil {
+			req.Labels = map[string]string{}
+		}
+		req.Labels["name"] = *name
+	}
+	if req.Template == "" {
+		l, err := d.c.Templates(ctx)
+		if err != nil {
+			return d.fail(err)
+		}
+		var ready []string
+		for _, t := range l {
+			if t.Status == "ready" {
+				ready = append(ready, t.ID)
+			}
+		}
+		if len(ready) != 1 {
+			return d.fail(fmt.Errorf("--template is needed: the tenant has %d ready templates", len(ready)))
+		}
+		req.Template = ready[0]
+	}
+	fn, done := d.progress("create")
+	s, err := d.c.Create(ctx, req, fn)
+	done()
+	if err != nil {
+		return d.fail(err)
+	}
+	if *d.asJSON {
+		d.printJSON(s)
+	} else {
+		fmt.Fprintln(stdout, s.ID)
+	}
+	return 0
+}
+
+func lsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	d := newDaemonCmd("ls", "ls", stdout, stderr)
+	d.ctx = ctx
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	if d.fs.NArg() != 0 {
+		return d.usageErr()
+	}
+	l, err := d.c.Sandboxes(ctx)
+	if err != nil {
+		return d.fail(err)
+	}
+	if *d.asJSON {
+		d.printJSON(l)
+		return 0
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tSTATUS\tTEMPLATE\tPARENT\tPID\tMEM\tSNAPSHOTS\tCREATED")
+	dash := func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	}
+	for _, s := range l {
+		status := s.Status
+		if s.Reason != "" {
+			status += " (" + s.Reason + ")"
+		}
+		pid := "-"
+		if s.PID > 0 {
+			pid = fmt.Sprint(s.PID)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.ID, dash(s.Labels["name"]), status, s.Template, dash(s.Parent), pid, s.MemMiB, len(s.Snapshots), ago(s.Created))
+	}
+	tw.Flush()
+	return 0
+}
+
+func rmCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	d := newDaemonCmd("rm", "rm SANDBOX...", stdout, stderr)
+	d.ctx = ctx
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	if d.fs.NArg() == 0 {
+		return d.usageErr()
+	}
+	code := 0
+	for _, ref := range d.fs.Args() {
+		id, err := d.resolve(ref)
+		if err == nil {
+			err = d.c.Delete(ctx, id)
+		}
+		if err != nil {
+			code = d.fail(err)
+			continue
+		}
+		fmt.Fprintln(stdout, id)
+	}
+	return code
+}
+
+func eventsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	d := newDaemonCmd("events", "events", stdout, stderr)
+	d.ctx = ctx
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	if d.fs.NArg() != 0 {
+		return d.usageErr()
+	}
+	enc := json.NewEncoder(stdout)
+	err := d.c.Events(ctx, func(e client.Event) bool {
+		if *d.asJSON {
+			return enc.Encode(e) == nil
+		}
+		subject := e.Sandbox
+		if subject == "" {
+			subject = e.Template
+		}
+		_, err := fmt.Fprintf(stdout, "%s %-16s %s %s\n", e.Time.Local().Format("15:04:05.000"), e.Type, subject, e.Detail)
+		return err == nil
+	})
+	if err != nil && ctx.Err() == nil {
+		return d.fail(err)
+	}
+	return 0
+}
+
+func sbExecCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	d := newDaemonCmd("exec", "exec [--timeout D] [--cwd DIR] [--env K=V]... [-i] SANDBOX -- PROGRAM [ARGS...]", stdout, stderr)
+	d.ctx = ctx
+	timeout := d.fs.Duration("timeout", 0, "kill the process (and its process group) after this long (0: never)")
+	cwd := d.fs.String("cwd", "", "working directory in the guest")
+	interactive := d.fs.Bool("i", false, "send standard input (read to its end first) to the process")
+	var env stringsFlag
+	d.fs.Var(&env, "env", "set KEY=VALUE in the process's environment (repeatable)")
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	rest := d.fs.Args()
+	if len(rest) < 3 || rest[1] != "--" || *timeout < 0 {
+		return d.usageErr()
+	}
+	req := client.ExecRequest{Argv: rest[2:], Env: env, Cwd: *cwd, TimeoutMS: timeout.Milliseconds()}
+	if *timeout > 0 && req.TimeoutMS == 0 {
+		req.TimeoutMS = 1
+	}
+	if *interactive && stdin != nil {
+		b, err := io.ReadAll(stdin)
+		if err != nil {
+			d.fail(err)
+			return exitExecFailed
+		}
+		req.Stdin = b
+		if req.Stdin == nil {
+			req.Stdin = []byte{}
+		}
+	}
+	id, err := d.resolve(rest[0])
+	if err != nil {
+		d.fail(err)
+		return exitExecFailed
+	}
+	st, err := d.c.Exec(ctx, id, req, stdout, stderr)
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		fmt.Fprintln(stderr, "warren exec: interrupted; the process in the guest was killed")
+		return exitInterrupted
+	default:
+		d.fail(err)
+		var e *client.Error
+		if errors.As(err, &e) && e.Status == 404 && strings.Contains(e.Message, "guest agent") {
+			return exitNotFound
+		}
+		return exitExecFailed
+	}
+	if st.TimedOut {
+		fmt.Fprintf(stderr, "warren exec: timed out after %v; the process was killed\n", *timeout)
+		return exitTimedOut
+	}
+	return st.Exit
+}
+
+// sbTarget is one side of `warren cp`: SANDBOX:/path or a host path.
+type sbTarget struct{ sandbox, path string }
+
+func parseSbTarget(s string) sbTarget {
+	if i := strings.Index(s, ":/"); i > 0 {
+		return sbTarget{s[:i], s[i+1:]}
+	}
+	return sbTarget{path: s}
+}
+
+func sbCpCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	d := newDaemonCmd("cp", "cp SRC DST\n\nOne of SRC and DST is SANDBOX:/guest/path, the other a host path or - (stdin/stdout).", stdout, stderr)
+	d.ctx = ctx
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	if d.fs.NArg() != 2 {
+		return d.usageErr()
+	}
+	src, dst := parseSbTarget(d.fs.Arg(0)), parseSbTarget(d.fs.Arg(1))
+	if (src.sandbox == "") == (dst.sandbox == "") {
+		return d.fail(fmt.Errorf("exactly one of %s and %s must be SANDBOX:/guest/path", d.fs.Arg(0), d.fs.Arg(1)))
+	}
+	var err error
+	if dst.sandbox != "" {
+		err = d.copyIn(src.path, dst, stdin)
+	} else {
+		err = d.copyOut(src, dst.path, stdout)
+	}
+	if err != nil {
+		return d.fail(err)
+	}
+	return 0
+}
+
+// copyIn uploads a host file (or stdin for "-") with its permission bits;
+// to a guest path ending in / it keeps the base name.
+func (d *daemonCmd) copyIn(hostPath string, dst sbTarget, stdin io.Reader) error {
+	id, err := d.resolve(dst.sandbox)
+	if err != nil {
+		return err
+	}
+	var (
+		r    io.Reader   = stdin
+		mode fs.FileMode = 0o644
+	)
+	if hostPath != "-" {
+		f, err := os.Open(hostPath)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if fi.IsDir() {
+			return fmt.Errorf("%s is a directory; warren cp copies files", hostPath)
+		}
+		r, mode = f, fi.Mode()
+	}
+	if r == nil {
+		r = strings.NewReader("")
+	}
+	p := dst.path
+	if strings.HasSuffix(p, "/") && hostPath != "-" {
+		p = path.Join(p, filepath.Base(hostPath))
+	}
+	_, err = d.c.WriteFile(d.ctx, id, p, r, mode)
+	return err
+}
+
+// copyOut downloads a guest file to a host file (renamed into place when
+// complete, with the guest file's permissions) or stdout for "-"; into a
+// host directory it keeps the base name.
+func (d *daemonCmd) copyOut(src sbTarget, hostPath string, stdout io.Writer) error {
+	id, err := d.resolve(src.sandbox)
+	if err != nil {
+		return err
+	}
+	if hostPath == "-" {
+		_, err := d.c.ReadFile(d.ctx, id, src.path, stdout)
+		return err
+	}
+	if fi, err := os.Stat(hostPath); err == nil && fi.IsDir() {
+		hostPath = filepath.Join(hostPath, path.Base(src.path))
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(hostPath), "."+filepath.Base(hostPath)+".warren-cp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	mode, err := d.c.ReadFile(d.ctx, id, src.path, tmp)
+	if err == nil {
+		err = tmp.Chmod(mode.Perm())
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), hostPath)
+}
+
+// sandboxLine prints a sandbox's id and status, or its JSON.
+func (d *daemonCmd) sandboxLine(s *client.Sandbox) {
+	if *d.asJSON {
+		d.printJSON(s)
+		return
+	}
+	fmt.Fprintf(d.stdout, "%s %s\n", s.ID, s.Status)
+}
+
+func sbPauseCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	d := newDaemonCmd("pause", "pause [--to-disk] SANDBOX", stdout, stderr)
+	d.ctx = ctx
+	toDisk := d.fs.Bool("to-disk", false, "snapshot the sandbox and stop its VMM (status suspended; resume restores it)")
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	if d.fs.NArg() != 1 {
+		return d.usageErr()
+	}
+	id, err := d.resolve(d.fs.Arg(0))
+	if err != nil {
+		return d.fail(err)
+	}
+	fn, done := d.progress("pause")
+	s, err := d.c.Pause(ctx, id, *toDisk, fn)
+	done()
+	if err != nil {
+		return d.fail(err)
+	}
+	d.sandboxLine(s)
+	return 0
+}
+
+func sbResumeCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	d := newDaemonCmd("resume", "resume SANDBOX", stdout, stderr)
+	d.ctx = ctx
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	if d.fs.NArg() != 1 {
+		return d.usageErr()
+	}
+	id, err := d.resolve(d.fs.Arg(0))
+	if err != nil {
+		return d.fail(err)
+	}
+	fn, done := d.progress("resume")
+	s, err := d.c.Resume(ctx, id, fn)
+	done()
+	if err != nil {
+		return d.fail(err)
+	}
+	d.sandboxLine(s)
+	return 0
+}
+
+func sbSnapshotCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	d := newDaemonCmd("snapshot", "snapshot [--incremental] [--name NAME] SANDBOX\n       warren snapshot --every D [--keep N] SANDBOX   (rolling; --every 0 stops them)\n       warren snapshot --list SANDBOX", stdout, stderr)
+	d.ctx = ctx
+	incremental := d.fs.Bool("incremental", false, "store only the pages written since the sandbox's previous snapshot")
+	name := d.fs.String("name", "", "the snapshot's name (default snap-N)")
+	every := d.fs.String("every", "", "take rolling snapshots at this interval, kept by the daemon (0: stop them)")
+	keep := d.fs.Int("keep", 0, "with --every: layers in a chain before a new full snapshot (daemon default 8)")
+	list := d.fs.Bool("list", false, "list the sandbox's snapshots")
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	if d.fs.NArg() != 1 {
+		return d.usageErr()
+	}
+	id, err := d.resolve(d.fs.Arg(0))
+	if err != nil {
+		return d.fail(err)
+	}
+	switch {
+	case *list:
+		snaps, rolling, err := d.c.Snapshots(ctx, id)
+		if err != nil {
+			return d.fail(err)
+		}
+		if *d.asJSON {
+			d.printJSON(map[string]any{"snapshots": snaps, "rolling": rolling})
+			return 0
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tKIND\tBYTES\tROLLING\tTIME")
+		for _, s := range snaps {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%s\n", s.Name, s.Kind, s.Bytes, s.Rolling, s.Time.Local().Format(time.DateTime))
+		}
+		tw.Flush()
+		if rolling != nil {
+			fmt.Fprintf(stdout, "rolling: every %s, keep %d\n", rolling.Every, rolling.Keep)
+		}
+		return 0
+	case *every != "":
+		var dur time.Duration
+		if *every != "0" && *every != "off" {
+			if dur, err = time.ParseDuration(*every); err != nil || dur <= 0 {
+				fmt.Fprintf(stderr, "warren snapshot: --every %q is not a duration\n", *every)
+				return 2
+			}
+		}
+		r, err := d.c.SetRolling(ctx, id, dur, *keep)
+		if err != nil {
+			return d.fail(err)
+		}
+		switch {
+		case *d.asJSON:
+			d.printJSON(map[string]any{"rolling": r})
+		case r == nil:
+			fmt.Fprintf(stdout, "%s: rolling snapshots off\n", id)
+		default:
+			fmt.Fprintf(stdout, "%s: rolling snapshots every %s, keep %d\n", id, r.Every, r.Keep)
+		}
+		return 0
+	}
+	s, err := d.c.Snapshot(ctx, id, client.SnapshotRequest{Name: *name, Incremental: *incremental})
+	if err != nil {
+		return d.fail(err)
+	}
+	if *d.asJSON {
+		d.printJSON(s)
+	} else {
+		fmt.Fprintln(stdout, s.Name)
+	}
+	return 0
+}
+
+func sbForkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	d := newDaemonCmd("fork", "fork [-n N] SANDBOX", stdout, stderr)
+	d.ctx = ctx
+	n := d.fs.Int("n", 1, "number of children (1-64)")
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	if d.fs.NArg() != 1 || *n < 1 {
+		return d.usageErr()
+	}
+	id, err := d.resolve(d.fs.Arg(0))
+	if err != nil {
+		return d.fail(err)
+	}
+	fn, done := d.progress("fork")
+	r, err := d.c.Fork(ctx, id, *n, fn)
+	done()
+	if err != nil {
+		return d.fail(err)
+	}
+	if *d.asJSON {
+		d.printJSON(r)
+	} else {
+		for _, c := range r.Children {
+			fmt.Fprintln(stdout, c.ID)
+		}
+		fmt.Fprintf(stderr, "warren fork: %d of %d children; parent paused %.1f ms\n", len(r.Children), *n, r.PauseMS)
+	}
+	for _, e := range r.Errors {
+		fmt.Fprintf(stderr, "warren fork: %s\n", e)
+	}
+	if len(r.Children) < *n {
+		return 1
+	}
+	return 0
+}
+
+func sbRollbackCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	d := newDaemonCmd("rollback", "rollback SANDBOX SNAPSHOT", stdout, stderr)
+	d.ctx = ctx
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	if d.fs.NArg() != 2 {
+		return d.usageErr()
+	}
+	id, err := d.resolve(d.fs.Arg(0))
+	if err != nil {
+		return d.fail(err)
+	}
+	rep, err := d.c.Rollback(ctx, id, d.fs.Arg(1))
+	if err != nil {
+		return d.fail(err)
+	}
+	if *d.asJSON {
+		d.printJSON(rep)
+	} else if line, ok := rep["line"].(string); ok && line != "" {
+		fmt.Fprintln(stdout, line)
+	} else {
+		fmt.Fprintf(stdout, "%s rolled back to %s\n", id, d.fs.Arg(1))
+	}
+	return 0
+}

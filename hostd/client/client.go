@@ -1,0 +1,597 @@
+// Package client is a Go client for warren-hostd's API (hostd/openapi.yaml):
+// over the daemon's unix socket (the tenant in the X-Warren-Tenant header)
+// or over TCP with a bearer token. Long operations stream their progress
+// (NDJSON) to a callback; exec streams the process's output as it comes.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warrenvm/warren/hostd/store"
+)
+
+// DefaultSocket is the daemon's default unix socket.
+const DefaultSocket = "/run/warren/hostd.sock"
+
+// TenantHeader names the tenant of a request.
+const TenantHeader = "X-Warren-Tenant"
+
+// The API's records.
+type (
+	Template = store.Template
+	Sandbox  = store.Sandbox
+	Snapshot = store.Snapshot
+	Rolling  = store.Rolling
+)
+
+// TemplateRequest is the body of POST /v1/templates.
+type TemplateRequest struct {
+	Kernel    string   `json:"kernel"`
+	Initramfs string   `json:"initramfs,omitempty"`
+	Disks     []string `json:"disks,omitempty"`
+	MemMiB    int      `json:"mem_mib,omitempty"`
+	CPUs      int      `json:"cpus,omitempty"`
+	Cmdline   string   `json:"cmdline,omitempty"`
+}
+
+// SandboxRequest is the body of POST /v1/sandboxes.
+type SandboxRequest struct {
+	Template string            `json:"template"`
+	MemMiB   int               `json:"mem_mib,omitempty"`
+	CPUs     int               `json:"cpus,omitempty"`
+	Egress   json.RawMessage   `json:"egress,omitempty"`
+	Env      []string          `json:"env,omitempty"`
+	Secrets  []string          `json:"secrets,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
+}
+
+// SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots.
+type SnapshotRequest struct {
+	Name        string `json:"name,omitempty"`
+	Incremental bool   `json:"incremental,omitempty"`
+	Every       string `json:"every,omitempty"`
+	Keep        int    `json:"keep,omitempty"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
+type ExecRequest struct {
+	Argv      []string `json:"argv"`
+	Env       []string `json:"env,omitempty"`
+	Cwd       string   `json:"cwd,omitempty"`
+	TimeoutMS int64    `json:"timeout_ms,omitempty"`
+	Stdin     []byte   `json:"stdin,omitempty"`
+}
+
+// ExecStatus is how an exec ended.
+type ExecStatus struct {
+	Exit     int    `json:"exit"`
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+}
+
+// ForkResult is the answer of POST /v1/sandboxes/{id}/fork.
+type ForkResult struct {
+	Parent   string    `json:"parent"`
+	PauseMS  float64   `json:"pause_ms"`
+	Children []Sandbox `json:"children"`
+	Errors   []string  `json:"errors,omitempty"`
+}
+
+// FileInfo describes a file written in a sandbox.
+type FileInfo struct {
+	Name    string      `json:"name"`
+	Size    int64       `json:"size"`
+	Mode    fs.FileMode `json:"mode"`
+	ModTime time.Time   `json:"mod_time"`
+	IsDir   bool        `json:"is_dir"`
+	Link    string      `json:"link,omitempty"`
+}
+
+// Event is one lifecycle event.
+type Event struct {
+	Time     time.Time `json:"time"`
+	Type     string    `json:"type"`
+	Sandbox  string    `json:"sandbox,omitempty"`
+	Template string    `json:"template,omitempty"`
+	Detail   string    `json:"detail,omitempty"`
+}
+
+// Progress is one step of a long operation.
+type Progress struct {
+	Step string `json:"progress"`
+	Pct  int    `json:"pct"`
+}
+
+// ProgressFunc receives a long operation's steps as they come.
+type ProgressFunc func(Progress)
+
+// Error is an error answer of the daemon.
+type Error struct {
+	Status  int
+	Message string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s (%d %s)", e.Message, e.Status, http.StatusText(e.Status))
+}
+
+// IsNotFound reports whether err is the daemon's 404.
+func IsNotFound(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Status == http.StatusNotFound
+}
+
+// Client talks to one daemon as one tenant.
+type Client struct {
+	base   string // http://hostd or http://host:port
+	tenant string
+	token  string
+	hc     *http.Client
+}
+
+// New returns a client for host: a unix socket path (with or without a
+// unix:// prefix; "" is DefaultSocket) or an http:// or https:// URL,
+// which needs token. tenant "" is "default" (on TCP the token's tenant
+// rules; the header is then sent only when tenant is set).
+func New(host, tenant, token string) (*Client, error) {
+	if host == "" {
+		host = DefaultSocket
+	}
+	c := &Client{tenant: tenant, token: token}
+	if strings.HasPrefix(host, "http://") || strings.HasPrefix(host, "https://") {
+		u, err := url.Parse(host)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("bad daemon address %q", host)
+		}
+		c.base = strings.TrimRight(u.String(), "/")
+		c.hc = &http.Client{}
+		return c, nil
+	}
+	sock := strings.TrimPrefix(host, "unix://")
+	if c.tenant == "" {
+		c.tenant = "default"
+	}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+		MaxIdleConns: 4,
+	}
+	c.base = "http://hostd"
+	c.hc = &http.Client{Transport: tr}
+	return c, nil
+}
+
+// Tenant is the tenant the client names ("" on TCP without one: the token's).
+func (c *Client) Tenant() string { return c.tenant }
+
+func (c *Client) newRequest(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.tenant != "" {
+		req.Header.Set(TenantHeader, c.tenant)
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	return req, nil
+}
+
+func jsonBody(v any) (io.Reader, error) {
+	if v == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return bytes.NewReader(b), nil
+}
+
+// do sends a request and returns the answer, or the daemon's error.
+func (c *Client) do(ctx context.Context, method, path string, body any, accept string) (*http.Response, error) {
+	r, err := jsonBody(body)
+	if err != nil {
+		return nil, err
+	}
+	req, err := c.newRequest(ctx, method, path, r)
+	if err != nil {
+		return nil, err
+	}
+	if r != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("warren-hostd: %w", err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		return nil, readError(resp)
+	}
+	return resp, nil
+}
+
+func readError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var e struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(b, &e) != nil || e.Error == "" {
+		e.Error = strings.TrimSpace(string(b))
+		if e.Error == "" {
+			e.Error = http.StatusText(resp.StatusCode)
+		}
+	}
+	return &Error{Status: resp.StatusCode, Message: e.Error}
+}
+
+// call sends a request and decodes its JSON answer into out (if not nil).
+func (c *Client) call(ctx context.Context, method, path string, body, out any) error {
+	resp, err := c.do(ctx, method, path, body, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("warren-hostd: bad answer to %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// long runs a long operation, streaming its progress to fn, and decodes
+// its result into out.
+func (c *Client) long(ctx context.Context, method, path string, body, out any, fn ProgressFunc) error {
+	resp, err := c.do(ctx, method, path, body, "application/x-ndjson")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if !strings.Contains(resp.Header.Get("Content-Type"), "ndjson") {
+		// A daemon that answered without streaming.
+		return json.NewDecoder(resp.Body).Decode(out)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		var l struct {
+			Progress *string         `json:"progress"`
+			Pct      int             `json:"pct"`
+			Result   json.RawMessage `json:"result"`
+			Error    string          `json:"error"`
+			Status   int             `json:"status"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			return fmt.Errorf("warren-hostd: bad progress line %q: %w", sc.Text(), err)
+		}
+		switch {
+		case l.Error != "":
+			st := l.Status
+			if st == 0 {
+				st = 500
+			}
+			return &Error{Status: st, Message: l.Error}
+		case l.Result != nil:
+			if out == nil {
+				return nil
+			}
+			if err := json.Unmarshal(l.Result, out); err != nil {
+				return fmt.Errorf("warren-hostd: bad result: %w", err)
+			}
+			return nil
+		case l.Progress != nil:
+			if fn != nil {
+				fn(Progress{Step: *l.Progress, Pct: l.Pct})
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("warren-hostd: %s %s: %w", method, path, err)
+	}
+	return fmt.Errorf("warren-hostd: %s %s: the stream ended without a result", method, path)
+}
+
+func sbPath(id string, rest ...string) string {
+	return "/v1/sandboxes/" + url.PathEscape(id) + strings.Join(rest, "")
+}
+
+// Health checks that the daemon answers, and returns the tenant it sees.
+func (c *Client) Health(ctx context.Context) (tenant string, err error) {
+	var h struct {
+		OK     bool   `json:"ok"`
+		Tenant string `json:"tenant"`
+	}
+	err = c.call(ctx, http.MethodGet, "/v1/health", nil, &h)
+	return h.Tenant, err
+}
+
+// CreateTemplate builds a template: boot, wait for the agent, snapshot.
+func (c *Client) CreateTemplate(ctx context.Context, req TemplateRequest, fn ProgressFunc) (*Template, error) {
+	var t Template
+	if err := c.long(ctx, http.MethodPost, "/v1/templates", req, &t, fn); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// Templates lists the tenant's templates.
+func (c *Client) Templates(ctx context.Context) ([]Template, error) {
+	var l []Template
+	return l, c.call(ctx, http.MethodGet, "/v1/templates", nil, &l)
+}
+
+// Template returns one template.
+func (c *Client) Template(ctx context.Context, id string) (*Template, error) {
+	var t Template
+	if err := c.call(ctx, http.MethodGet, "/v1/templates/"+url.PathEscape(id), nil, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// DeleteTemplate deletes a template no sandbox uses.
+func (c *Client) DeleteTemplate(ctx context.Context, id string) error {
+	return c.call(ctx, http.MethodDelete, "/v1/templates/"+url.PathEscape(id), nil, nil)
+}
+
+// Create creates a sandbox from a template.
+func (c *Client) Create(ctx context.Context, req SandboxRequest, fn ProgressFunc) (*Sandbox, error) {
+	var s Sandbox
+	if err := c.long(ctx, http.MethodPost, "/v1/sandboxes", req, &s, fn); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Sandboxes lists the tenant's sandboxes, oldest first.
+func (c *Client) Sandboxes(ctx context.Context) ([]Sandbox, error) {
+	var l []Sandbox
+	return l, c.call(ctx, http.MethodGet, "/v1/sandboxes", nil, &l)
+}
+
+// Sandbox returns one sandbox.
+func (c *Client) Sandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var s Sandbox
+	if err := c.call(ctx, http.MethodGet, sbPath(id), nil, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Delete stops a sandbox's VMM and deletes everything of it.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	return c.call(ctx, http.MethodDelete, sbPath(id), nil, nil)
+}
+
+// Pause pauses a sandbox in memory, or with toDisk snapshots it and stops
+// its VMM (long).
+func (c *Client) Pause(ctx context.Context, id string, toDisk bool, fn ProgressFunc) (*Sandbox, error) {
+	var s Sandbox
+	if toDisk {
+		if err := c.long(ctx, http.MethodPost, sbPath(id, "/pause?to_disk=true"), nil, &s, fn); err != nil {
+			return nil, err
+		}
+		return &s, nil
+	}
+	if err := c.call(ctx, http.MethodPost, sbPath(id, "/pause"), nil, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Resume resumes a paused sandbox, or restores a suspended or stopped one
+// from its latest snapshot (long).
+func (c *Client) Resume(ctx context.Context, id string, fn ProgressFunc) (*Sandbox, error) {
+	var s Sandbox
+	if err := c.long(ctx, http.MethodPost, sbPath(id, "/resume"), nil, &s, fn); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Snapshot takes a snapshot now.
+func (c *Client) Snapshot(ctx context.Context, id string, req SnapshotRequest) (*Snapshot, error) {
+	var s Snapshot
+	if err := c.call(ctx, http.MethodPost, sbPath(id, "/snapshots"), req, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// SetRolling starts rolling snapshots every every (keeping keep layers a
+// chain), or with every 0 stops them; it returns the setting now (nil: off).
+func (c *Client) SetRolling(ctx context.Context, id string, every time.Duration, keep int) (*Rolling, error) {
+	req := SnapshotRequest{Every: "0", Keep: keep}
+	if every > 0 {
+		req.Every = every.String()
+	}
+	var out struct {
+		Rolling *Rolling `json:"rolling"`
+	}
+	if err := c.call(ctx, http.MethodPost, sbPath(id, "/snapshots"), req, &out); err != nil {
+		return nil, err
+	}
+	return out.Rolling, nil
+}
+
+// Snapshots lists a sandbox's snapshots, oldest first, and its rolling setting.
+func (c *Client) Snapshots(ctx context.Context, id string) ([]Snapshot, *Rolling, error) {
+	var out struct {
+		Snapshots []Snapshot `json:"snapshots"`
+		Rolling   *Rolling   `json:"rolling"`
+	}
+	err := c.call(ctx, http.MethodGet, sbPath(id, "/snapshots"), nil, &out)
+	return out.Snapshots, out.Rolling, err
+}
+
+// Rollback puts a running sandbox back to one of its snapshots, in place;
+// it returns the VMM's report.
+func (c *Client) Rollback(ctx context.Context, id, snapshot string) (map[string]any, error) {
+	var out map[string]any
+	err := c.call(ctx, http.MethodPost, sbPath(id, "/rollback"), map[string]string{"snapshot": snapshot}, &out)
+	return out, err
+}
+
+// Fork forks a running sandbox into n new ones.
+func (c *Client) Fork(ctx context.Context, id string, n int, fn ProgressFunc) (*ForkResult, error) {
+	var r ForkResult
+	if err := c.long(ctx, http.MethodPost, sbPath(id, "/fork"), map[string]int{"n": n}, &r, fn); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Exec runs a command in a sandbox, writing its output to stdout and
+// stderr as it comes. Cancelling ctx kills the process in the guest.
+func (c *Client) Exec(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (*ExecStatus, error) {
+	resp, err := c.do(ctx, http.MethodPost, sbPath(id, "/exec"), req, "application/x-ndjson")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var f struct {
+			Stdout   []byte `json:"stdout"`
+			Stderr   []byte `json:"stderr"`
+			Exit     *int   `json:"exit"`
+			Signal   string `json:"signal"`
+			TimedOut bool   `json:"timed_out"`
+			Error    string `json:"error"`
+		}
+		if err := dec.Decode(&f); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, fmt.Errorf("exec in %s: the stream ended early: %w", id, err)
+		}
+		switch {
+		case f.Error != "":
+			return nil, &Error{Status: http.StatusBadGateway, Message: f.Error}
+		case f.Exit != nil:
+			return &ExecStatus{Exit: *f.Exit, Signal: f.Signal, TimedOut: f.TimedOut}, nil
+		}
+		if len(f.Stdout) > 0 && stdout != nil {
+			if _, err := stdout.Write(f.Stdout); err != nil {
+				return nil, err
+			}
+		}
+		if len(f.Stderr) > 0 && stderr != nil {
+			if _, err := stderr.Write(f.Stderr); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// ReadFile copies a guest file to w and returns its permission bits.
+func (c *Client) ReadFile(ctx context.Context, id, path string, w io.Writer) (fs.FileMode, error) {
+	resp, err := c.do(ctx, http.MethodGet, sbPath(id, "/files?path="+url.QueryEscape(path)), nil, "")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	mode, _ := strconv.ParseUint(resp.Header.Get("X-Warren-Mode"), 8, 32)
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return 0, fmt.Errorf("read %s:%s: %w", id, path, err)
+	}
+	return fs.FileMode(mode), nil
+}
+
+// WriteFile writes (replaces) a guest file with r's bytes and mode's
+// permission bits.
+func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, mode fs.FileMode) (*FileInfo, error) {
+	q := "/files?path=" + url.QueryEscape(path) + "&mode=" + strconv.FormatUint(uint64(mode.Perm()), 8)
+	req, err := c.newRequest(ctx, http.MethodPut, sbPath(id, q), r)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("warren-hostd: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return nil, readError(resp)
+	}
+	var fi FileInfo
+	if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
+		return nil, fmt.Errorf("warren-hostd: bad answer to file upload: %w", err)
+	}
+	return &fi, nil
+}
+
+// Events streams the tenant's lifecycle events to fn until ctx ends, fn
+// returns false or the daemon ends the stream.
+func (c *Client) Events(ctx context.Context, fn func(Event) bool) error {
+	resp, err := c.do(ctx, http.MethodGet, "/v1/events", nil, "application/x-ndjson")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var e Event
+		if err := dec.Decode(&e); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, io.EOF) {
+				return nil // the daemon closed the stream (it stops)
+			}
+			return fmt.Errorf("events: %w", err)
+		}
+		if !fn(e) {
+			return nil
+		}
+	}
+}
+
+// Resolve turns a sandbox reference into its id: an id, or the value of a
+// sandbox's "name" label (which must name exactly one).
+func (c *Client) Resolve(ctx context.Context, ref string) (string, error) {
+	if store.ValidID(ref) {
+		return ref, nil
+	}
+	l, err := c.Sandboxes(ctx)
+	if err != nil {
+		return "", err
+	}
+	var ids []string
+	for _, s := range l {
+		if s.ID == ref || s.Labels["name"] == ref {
+			ids = append(ids, s.ID)
+		}
+	}
+	switch len(ids) {
+	case 0:
+		return "", &Error{Status: http.StatusNotFound, Message: fmt.Sprintf("sandbox %q not found", ref)}
+	case 1:
+		return ids[0], nil
+	}
+	return "", fmt.Errorf("%q names %d sandboxes (%s): use an id", ref, len(ids), strings.Join(ids, ", "))
+}

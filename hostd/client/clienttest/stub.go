@@ -1,0 +1,363 @@
+// Package clienttest is a stand-in for warren-hostd in tests of its
+// clients: an in-memory daemon on a unix socket (or TCP with a token)
+// that speaks the API's shapes (progress streams, exec frames, files,
+// errors, tenants) without any VM. Exec echoes its argv on stdout, says
+// "err" on stderr, and exits with the number given as `exit N`.
+package clienttest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warrenvm/warren/hostd/store"
+)
+
+// Stub is the fake daemon.
+type Stub struct {
+	Socket string // its unix socket
+	URL    string // its TCP address, http://...
+	Token  string // the bearer token of tenant "tok"
+
+	mu        sync.Mutex
+	n         int
+	templates map[string]*store.Template
+	sandboxes map[string]*store.Sandbox
+	files     map[string][]byte
+	// Requests records "TENANT METHOD PATH" of every request.
+	Requests []string
+}
+
+// New starts a Stub, stopped at the test's end.
+func New(t testing.TB) *Stub {
+	dir, err := os.MkdirTemp("", "hostd-stub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Stub{Socket: filepath.Join(dir, "hostd.sock"), Token: "0123456789abcdef-token",
+		templates: map[string]*store.Template{}, sandboxes: map[string]*store.Sandbox{}, files: map[string][]byte{}}
+	ul, err := net.Listen("unix", s.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.URL = "http://" + tl.Addr().String()
+	h := s.handler()
+	us, ts := &http.Server{Handler: h}, &http.Server{Handler: h}
+	go us.Serve(ul)
+	go ts.Serve(tl)
+	t.Cleanup(func() { us.Close(); ts.Close(); os.RemoveAll(dir) })
+	return s
+}
+
+func (s *Stub) id(prefix string) string {
+	s.n++
+	return fmt.Sprintf("%s-%012x", prefix, s.n)
+}
+
+func reply(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func fail(w http.ResponseWriter, status int, msg string) {
+	reply(w, status, map[string]string{"error": msg})
+}
+
+// long answers a long operation: progress lines then the result, or the
+// plain result without Accept: application/x-ndjson.
+func long(w http.ResponseWriter, r *http.Request, steps []string, status int, result any) {
+	if !strings.Contains(r.Header.Get("Accept"), "ndjson") {
+		reply(w, status, result)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	for i, st := range steps {
+		enc.Encode(map[string]any{"progress": st, "pct": (i + 1) * 100 / (len(steps) + 1)})
+	}
+	enc.Encode(map[string]any{"result": result, "status": status})
+}
+
+func (s *Stub) handler() http.Handler {
+	mux := http.NewServeMux()
+	auth := func(h func(w http.ResponseWriter, r *http.Request, tenant string)) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			tenant := r.Header.Get("X-Warren-Tenant")
+			if a := r.Header.Get("Authorization"); a != "" {
+				if a != "Bearer "+s.Token {
+					fail(w, 401, "missing or unknown bearer token")
+					return
+				}
+				if tenant != "" && tenant != "tok" {
+					fail(w, 403, "the token does not belong to tenant "+tenant)
+					return
+				}
+				tenant = "tok"
+			}
+			if tenant == "" {
+				fail(w, 401, "missing X-Warren-Tenant header")
+				return
+			}
+			s.mu.Lock()
+			s.Requests = append(s.Requests, tenant+" "+r.Method+" "+r.URL.Path)
+			s.mu.Unlock()
+			h(w, r, tenant)
+		}
+	}
+	sb := func(h func(w http.ResponseWriter, r *http.Request, sb *store.Sandbox)) http.HandlerFunc {
+		return auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+			s.mu.Lock()
+			x := s.sandboxes[r.PathValue("id")]
+			s.mu.Unlock()
+			if x == nil || x.Tenant != tenant {
+				fail(w, 404, fmt.Sprintf("sandbox %q not found", r.PathValue("id")))
+				return
+			}
+			h(w, r, x)
+		})
+	}
+	mux.HandleFunc("GET /v1/health", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		reply(w, 200, map[string]any{"ok": true, "tenant": tenant})
+	}))
+	mux.HandleFunc("POST /v1/templates", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		var req struct {
+			Kernel    string `json:"kernel"`
+			Initramfs string `json:"initramfs"`
+			MemMiB    int    `json:"mem_mib"`
+			CPUs      int    `json:"cpus"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		if req.Kernel == "" {
+			fail(w, 400, "kernel is required")
+			return
+		}
+		s.mu.Lock()
+		t := &store.Template{ID: s.id("tp"), Tenant: tenant, Status: "ready", Kernel: req.Kernel, Initramfs: req.Initramfs, MemMiB: req.MemMiB, CPUs: req.CPUs, Created: time.Now()}
+		s.templates[t.ID] = t
+		s.mu.Unlock()
+		long(w, r, []string{"booting the guest", "waiting for the agent", "snapshotting"}, 201, t)
+	}))
+	mux.HandleFunc("GET /v1/templates", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		l := []store.Template{}
+		for _, t := range s.templates {
+			if t.Tenant == tenant {
+				l = append(l, *t)
+			}
+		}
+		reply(w, 200, l)
+	}))
+	mux.HandleFunc("DELETE /v1/templates/{id}", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		t := s.templates[r.PathValue("id")]
+		if t == nil || t.Tenant != tenant {
+			fail(w, 404, "template not found")
+			return
+		}
+		for _, x := range s.sandboxes {
+			if x.Template == t.ID {
+				fail(w, 409, "template in use")
+				return
+			}
+		}
+		delete(s.templates, t.ID)
+		reply(w, 200, map[string]string{"deleted": t.ID})
+	}))
+	mux.HandleFunc("POST /v1/sandboxes", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		var req struct {
+			Template string            `json:"template"`
+			MemMiB   int               `json:"mem_mib"`
+			Env      []string          `json:"env"`
+			Labels   map[string]string `json:"labels"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		s.mu.Lock()
+		t := s.templates[req.Template]
+		if t == nil || t.Tenant != tenant {
+			s.mu.Unlock()
+			fail(w, 404, fmt.Sprintf("template %q not found", req.Template))
+			return
+		}
+		x := &store.Sandbox{ID: s.id("sb"), Tenant: tenant, Template: t.ID, Status: "running", PID: 4242, MemMiB: req.MemMiB, Env: req.Env, Labels: req.Labels, Created: time.Now()}
+		s.sandboxes[x.ID] = x
+		s.mu.Unlock()
+		long(w, r, []string{"restoring the snapshot", "waiting for the agent"}, 201, x)
+	}))
+	mux.HandleFunc("GET /v1/sandboxes", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		l := []store.Sandbox{}
+		for _, x := range s.sandboxes {
+			if x.Tenant == tenant {
+				l = append(l, *x)
+			}
+		}
+		reply(w, 200, l)
+	}))
+	mux.HandleFunc("GET /v1/sandboxes/{id}", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) { reply(w, 200, x) }))
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
+		s.mu.Lock()
+		delete(s.sandboxes, x.ID)
+		s.mu.Unlock()
+		reply(w, 200, map[string]string{"deleted": x.ID})
+	}))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
+		var req struct {
+			Argv  []string `json:"argv"`
+			Stdin []byte   `json:"stdin"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		s.mu.Lock()
+		status := x.Status
+		s.mu.Unlock()
+		if status != "running" {
+			fail(w, 409, "sandbox "+x.ID+" is "+status)
+			return
+		}
+		if len(req.Argv) > 0 && req.Argv[0] == "no-such-program" {
+			fail(w, 404, "guest agent: no-such-program: not found")
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		enc := json.NewEncoder(w)
+		enc.Encode(map[string]any{"stdout": []byte(strings.Join(req.Argv, " ") + "\n")})
+		if req.Stdin != nil {
+			enc.Encode(map[string]any{"stdout": req.Stdin})
+		}
+		enc.Encode(map[string]any{"stderr": []byte("err\n")})
+		code := 0
+		if len(req.Argv) == 2 && req.Argv[0] == "exit" {
+			code, _ = strconv.Atoi(req.Argv[1])
+		}
+		enc.Encode(map[string]any{"exit": code})
+	}))
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
+		b, _ := io.ReadAll(r.Body)
+		p := r.URL.Query().Get("path")
+		s.mu.Lock()
+		s.files[x.ID+":"+p] = b
+		s.files[x.ID+":"+p+"#mode"] = []byte(r.URL.Query().Get("mode"))
+		s.mu.Unlock()
+		reply(w, 200, map[string]any{"name": filepath.Base(p), "size": len(b)})
+	}))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
+		p := r.URL.Query().Get("path")
+		s.mu.Lock()
+		b, ok := s.files[x.ID+":"+p]
+		mode := s.files[x.ID+":"+p+"#mode"]
+		s.mu.Unlock()
+		if !ok {
+			fail(w, 404, "guest agent: "+p+": no such file or directory")
+			return
+		}
+		w.Header().Set("X-Warren-Mode", string(mode))
+		w.Write(b)
+	}))
+	setStatus := func(x *store.Sandbox, st string) {
+		s.mu.Lock()
+		x.Status = st
+		s.mu.Unlock()
+	}
+	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
+		if r.URL.Query().Get("to_disk") == "true" {
+			setStatus(x, "suspended")
+			long(w, r, []string{"snapshotting", "stopping the VMM"}, 200, x)
+			return
+		}
+		setStatus(x, "paused")
+		reply(w, 200, x)
+	}))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
+		setStatus(x, "running")
+		long(w, r, []string{"resuming"}, 200, x)
+	}))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/snapshots", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
+		var req struct {
+			Name        string `json:"name"`
+			Incremental bool   `json:"incremental"`
+			Every       string `json:"every"`
+			Keep        int    `json:"keep"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if req.Every == "0" {
+			x.Rolling = nil
+			reply(w, 200, map[string]any{"rolling": nil})
+			return
+		}
+		if req.Every != "" {
+			x.Rolling = &store.Rolling{Every: req.Every, Keep: max(req.Keep, 8)}
+			reply(w, 202, map[string]any{"rolling": x.Rolling})
+			return
+		}
+		if req.Name == "" {
+			req.Name = fmt.Sprintf("snap-%d", len(x.Snapshots)+1)
+		}
+		kind := "full"
+		if req.Incremental {
+			kind = "incremental"
+		}
+		snap := store.Snapshot{Name: req.Name, Kind: kind, Time: time.Now(), Bytes: 4096}
+		x.Snapshots = append(x.Snapshots, snap)
+		reply(w, 201, snap)
+	}))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/snapshots", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		reply(w, 200, map[string]any{"snapshots": x.Snapshots, "rolling": x.Rolling})
+	}))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/rollback", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
+		var req struct {
+			Snapshot string `json:"snapshot"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, sn := range x.Snapshots {
+			if sn.Name == req.Snapshot {
+				reply(w, 200, map[string]any{"line": "rolled back to " + sn.Name})
+				return
+			}
+		}
+		fail(w, 404, "snapshot "+req.Snapshot+" not found")
+	}))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
+		var req struct {
+			N int `json:"n"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		s.mu.Lock()
+		var kids []store.Sandbox
+		for range max(req.N, 1) {
+			k := &store.Sandbox{ID: s.id("sb"), Tenant: x.Tenant, Template: x.Template, Status: "running", Parent: x.ID, Created: time.Now()}
+			s.sandboxes[k.ID] = k
+			kids = append(kids, *k)
+		}
+		s.mu.Unlock()
+		long(w, r, []string{"forking"}, 201, map[string]any{"parent": x.ID, "pause_ms": 1.5, "children": kids})
+	}))
+	mux.HandleFunc("GET /v1/events", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		enc := json.NewEncoder(w)
+		enc.Encode(map[string]any{"time": time.Now(), "type": "created", "sandbox": "sb-000000000001"})
+		enc.Encode(map[string]any{"time": time.Now(), "type": "paused", "sandbox": "sb-000000000001"})
+	}))
+	return mux
+}
