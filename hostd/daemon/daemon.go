@@ -476,3 +476,13 @@ func copyRec(r *store.Sandbox) store.Sandbox {
 func (d *Daemon) sockets(id string) (api, vsock string) {
 	return filepath.Join(d.store.RunDir(), id+".api"), filepath.Join(d.store.RunDir(), id+".vsock")
 }
+
+// StatusCounts counts the daemon's sandboxes, of every tenant, by status
+// (for the warren_sandboxes gauge).
+func (d *Daemon) StatusCounts() map[string]int {
+	out := map[string]int{}
+	for _, s := range d.allSandboxes() {
+		out[d.snapshotRec(s).Status]++
+	}
+	return out
+}

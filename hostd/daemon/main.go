@@ -7,13 +7,16 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/warrenvm/warren/hostd/crypt"
+	"github.com/warrenvm/warren/hostd/metrics"
 )
 
 // Main is warren-hostd's main: it parses args, starts the daemon and
@@ -36,6 +39,7 @@ func Main(args []string, stderr io.Writer) int {
 	keys := fs.String("keys", "", "at-rest encryption: tenants' keys in DIR (crypt.LocalProvider; POST /v1/keys makes one); unset: no encryption")
 	decryptDir := fs.String("decrypt-dir", "", "with --keys: where restores decrypt snapshots while the VMM loads them (default: decrypted/ beside --socket, a tmpfs under /run)")
 	jailFlag := fs.String("jail", "vmm", "harden every VMM after its setup (hostd/jail): vmm, strict (forks then fail) or off; ,log logs what the seccomp filter lacks instead of refusing it")
+	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics (GET /metrics) on this TCP address, e.g. 127.0.0.1:9464 (default: off)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -88,7 +92,10 @@ func Main(args []string, stderr io.Writer) int {
 			cfg.DecryptDir = filepath.Join(filepath.Dir(*sock), "decrypted")
 		}
 	}
-	d, err := New(cfg)
+	var d *Daemon
+	mx := metrics.New(metrics.Sources{LiveSandboxes: func() map[string]int { return d.StatusCounts() }})
+	cfg.Observer = mx
+	d, err = New(cfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -111,6 +118,15 @@ func Main(args []string, stderr io.Writer) int {
 			return fail(err)
 		}
 		go func() { errc <- d.Serve(tl, TokenAuth(tokMap)) }()
+	}
+	if *metricsAddr != "" {
+		ml, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			return fail(err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", mx.Handler())
+		go func() { errc <- (&http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}).Serve(ml) }()
 	}
 	log.Info("warren-hostd serving", "socket", *sock, "tcp", *listen, "state", *state, "warren", bin)
 	sig := make(chan os.Signal, 1)
