@@ -274,7 +274,7 @@ func (d *Daemon) adopt() {
 	}
 	for _, t := range tpls {
 		if t.Status == store.TemplateBuilding {
-			stopProc(t.PID, t.StartTime, 2*time.Second)
+			stopProc(t.PID, t.StartTime, StopGrace)
 			t.Status, t.Error, t.PID, t.StartTime = store.TemplateFailed, "build interrupted by a daemon restart", 0, 0
 		}
 		ts := &tplState{rec: t}
@@ -296,7 +296,7 @@ func (d *Daemon) adopt() {
 				continue
 			}
 			if err := vmmAnswers(sb.API); err != nil {
-				stopProc(sb.PID, sb.StartTime, 2*time.Second)
+				stopProc(sb.PID, sb.StartTime, StopGrace)
 				d.markStopped(s, fmt.Sprintf("VMM (pid %d) did not answer on its control socket when the daemon started (%v); stopped", sb.PID, err))
 				continue
 			}
@@ -305,7 +305,7 @@ func (d *Daemon) adopt() {
 				d.startRolling(s)
 			}
 		case store.Creating:
-			stopProc(sb.PID, sb.StartTime, 2*time.Second)
+			stopProc(sb.PID, sb.StartTime, StopGrace)
 			sb.Status, sb.Reason, sb.PID, sb.StartTime = store.Failed, "creation interrupted by a daemon restart", 0, 0
 			d.save(s)
 		}
@@ -413,7 +413,7 @@ func (d *Daemon) StopAll(suspend bool) {
 					return
 				}
 			}
-			stopProc(s.rec.PID, s.rec.StartTime, 5*time.Second)
+			stopProc(s.rec.PID, s.rec.StartTime, StopGrace)
 			d.markStopped(s, "stopped with the daemon")
 		}()
 	}

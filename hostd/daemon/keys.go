@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
@@ -159,7 +158,7 @@ func (d *Daemon) deleteKey(w http.ResponseWriter, r *http.Request, tenant string
 				s.stopRolling()
 				s.stopRolling = nil
 			}
-			stopProc(s.rec.PID, s.rec.StartTime, 3*time.Second)
+			stopProc(s.rec.PID, s.rec.StartTime, StopGrace)
 			d.markStopped(s, "the tenant's encryption key was revoked")
 			stopped = append(stopped, s.rec.ID)
 		}

@@ -97,7 +97,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req TemplateRequest) (int, 
 	os.Remove(api)
 	os.Remove(vs)
 	fail := func(err error) (int, any, error) {
-		stopProc(t.PID, t.StartTime, 3*time.Second)
+		stopProc(t.PID, t.StartTime, StopGrace)
 		os.Remove(api)
 		os.Remove(vs)
 		t.Status, t.Error, t.PID, t.StartTime = store.TemplateFailed, err.Error(), 0, 0
@@ -144,7 +144,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req TemplateRequest) (int, 
 		}
 	}
 	o.progress("stopping the build VMM", 95)
-	stopProc(t.PID, t.StartTime, 5*time.Second)
+	stopProc(t.PID, t.StartTime, StopGrace)
 	os.Remove(api)
 	os.Remove(vs)
 	t.Status, t.Snapshot, t.PID, t.StartTime = store.TemplateReady, snap, 0, 0
@@ -312,7 +312,7 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string) error {
 	d.save(s)
 	o.progress("restoring; waiting for the guest agent", 30)
 	if err := d.waitAgent(o, sb.Vsock, p, d.cfg.RestoreTimeout, sb.Log, 30, 95); err != nil {
-		stopProc(p.PID, p.StartTime, 2*time.Second)
+		stopProc(p.PID, p.StartTime, StopGrace)
 		sb.PID, sb.StartTime = 0, 0
 		return err
 	}
@@ -393,7 +393,7 @@ func (d *Daemon) suspendLocked(ctx context.Context, s *sbState, o *op) (any, err
 		s.stopRolling()
 		s.stopRolling = nil
 	}
-	stopProc(sb.PID, sb.StartTime, 5*time.Second)
+	stopProc(sb.PID, sb.StartTime, StopGrace)
 	sb.Status, sb.Reason, sb.PID, sb.StartTime = store.Suspended, "paused to disk at "+snap.Name, 0, 0
 	d.save(s)
 	d.obs.ObserveOp("pause_to_disk", time.Since(start), nil)
@@ -617,7 +617,7 @@ func (d *Daemon) deleteSandbox(s *sbState) error {
 		s.stopRolling = nil
 	}
 	s.deleted = true
-	stopProc(sb.PID, sb.StartTime, 3*time.Second)
+	stopProc(sb.PID, sb.StartTime, StopGrace)
 	if s.cgroup != nil {
 		if err := s.cgroup.Remove(); err != nil {
 			d.log.Warn("cgroup remove", "sandbox", sb.ID, "err", err)

@@ -112,6 +112,12 @@ func alive(pid int, start uint64) bool {
 	return err == nil && st == start && state != 'Z' && state != 'X'
 }
 
+// StopGrace is how long a VMM has to exit after SIGTERM (it closes its VM
+// and exits at once on a real host) before the daemon sends SIGKILL. It is
+// generous because SIGKILL is a last resort: in the emulated nested KVM
+// host, VMMs SIGKILLed inside KVM_RUN were followed by host freezes.
+const StopGrace = 15 * time.Second
+
 // stopProc ends the process pid (if it is still the one that started at
 // start): SIGTERM, then SIGKILL after grace.
 func stopProc(pid int, start uint64, grace time.Duration) {
