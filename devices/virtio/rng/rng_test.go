@@ -61,7 +61,13 @@ func TestMalformedChainNeedsReset(t *testing.T) {
 	if tr.Status()&virtio.StatusNeedsReset == 0 {
 		t.Fatal("device not marked NEEDS_RESET")
 	}
-	// A reset by the driver brings it back.
+	// A reset by the driver brings it back. The rings are cleared after
+	// the reset: the first driver's avail index still points at the
+	// looping chain, which the device would read again as soon as the new
+	// driver sets DRIVER_OK, before it offers its own buffer (seen under
+	// load).
+	vt.Write32(tr, 0x070, 0) // Status: reset
+	clear(mem)
 	drv2 := vt.NewDriver(mem, 0, 8)
 	if st := vt.Bring(tr, features, drv2); st&virtio.StatusNeedsReset != 0 || st&virtio.StatusDriverOK == 0 {
 		t.Fatalf("after reset: status %#x", st)
