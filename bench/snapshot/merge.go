@@ -36,6 +36,11 @@ func mergeRestores(files []string, jsonOut string) error {
 		}
 		if srcInfo == nil {
 			srcInfo = doc.Sources
+			for k, v := range srcInfo { // JSON numbers come back as float64
+				if f, ok := v.(float64); ok && f == float64(int64(f)) {
+					srcInfo[k] = int64(f)
+				}
+			}
 		}
 		if m, ok := doc.Restore["mem_mib"]; ok && c.memMiB == 0 {
 			json.Unmarshal(m, &c.memMiB)
