@@ -319,6 +319,9 @@ if [ "$HOST_ROOT" = 1 ]; then
 	mount -o bind /dev/pts /host/dev/pts
 	mount -t tmpfs -o mode=1777 tmp /host/tmp
 	mount -t tmpfs run /host/run
+	# DIR under /tmp or /run (a git worktree, a CI clone) lies in the fresh
+	# tmpfs just mounted there: make its mount point first.
+	[ -d "/host$MOUNTPOINT" ] || mkdir -p "/host$MOUNTPOINT"
 	mount -o bind "$MOUNTPOINT" "/host$MOUNTPOINT" || fail "bind $MOUNTPOINT into the host root"
 	cp /warren/cmd /host/tmp/.kvmhost-cmd
 	[ -f /warren/env ] && cp /warren/env /host/tmp/.kvmhost-env
