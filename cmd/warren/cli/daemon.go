@@ -181,8 +181,8 @@ type daemonCmd struct {
 	ctx            context.Context
 }
 
-func newDaemonCmd(verb, usageLine string, stdout, stderr io.Writer) *daemonCmd {
-	d := &daemonCmd{name: "warren " + verb, stdout: stdout, stderr: stderr}
+func newDaemonCmd(ctx context.Context, verb, usageLine string, stdout, stderr io.Writer) *daemonCmd {
+	d := &daemonCmd{name: "warren " + verb, stdout: stdout, stderr: stderr, ctx: ctx}
 	d.fs = flag.NewFlagSet(d.name, flag.ContinueOnError)
 	d.fs.SetOutput(stderr)
 	d.fs.Usage = func() {
@@ -302,8 +302,7 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	switch sub {
 	case "ls", "list":
-		d := newDaemonCmd("templates", "templates [ls]", stdout, stderr)
-		d.ctx = ctx
+		d := newDaemonCmd(ctx, "templates", "templates [ls]", stdout, stderr)
 		if code := d.parse(args); code != 0 {
 			return code
 		}
@@ -326,8 +325,7 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		tw.Flush()
 		return 0
 	case "create":
-		d := newDaemonCmd("templates create", "templates create --kernel K [--initramfs I] [--disk D]... [--mem MiB] [--cpus N] [--cmdline S]", stdout, stderr)
-		d.ctx = ctx
+		d := newDaemonCmd(ctx, "templates create", "templates create --kernel K [--initramfs I] [--disk D]... [--mem MiB] [--cpus N] [--cmdline S]", stdout, stderr)
 		kernel := d.fs.String("kernel", "", "guest kernel (vmlinux or bzImage; required)")
 		initramfs := d.fs.String("initramfs", "", "initramfs (cpio)")
 		var disks stringsFlag
@@ -368,8 +366,7 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		return 0
 	case "rm", "delete":
-		d := newDaemonCmd("templates rm", "templates rm ID...", stdout, stderr)
-		d.ctx = ctx
+		d := newDaemonCmd(ctx, "templates rm", "templates rm ID...", stdout, stderr)
 		if code := d.parse(args); code != 0 {
 			return code
 		}
@@ -398,8 +395,7 @@ func ago(t time.Time) string {
 }
 
 func createCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	d := newDaemonCmd("create", "create [--template ID] [--mem MiB] [--cpus N] [--name NAME] [--env K=V]... [--label K=V]...", stdout, stderr)
-	d.ctx = ctx
+	d := newDaemonCmd(ctx, "create", "create [--template ID] [--mem MiB] [--cpus N] [--name NAME] [--env K=V]... [--label K=V]...", stdout, stderr)
 	tpl := d.fs.String("template", "", "the template (default: the tenant's only ready template)")
 	mem := d.fs.Int("mem", 0, "the VMM's memory limit in MiB (default: the template's guest memory)")
 	cpus := d.fs.Int("cpus", 0, "the VMM's CPU limit (default: the template's vCPUs)")
@@ -462,8 +458,7 @@ func createCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 func lsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	d := newDaemonCmd("ls", "ls", stdout, stderr)
-	d.ctx = ctx
+	d := newDaemonCmd(ctx, "ls", "ls", stdout, stderr)
 	if code := d.parse(args); code != 0 {
 		return code
 	}
@@ -502,8 +497,7 @@ func lsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func rmCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	d := newDaemonCmd("rm", "rm SANDBOX...", stdout, stderr)
-	d.ctx = ctx
+	d := newDaemonCmd(ctx, "rm", "rm SANDBOX...", stdout, stderr)
 	if code := d.parse(args); code != 0 {
 		return code
 	}
@@ -526,8 +520,7 @@ func rmCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func eventsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	d := newDaemonCmd("events", "events", stdout, stderr)
-	d.ctx = ctx
+	d := newDaemonCmd(ctx, "events", "events", stdout, stderr)
 	if code := d.parse(args); code != 0 {
 		return code
 	}
@@ -553,8 +546,7 @@ func eventsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 func sbExecCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	d := newDaemonCmd("exec", "exec [--timeout D] [--cwd DIR] [--env K=V]... [-i] SANDBOX -- PROGRAM [ARGS...]", stdout, stderr)
-	d.ctx = ctx
+	d := newDaemonCmd(ctx, "exec", "exec [--timeout D] [--cwd DIR] [--env K=V]... [-i] SANDBOX -- PROGRAM [ARGS...]", stdout, stderr)
 	timeout := d.fs.Duration("timeout", 0, "kill the process (and its process group) after this long (0: never)")
 	cwd := d.fs.String("cwd", "", "working directory in the guest")
 	interactive := d.fs.Bool("i", false, "send standard input (read to its end first) to the process")
@@ -619,8 +611,7 @@ func parseSbTarget(s string) sbTarget {
 }
 
 func sbCpCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	d := newDaemonCmd("cp", "cp SRC DST\n\nOne of SRC and DST is SANDBOX:/guest/path, the other a host path or - (stdin/stdout).", stdout, stderr)
-	d.ctx = ctx
+	d := newDaemonCmd(ctx, "cp", "cp SRC DST\n\nOne of SRC and DST is SANDBOX:/guest/path, the other a host path or - (stdin/stdout).", stdout, stderr)
 	if code := d.parse(args); code != 0 {
 		return code
 	}
@@ -723,8 +714,7 @@ func (d *daemonCmd) sandboxLine(s *client.Sandbox) {
 }
 
 func sbPauseCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	d := newDaemonCmd("pause", "pause [--to-disk] SANDBOX", stdout, stderr)
-	d.ctx = ctx
+	d := newDaemonCmd(ctx, "pause", "pause [--to-disk] SANDBOX", stdout, stderr)
 	toDisk := d.fs.Bool("to-disk", false, "snapshot the sandbox and stop its VMM (status suspended; resume restores it)")
 	if code := d.parse(args); code != 0 {
 		return code
@@ -747,8 +737,7 @@ func sbPauseCmd(ctx context.Context, args []string, stdout, stderr io.Writer) in
 }
 
 func sbResumeCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	d := newDaemonCmd("resume", "resume SANDBOX", stdout, stderr)
-	d.ctx = ctx
+	d := newDaemonCmd(ctx, "resume", "resume SANDBOX", stdout, stderr)
 	if code := d.parse(args); code != 0 {
 		return code
 	}
@@ -770,8 +759,7 @@ func sbResumeCmd(ctx context.Context, args []string, stdout, stderr io.Writer) i
 }
 
 func sbSnapshotCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	d := newDaemonCmd("snapshot", "snapshot [--incremental] [--name NAME] SANDBOX\n       warren snapshot --every D [--keep N] SANDBOX   (rolling; --every 0 stops them)\n       warren snapshot --list SANDBOX", stdout, stderr)
-	d.ctx = ctx
+	d := newDaemonCmd(ctx, "snapshot", "snapshot [--incremental] [--name NAME] SANDBOX\n       warren snapshot --every D [--keep N] SANDBOX   (rolling; --every 0 stops them)\n       warren snapshot --list SANDBOX", stdout, stderr)
 	incremental := d.fs.Bool("incremental", false, "store only the pages written since the sandbox's previous snapshot")
 	name := d.fs.String("name", "", "the snapshot's name (default snap-N)")
 	every := d.fs.String("every", "", "take rolling snapshots at this interval, kept by the daemon (0: stop them)")
@@ -842,8 +830,7 @@ func sbSnapshotCmd(ctx context.Context, args []string, stdout, stderr io.Writer)
 }
 
 func sbForkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	d := newDaemonCmd("fork", "fork [-n N] SANDBOX", stdout, stderr)
-	d.ctx = ctx
+	d := newDaemonCmd(ctx, "fork", "fork [-n N] SANDBOX", stdout, stderr)
 	n := d.fs.Int("n", 1, "number of children (1-64)")
 	if code := d.parse(args); code != 0 {
 		return code
@@ -879,8 +866,7 @@ func sbForkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 func sbRollbackCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	d := newDaemonCmd("rollback", "rollback SANDBOX SNAPSHOT", stdout, stderr)
-	d.ctx = ctx
+	d := newDaemonCmd(ctx, "rollback", "rollback SANDBOX SNAPSHOT", stdout, stderr)
 	if code := d.parse(args); code != 0 {
 		return code
 	}
