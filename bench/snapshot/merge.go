@@ -71,12 +71,20 @@ func mergeRestores(files []string, jsonOut string) error {
 			c.caches[cache] = true
 		}
 	}
-	for _, s := range res {
-		if n := len(s.Health) + len(s.Failures); n > c.restoreRuns {
-			c.restoreRuns = n
+	var counts []string
+	for _, k := range []string{"warm warren eager", "warm warren lazy", "warm qemu", "cold warren eager", "cold warren lazy", "cold qemu"} {
+		s := res[k]
+		if s == nil {
+			continue
 		}
+		n := len(s.Health) + len(s.Failures)
+		if c.restoreRuns == 0 || n < c.restoreRuns {
+			c.restoreRuns = n // the header's "runs per variant": the fewest
+		}
+		counts = append(counts, fmt.Sprintf("%s %d", k, n))
 	}
 	fmt.Printf("merged from %d invocations: %s\n", len(files), strings.Join(files, " "))
+	fmt.Printf("runs: %s\n", strings.Join(counts, ", "))
 	printRestores(c, res, srcInfo)
 	if jsonOut != "" {
 		return stats.WriteJSON(jsonOut, map[string]any{"merged_from": files, "restore": restoreJSON(c, res), "restore_sources": srcInfo})

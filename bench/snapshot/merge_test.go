@@ -63,7 +63,7 @@ func TestMergeRestores(t *testing.T) {
 	}
 	var runs int
 	json.Unmarshal(doc.Restore["runs"], &runs)
-	if runs != 4 { // 3 timed + 1 failed
-		t.Errorf("runs %d, want 4", runs)
+	if runs != 3 { // the fewest of any variant: qemu's 3 (eager has 3 timed + 1 failed)
+		t.Errorf("runs %d, want 3", runs)
 	}
 }
