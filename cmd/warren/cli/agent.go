@@ -177,37 +177,45 @@ func cpCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// openCopySource opens what `warren cp` copies into a guest: the host
+// file hostPath with its permission bits, or stdin (mode 0644) for "-".
+// A directory is refused. done closes the file.
+func openCopySource(hostPath string, stdin io.Reader) (r io.Reader, mode fs.FileMode, done func(), err error) {
+	if hostPath == "-" {
+		return stdin, 0o644, func() {}, nil
+	}
+	f, err := os.Open(hostPath)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.IsDir() {
+		err = fmt.Errorf("%s is a directory; warren cp copies files", hostPath)
+	}
+	if err != nil {
+		f.Close()
+		return nil, 0, nil, err
+	}
+	return f, fi.Mode(), func() { f.Close() }, nil
+}
+
 // copyIn copies a host file (or stdin for "-") to the guest, keeping its
 // permission bits; into a guest directory it keeps the base name.
 func copyIn(ctx context.Context, hostPath string, dst agentclient.Target, stdin io.Reader) error {
 	c := agentclient.New(dst.VM)
 	defer c.Close()
-	var (
-		r    io.Reader   = stdin
-		mode fs.FileMode = 0o644
-	)
-	if hostPath != "-" {
-		f, err := os.Open(hostPath)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		fi, err := f.Stat()
-		if err != nil {
-			return err
-		}
-		if fi.IsDir() {
-			return fmt.Errorf("%s is a directory; warren cp copies files", hostPath)
-		}
-		r, mode = f, fi.Mode()
+	r, mode, done, err := openCopySource(hostPath, stdin)
+	if err != nil {
+		return err
 	}
+	defer done()
 	guestPath := dst.Path
 	if fi, err := c.Stat(ctx, guestPath); err == nil && fi.IsDir && hostPath != "-" {
 		guestPath = path.Join(guestPath, filepath.Base(hostPath))
 	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	_, err := c.WriteFile(ctx, guestPath, r, mode)
+	_, err = c.WriteFile(ctx, guestPath, r, mode)
 	return err
 }
 

@@ -13,7 +13,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -641,25 +640,11 @@ func (d *daemonCmd) copyIn(hostPath string, dst sbTarget, stdin io.Reader) error
 	if err != nil {
 		return err
 	}
-	var (
-		r    io.Reader   = stdin
-		mode fs.FileMode = 0o644
-	)
-	if hostPath != "-" {
-		f, err := os.Open(hostPath)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		fi, err := f.Stat()
-		if err != nil {
-			return err
-		}
-		if fi.IsDir() {
-			return fmt.Errorf("%s is a directory; warren cp copies files", hostPath)
-		}
-		r, mode = f, fi.Mode()
+	r, mode, done, err := openCopySource(hostPath, stdin)
+	if err != nil {
+		return err
 	}
+	defer done()
 	if r == nil {
 		r = strings.NewReader("")
 	}
