@@ -16,6 +16,7 @@ import (
 
 	"github.com/warrenvm/warren/bench/agentdial"
 	"github.com/warrenvm/warren/bench/console"
+	"github.com/warrenvm/warren/bench/proc"
 	"github.com/warrenvm/warren/bench/qemu"
 	"github.com/warrenvm/warren/bench/vsockpeer"
 )
@@ -116,20 +117,7 @@ func (q *qemuPeer) restore(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	go func() { cmd.Wait(); close(exited) }()
-	defer func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-exited:
-			return
-		case <-time.After(10 * time.Second):
-		}
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			fmt.Printf("warning: qemu (pid %d) not gone 30s after SIGKILL; going on\n", cmd.Process.Pid)
-		}
-	}()
+	defer proc.StopGroup(cmd.Process.Pid, exited, "qemu")
 	deadline := start.Add(q.c.createTimeout)
 	for {
 		c, cancel := context.WithDeadline(ctx, deadline)

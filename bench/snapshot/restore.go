@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/bench/agentdial"
+	"github.com/warrenvm/warren/bench/proc"
 	"github.com/warrenvm/warren/bench/qemu"
 	"github.com/warrenvm/warren/bench/stats"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
@@ -243,23 +244,8 @@ func restoreOnce(c config, v variant, src restoreSources, runDir string) (first,
 		return 0, 0, err
 	}
 	go func() { cmd.Wait(); close(exited) }()
-	// Stopped as a user would: SIGTERM (both VMMs stop their VM and
-	// exit), SIGKILL only if that takes over 10 s. (In the nested KVM
-	// host, SIGKILLed VMMs were followed by L1 soft lockups.)
-	defer func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-exited:
-			return
-		case <-time.After(10 * time.Second):
-		}
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			fmt.Printf("warning: %s (pid %d) not gone 30s after SIGKILL; going on\n", argv[0], cmd.Process.Pid)
-		}
-	}()
+	// Stopped as a user would (proc.StopGroup).
+	defer proc.StopGroup(cmd.Process.Pid, exited, argv[0])
 	deadline := start.Add(c.restoreTimeout)
 	for {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
