@@ -2,7 +2,7 @@
 # run.sh - run a command inside an L1 Linux guest that has a real /dev/kvm,
 # on a host that has none. See .ci/kvmhost/README.md.
 #
-# usage: run.sh [--mem MiB] [--cpus N] [--timeout SECONDS] [--env NAME=VALUE]... [--host-root] DIR -- CMD...
+# usage: run.sh [--mem MiB] [--cpus N] [--timeout SECONDS] [--idle-timeout SECONDS] [--env NAME=VALUE]... [--host-root] DIR -- CMD...
 #
 # Boots Debian 12's own kernel under QEMU TCG (software emulation, which
 # implements AMD SVM for its guest), loads kvm + kvm_amd there, mounts DIR
@@ -13,6 +13,10 @@
 #
 # Exit status: CMD's, or 124 on timeout, or 125 when the harness itself
 # failed (no /dev/kvm in L1, DIR not mounted, QEMU died, ...).
+#
+# --idle-timeout N: also stop L1 (exit 124) when CMD has printed nothing for
+# N seconds: L1's stalls under TCG are silent (README.md). 0, the default,
+# never does.
 #
 # --host-root: run CMD chrooted into the host's own root file system (shared
 # read-only over 9p), so host tools (qemu, ip, mkfs, go) are there; L1's
@@ -37,6 +41,7 @@ readonly SELF
 MEM=4096
 CPUS=2
 TIMEOUT=3600
+IDLE_TIMEOUT=0
 ENVS=()
 HOST_ROOT=0
 CPU_MODEL=${WARREN_KVMHOST_CPU:-max,-la57}
@@ -59,6 +64,7 @@ while [[ $# -gt 0 ]]; do
 	--mem) MEM=${2:?}; shift 2 ;;
 	--cpus) CPUS=${2:?}; shift 2 ;;
 	--timeout) TIMEOUT=${2:?}; shift 2 ;;
+	--idle-timeout) IDLE_TIMEOUT=${2:?}; shift 2 ;;
 	--host-root) HOST_ROOT=1; shift ;;
 	--env)
 		[[ ${2:-} == [A-Za-z_]*=* ]] || usage "--env wants NAME=VALUE, got '${2:-}'"
@@ -74,8 +80,8 @@ DIR=$(readlink -f "$1") || die "bad DIR '$1'"
 [[ -d $DIR ]] || die "DIR '$1' is not a directory"
 shift 2
 CMD="$*"
-[[ $MEM =~ ^[0-9]+$ && $CPUS =~ ^[0-9]+$ && $TIMEOUT =~ ^[0-9]+$ ]] ||
-	usage "--mem, --cpus and --timeout take plain integers"
+[[ $MEM =~ ^[0-9]+$ && $CPUS =~ ^[0-9]+$ && $TIMEOUT =~ ^[0-9]+$ && $IDLE_TIMEOUT =~ ^[0-9]+$ ]] ||
+	usage "--mem, --cpus, --timeout and --idle-timeout take plain integers"
 
 # ---------------------------------------------------------------- host tools
 need_pkgs=()
@@ -417,8 +423,8 @@ show_boot_log() {
 mkfifo "$TMP/out"
 timeout --foreground -k 10 "$TIMEOUT" "${qemu[@]}" </dev/null >"$TMP/out" 2>"$TMP/qemu.err" &
 QPID=$!
-while IFS= read -r line || [[ -n $line ]]; do
-	line=${line%$'\r'}
+handle_line() {
+	local line=${1%$'\r'}
 	case $line in
 	*"WARREN-KVMHOST-EXIT-$NONCE="*)
 		# the command's last line may lack a newline: keep what precedes
@@ -450,6 +456,39 @@ while IFS= read -r line || [[ -n $line ]]; do
 		fi
 		;;
 	esac
+}
+# The console is read in slices of at most 5 s so that a silent L1 can be
+# noticed: with --idle-timeout, a command that has printed nothing for that
+# long is taken for a frozen L1 (the stalls in README.md are silent) and
+# stopped as a timeout (124). A slice that ends mid-line is kept in $partial.
+partial=
+last_output=$SECONDS
+while :; do
+	chunk=
+	st=0
+	IFS= read -r -t 5 chunk || st=$?
+	if ((st == 0)); then
+		handle_line "$partial$chunk"
+		partial=
+		last_output=$SECONDS
+		continue
+	fi
+	if ((st > 128)); then
+		if [[ -n $chunk ]]; then
+			partial+=$chunk
+			last_output=$SECONDS
+		fi
+		if ((IDLE_TIMEOUT > 0 && SECONDS - last_output >= IDLE_TIMEOUT)) &&
+			[[ -f $ready_file && ! -f $rc_file ]]; then
+			log "error: the command printed nothing for ${IDLE_TIMEOUT}s: taking L1 for frozen and stopping it"
+			touch "$TMP/idle"
+			kill "$QPID" 2>/dev/null || true
+			last_output=$SECONDS
+		fi
+		continue
+	fi
+	[[ -z $partial$chunk ]] || handle_line "$partial$chunk"
+	break
 done <"$TMP/out"
 qrc=0
 wait "$QPID" || qrc=$?
@@ -466,6 +505,10 @@ if [[ -f $rc_file ]]; then
 	exit "$rc"
 fi
 [[ -f $ready_file ]] || show_boot_log
+if [[ -f $TMP/idle ]]; then
+	log "error: stopped after ${IDLE_TIMEOUT}s without output; total $(elapsed)s"
+	exit 124
+fi
 if [[ $qrc == 124 || $qrc == 137 ]]; then
 	log "error: timed out after ${TIMEOUT}s ($( [[ -f $ready_file ]] && echo 'while running the command' || echo 'before L1 was up'))"
 	exit 124

@@ -60,6 +60,8 @@ type config struct {
 	qemuCID                         int
 	warmDir, coldDir                string
 	timeout, restoreTimeout         time.Duration
+	bootTimeout                     time.Duration
+	bootTries                       int
 	jsonOut                         string
 	skipIncremental, skipRestore    bool
 	variants                        map[string]bool // restore variants: eager, lazy, qemu
@@ -81,6 +83,8 @@ func main() {
 	flag.StringVar(&c.warmDir, "warm-dir", os.TempDir(), "directory for snapshots read warm (and for the incremental part)")
 	flag.StringVar(&c.coldDir, "cold-dir", "build/bench-snapshot-cold", "directory for snapshots read with dropped caches (on a file system whose pages drop_caches evicts: not a tmpfs)")
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "limit for a boot, a snapshot or a restore")
+	flag.DurationVar(&c.bootTimeout, "boot-timeout", 5*time.Minute, "limit for one boot of a source VM to its agent's answer")
+	flag.IntVar(&c.bootTries, "boot-tries", 1, "boots of a source VM before giving up (in the nested KVM host an L2 boot sometimes hangs; a hung boot is no sample)")
 	flag.DurationVar(&c.restoreTimeout, "restore-timeout", 30*time.Second, "limit for one restore to the agent's answer; a run past it counts as failed")
 	flag.StringVar(&c.jsonOut, "json", "", "also write results as JSON here")
 	flag.BoolVar(&c.skipIncremental, "skip-incremental", false, "skip measurement 1")
@@ -159,11 +163,30 @@ func run(c config) error {
 			return err
 		}
 	}
-	for _, v := range vms {
-		if err := v.waitAgent(c.timeout); err != nil {
-			return err
+	for i := range vms {
+		for try := 1; ; try++ {
+			err := vms[i].waitAgent(c.bootTimeout)
+			if err == nil {
+				break
+			}
+			if try >= c.bootTries {
+				return err
+			}
+			// Only the source boots are retried: no timing is taken
+			// from them, so a retry biases nothing.
+			fmt.Printf("%s: boot %d of %d failed (%v); booting it again\n", vms[i].name, try, c.bootTries, err)
+			vms[i].stop()
+			if vms[i].name == "qemu" {
+				vms[i] = newQEMU(c, work)
+			} else {
+				vms[i] = newWarren(c, work)
+			}
+			if err := vms[i].start(); err != nil {
+				return err
+			}
 		}
 	}
+	w, q = vms[0], vms[1]
 	fmt.Printf("both guests answering %s after start\n", time.Since(t0).Round(time.Millisecond))
 
 	// The restore sources: each idle VM, saved once, copied to the cold dir.

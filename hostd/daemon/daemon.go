@@ -310,6 +310,19 @@ func (d *Daemon) adopt() {
 			d.save(s)
 		}
 	}
+	// VMMs that no record owns: started by a daemon killed before it
+	// recorded them. They hold memory and sockets and nothing can reach
+	// them through the API, so they go.
+	owned := map[int]bool{}
+	for _, s := range d.sandboxes {
+		if st := s.rec.Status; (st == store.Running || st == store.Paused) && s.rec.PID > 0 {
+			owned[s.rec.PID] = true
+		}
+	}
+	for _, p := range strayVMMs(d.store.Root, owned) {
+		d.log.Warn("stopping a VMM that no record owns (its daemon was killed while starting it)", "pid", p.PID)
+		stopProc(p.PID, p.StartTime, StopGrace)
+	}
 }
 
 // markStopped records that s's VMM is gone (caller holds s.mu or owns s).

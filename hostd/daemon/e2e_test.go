@@ -36,20 +36,7 @@ func repoRoot(t *testing.T) string {
 // (make warren kernel initramfs); `make test-kvm`-style, it runs in the
 // nested KVM host on machines without /dev/kvm.
 func TestE2E(t *testing.T) {
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("skipped: /dev/kvm is absent on this host (run in the nested KVM host)")
-	}
-	root := repoRoot(t)
-	warren := os.Getenv("WARREN_BIN")
-	if warren == "" {
-		warren = filepath.Join(root, "bin", "warren")
-	}
-	kernel, initrd := filepath.Join(root, "build", "vmlinux"), filepath.Join(root, "build", "initramfs.cpio")
-	for _, p := range []string{warren, kernel, initrd} {
-		if _, err := os.Stat(p); err != nil {
-			t.Skipf("skipped: %v (make warren kernel initramfs)", err)
-		}
-	}
+	warren, kernel, initrd := e2ePaths(t)
 	state, err := os.MkdirTemp("", "hostd-e2e-")
 	if err != nil {
 		t.Fatal(err)

@@ -101,6 +101,16 @@ func newClient(t testing.TB, sock, tenant string) *client {
 // do sends a request and returns the status and body.
 func (c *client) do(method, path string, body any, hdr ...string) (int, []byte) {
 	c.t.Helper()
+	st, b, err := c.try(method, path, body, hdr...)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return st, b
+}
+
+// try is do returning the transport's error instead of failing the test
+// (for goroutines, and for requests to a daemon that is being killed).
+func (c *client) try(method, path string, body any, hdr ...string) (int, []byte, error) {
 	var r io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -119,11 +129,11 @@ func (c *client) do(method, path string, body any, hdr ...string) (int, []byte) 
 	}
 	res, err := c.hc.Do(req)
 	if err != nil {
-		c.t.Fatalf("%s %s: %v", method, path, err)
+		return 0, nil, err
 	}
 	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, b
+	b, err := io.ReadAll(res.Body)
+	return res.StatusCode, b, err
 }
 
 // ok is do expecting status want, decoding the answer into out.
@@ -167,9 +177,21 @@ func (c *client) get(id string) store.Sandbox {
 // exec runs argv and returns stdout, stderr and the exit code.
 func (c *client) exec(id string, argv ...string) (string, string, int) {
 	c.t.Helper()
-	st, b := c.do("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"argv": argv})
+	out, errOut, code, err := c.tryExec(id, argv...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return out, errOut, code
+}
+
+// tryExec is exec returning an error instead of failing the test.
+func (c *client) tryExec(id string, argv ...string) (string, string, int, error) {
+	st, b, err := c.try("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"argv": argv})
+	if err != nil {
+		return "", "", -1, fmt.Errorf("exec %v in %s: %w", argv, id, err)
+	}
 	if st != 200 {
-		c.t.Fatalf("exec %v: %d %s", argv, st, b)
+		return "", "", -1, fmt.Errorf("exec %v in %s: %d %s", argv, id, st, b)
 	}
 	var out, errb strings.Builder
 	code := -1
@@ -177,7 +199,7 @@ func (c *client) exec(id string, argv ...string) (string, string, int) {
 	for sc.Scan() {
 		var f ExecFrame
 		if err := json.Unmarshal(sc.Bytes(), &f); err != nil {
-			c.t.Fatalf("frame %q: %v", sc.Text(), err)
+			return "", "", -1, fmt.Errorf("exec in %s: frame %q: %v", id, sc.Text(), err)
 		}
 		out.Write(f.Stdout)
 		errb.Write(f.Stderr)
@@ -185,10 +207,10 @@ func (c *client) exec(id string, argv ...string) (string, string, int) {
 			code = *f.Exit
 		}
 		if f.Error != "" {
-			c.t.Fatalf("exec error frame: %s", f.Error)
+			return "", "", -1, fmt.Errorf("exec in %s: error frame: %s", id, f.Error)
 		}
 	}
-	return out.String(), errb.String(), code
+	return out.String(), errb.String(), code, nil
 }
 
 // waitFor polls cond every 50 ms for up to d.

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -156,4 +158,48 @@ func tail(path string, n int64) string {
 	b := make([]byte, n)
 	k, _ := f.Read(b)
 	return string(bytes.TrimSpace(b[:k]))
+}
+
+// strayVMMs returns the VMM processes of the daemon whose state directory
+// is root that no record owns: every process, other than those in owned,
+// whose argv[1] is "run" or "restore" (a template build's or a sandbox's
+// `warren`, or a fork child, which shares its parent's command line) and
+// one of whose arguments is a path under root. A daemon killed between
+// starting a VMM and recording its PID (or between a VMM's fork and the
+// children's records) leaves such processes; nothing else should.
+func strayVMMs(root string, owned map[int]bool) []Proc {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	prefix := filepath.Clean(root) + string(filepath.Separator)
+	var out []Proc
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() || owned[pid] {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		if len(argv) < 3 || (argv[1] != "run" && argv[1] != "restore") {
+			continue
+		}
+		mine := false
+		for _, a := range argv[2:] {
+			if strings.HasPrefix(a, prefix) {
+				mine = true
+				break
+			}
+		}
+		if !mine {
+			continue
+		}
+		if st, err := procStartTime(pid); err == nil {
+			out = append(out, Proc{PID: pid, StartTime: st})
+		}
+	}
+	return out
 }

@@ -1,0 +1,337 @@
+package daemon
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/warrenvm/warren/hostd/store"
+)
+
+// roleEnv makes the test binary play another program (see TestMain):
+// "hostd" runs warren-hostd's Main on the remaining arguments (so a test
+// can kill -9 a real daemon process), "sleep" sleeps (a stand-in VMM for
+// the stray-process tests: its argv is whatever the test gives it).
+const roleEnv = "WARREN_DAEMON_TEST_ROLE"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(roleEnv) {
+	case "hostd":
+		os.Exit(Main(os.Args[1:], os.Stderr))
+	case "sleep":
+		time.Sleep(2 * time.Minute)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// e2ePaths returns the warren binary, kernel and initramfs the end-to-end
+// tests run, skipping the test when /dev/kvm or one of them is missing.
+func e2ePaths(t *testing.T) (warren, kernel, initrd string) {
+	t.Helper()
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		t.Skip("skipped: /dev/kvm is absent on this host (run in the nested KVM host)")
+	}
+	root := repoRoot(t)
+	warren = os.Getenv("WARREN_BIN")
+	if warren == "" {
+		warren = filepath.Join(root, "bin", "warren")
+	}
+	kernel, initrd = filepath.Join(root, "build", "vmlinux"), filepath.Join(root, "build", "initramfs.cpio")
+	for _, p := range []string{warren, kernel, initrd} {
+		if _, err := os.Stat(p); err != nil {
+			t.Skipf("skipped: %v (make warren kernel initramfs)", err)
+		}
+	}
+	return warren, kernel, initrd
+}
+
+// hostdProc is a warren-hostd process (this test binary in the "hostd"
+// role) serving state on state/hostd.sock.
+type hostdProc struct {
+	cmd  *exec.Cmd
+	sock string
+	log  string
+}
+
+func startHostd(t *testing.T, state, warren string, n int) *hostdProc {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hostdProc{sock: filepath.Join(state, "hostd.sock"), log: filepath.Join(state, fmt.Sprintf("hostd-%d.log", n))}
+	logf, err := os.Create(h.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	h.cmd = exec.Command(self, "--state", state, "--socket", h.sock, "--warren", warren)
+	h.cmd.Env = append(os.Environ(), roleEnv+"=hostd")
+	h.cmd.Stdout, h.cmd.Stderr = logf, logf
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, h.sock, "probe")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if st, _, err := c.try("GET", "/v1/sandboxes", nil); err == nil && st == 200 {
+			return h
+		}
+		if time.Now().After(deadline) || h.cmd.ProcessState != nil {
+			b, _ := os.ReadFile(h.log)
+			t.Fatalf("warren-hostd did not come up: %s", b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestE2EKill9 runs warren-hostd as its own process and drives real VMs:
+// 32 concurrent creates from one template (none may fail), then kill -9 of
+// the daemon while a 33rd create is under way. The VMMs must run on; a new
+// daemon on the same state directory re-adopts every sandbox (same PIDs,
+// exec works), settles the interrupted create (failed, its VMM stopped, or
+// running) and leaves no VMM that no record owns. Deleting everything
+// leaves no VMM process. WARREN_E2E_CREATES overrides the 32.
+func TestE2EKill9(t *testing.T) {
+	warren, kernel, initrd := e2ePaths(t)
+	n := 32
+	if v, err := strconv.Atoi(os.Getenv("WARREN_E2E_CREATES")); err == nil && v > 0 {
+		n = v
+	}
+	state, err := os.MkdirTemp("", "hostd-kill9-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	start := time.Now()
+	step := func(format string, a ...any) {
+		t.Logf("[%5.1fs] %s", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
+	}
+	hd := startHostd(t, state, warren, 1)
+	defer func() {
+		// Leave no process behind, whatever happened.
+		if hd.cmd.ProcessState == nil {
+			hd.cmd.Process.Kill()
+			hd.cmd.Wait()
+		}
+		for _, p := range strayVMMs(state, nil) {
+			stopProc(p.PID, p.StartTime, time.Second)
+		}
+		if t.Failed() {
+			for i := 1; i <= 2; i++ {
+				if b, err := os.ReadFile(filepath.Join(state, fmt.Sprintf("hostd-%d.log", i))); err == nil {
+					t.Logf("hostd-%d.log:\n%s", i, lastLines(string(b), 40))
+				}
+			}
+		}
+	}()
+	c := newClient(t, hd.sock, "tenant-k")
+	var tp store.Template
+	c.ok(201, "POST", "/v1/templates", map[string]any{"kernel": kernel, "initramfs": initrd, "mem_mib": 256, "cpus": 1}, &tp)
+	step("template %s ready in %.0f ms", tp.ID, tp.BuildMS)
+
+	// n creates at once.
+	sbs := make([]store.Sandbox, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, b, err := c.try("POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "labels": map[string]string{"i": strconv.Itoa(i)}})
+			switch {
+			case err != nil:
+				errs[i] = err
+			case st != 201:
+				errs[i] = fmt.Errorf("status %d: %s", st, b)
+			default:
+				errs[i] = json.Unmarshal(b, &sbs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	failed := 0
+	for i, err := range errs {
+		if err != nil {
+			failed++
+			t.Errorf("create %d of %d: %v", i+1, n, err)
+		} else if sbs[i].Status != store.Running || !alive(sbs[i].PID, sbs[i].StartTime) {
+			failed++
+			t.Errorf("create %d of %d: %+v", i+1, n, sbs[i])
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d concurrent creates failed", failed, n)
+	}
+	step("%d concurrent creates: all running", n)
+	execAll(t, c, sbs, "before the kill")
+	step("exec answered in all %d", n)
+
+	// kill -9 while another create is under way: once its record exists,
+	// and again a moment later, so the kill lands between the VMM's start
+	// and its record's PID, or while the agent is awaited.
+	go c.try("POST", "/v1/sandboxes", map[string]any{"template": tp.ID})
+	st, _ := store.Open(state)
+	waitFor(t, time.Minute, "the 33rd create's record", func() bool {
+		_, recs, _ := st.Load()
+		return slices.ContainsFunc(recs, func(s *store.Sandbox) bool { return s.Status == store.Creating })
+	})
+	time.Sleep(time.Duration(200+time.Now().UnixNano()%800) * time.Millisecond)
+	if err := hd.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	hd.cmd.Wait()
+	step("warren-hostd (pid %d) killed with SIGKILL during a create", hd.cmd.Process.Pid)
+	for _, sb := range sbs {
+		if !alive(sb.PID, sb.StartTime) {
+			t.Fatalf("sandbox %s: VMM (pid %d) died with the daemon", sb.ID, sb.PID)
+		}
+	}
+	step("all %d VMMs run on without their daemon", n)
+
+	hd = startHostd(t, state, warren, 2)
+	c = newClient(t, hd.sock, "tenant-k")
+	var list []store.Sandbox
+	c.ok(200, "GET", "/v1/sandboxes", nil, &list)
+	if len(list) != n+1 {
+		t.Fatalf("after the restart the daemon lists %d sandboxes, want %d", len(list), n+1)
+	}
+	owned := map[int]bool{}
+	for _, got := range list {
+		i := slices.IndexFunc(sbs, func(s store.Sandbox) bool { return s.ID == got.ID })
+		if i < 0 { // the interrupted create
+			step("the interrupted create %s: %s %s", got.ID, got.Status, got.Reason)
+			switch got.Status {
+			case store.Failed:
+				if got.PID != 0 {
+					t.Fatalf("interrupted create keeps a PID: %+v", got)
+				}
+			case store.Running:
+				owned[got.PID] = true
+				sbs = append(sbs, got)
+			default:
+				t.Fatalf("interrupted create: %+v", got)
+			}
+			continue
+		}
+		if got.Status != store.Running || got.PID != sbs[i].PID {
+			t.Fatalf("after the restart: %+v, was %+v", got, sbs[i])
+		}
+		owned[got.PID] = true
+	}
+	if stray := strayVMMs(state, owned); len(stray) > 0 {
+		t.Fatalf("VMMs that no record owns after the restart: %+v", stray)
+	}
+	step("new daemon: %d sandboxes re-adopted with their PIDs, no stray VMM", len(owned))
+	execAll(t, c, sbs, "after the restart")
+	step("exec answered in all %d", len(sbs))
+
+	for _, sb := range list {
+		c.ok(200, "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
+	}
+	c.ok(200, "DELETE", "/v1/templates/"+tp.ID, nil, nil)
+	if stray := strayVMMs(state, nil); len(stray) > 0 {
+		t.Fatalf("VMMs left after deleting everything: %+v", stray)
+	}
+	hd.cmd.Process.Signal(syscall.SIGTERM)
+	hd.cmd.Wait()
+	step("all deleted; no VMM left")
+}
+
+// execAll runs `echo ID` in every sandbox at once; each must answer.
+func execAll(t *testing.T, c *client, sbs []store.Sandbox, when string) {
+	t.Helper()
+	errs := make([]error, len(sbs))
+	var wg sync.WaitGroup
+	for i, sb := range sbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, _, code, err := c.tryExec(sb.ID, "echo", sb.ID)
+			if err == nil && (out != sb.ID+"\n" || code != 0) {
+				err = fmt.Errorf("exec in %s: %q, exit %d", sb.ID, out, code)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Errorf("%s: %v", when, err)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
+
+// TestStrayVMMs: a process shaped like one of the daemon's VMMs (argv[1]
+// run or restore, an argument under the state directory) that no record
+// owns is found, and a new daemon stops it; others are left alone.
+func TestStrayVMMs(t *testing.T) {
+	state := t.TempDir()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spawn := func(argv ...string) *exec.Cmd {
+		cmd := exec.Command(self)
+		cmd.Args = append([]string{"warren"}, argv...)
+		cmd.Env = append(os.Environ(), roleEnv+"=sleep")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	stray := spawn("restore", "--lazy", "--api", filepath.Join(state, "run", "sb-x.api"), "snap")
+	strayRun := spawn("run", "--kernel", "/k", "--console", filepath.Join(state, "tenants", "a", "templates", "tp-x", "console.log"))
+	owned := spawn("restore", "--api", filepath.Join(state, "run", "sb-y.api"))
+	other := spawn("restore", "--api", "/elsewhere/run/sb-z.api")
+	notVMM := spawn("ls", filepath.Join(state, "run"))
+	pids := func(ps []Proc) []int {
+		var out []int
+		for _, p := range ps {
+			out = append(out, p.PID)
+		}
+		slices.Sort(out)
+		return out
+	}
+	want := []int{stray.Process.Pid, strayRun.Process.Pid}
+	slices.Sort(want)
+	waitFor(t, 10*time.Second, "the processes' command lines", func() bool {
+		return slices.Equal(pids(strayVMMs(state, map[int]bool{owned.Process.Pid: true})), want)
+	})
+	// A daemon starting on the state directory, whose records own none of
+	// them, stops the three under it (SIGTERM ends the "sleep" role).
+	startDaemon(t, state, newFakeLauncher(t))
+	for _, c := range []*exec.Cmd{stray, strayRun, owned} {
+		if err := c.Wait(); err == nil {
+			t.Fatalf("stray %v exited 0", c.Args)
+		}
+	}
+	for _, c := range []*exec.Cmd{other, notVMM} {
+		if err := c.Process.Signal(syscall.Signal(0)); err != nil {
+			t.Fatalf("%v was stopped: %v", c.Args, err)
+		}
+	}
+}
