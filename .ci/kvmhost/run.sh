@@ -45,7 +45,12 @@ IDLE_TIMEOUT=0
 ENVS=()
 HOST_ROOT=0
 CPU_MODEL=${WARREN_KVMHOST_CPU:-max,-la57}
-KVM_AMD_PARAMS=${WARREN_KVMHOST_KVM_AMD_PARAMS:-}
+# vls=0: no virtual VMLOAD/VMSAVE. With it (kvm_amd's default where the CPU
+# offers it, as TCG's "max" does) L1 crashed with a zero GS base in its
+# page-fault handler (gs:current_task read as 0, a stack overflow of page
+# faults), froze, or a VMM died of a bad FS base, in 3 of 3 runs of
+# hostd/daemon's TestE2EKill9; with vls=0, none in its runs (README.md).
+KVM_AMD_PARAMS=${WARREN_KVMHOST_KVM_AMD_PARAMS-vls=0}
 DEBUG=${WARREN_KVMHOST_DEBUG:-0}
 
 log() { printf 'kvmhost: %s\n' "$*" >&2; }

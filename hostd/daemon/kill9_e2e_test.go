@@ -257,7 +257,7 @@ func execAll(t *testing.T, c *client, sbs []store.Sandbox, when string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out, _, code, err := c.tryExec(sb.ID, "echo", sb.ID)
+			out, _, code, err := c.tryExec(sb.ID, "sh", "-c", "echo "+sb.ID)
 			if err == nil && (out != sb.ID+"\n" || code != 0) {
 				err = fmt.Errorf("exec in %s: %q, exit %d", sb.ID, out, code)
 			}
