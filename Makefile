@@ -98,7 +98,7 @@ test-kvm: warren testguests testdisk
 		CGO_ENABLED=0 $(GO) test -c -o $(BUILD)/tests/$$(echo $$p | tr / _).test ./$$p || exit 1; \
 	done
 	bash .ci/test-kvm.sh $(BUILD)/tests/kvm-state $(BUILD)/tests $(KVM_PKGS) -- \
-		--timeout 1200 --idle-timeout 300 --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) \
+		--idle-timeout 300 --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) \
 		--env WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) --env WARREN_BIN=$(CURDIR)/bin/warren
 
 # Benchmarks against QEMU -M microvm (from apt) on the same kernel and
