@@ -3,6 +3,8 @@
 // (its state directory), hostd/cgroup (per-sandbox limits), hostd/metrics
 // (Prometheus), hostd/crypt (at-rest encryption under tenants' keys),
 // hostd/jail (VMM process hardening), hostd/egress and hostd/credproxy (a
-// sandbox's egress services) and hostd/agentclient (the guest agent's
-// client). See hostd/openapi.yaml for the API.
+// sandbox's egress services), hostd/agentclient (the guest agent's client),
+// hostd/wire (the API's request and reply bodies) and hostd/client (the
+// API's Go client, which the warren CLI uses). See hostd/openapi.yaml for
+// the API.
 package hostd

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/hostd/wire"
 )
 
 // DefaultSocket is the daemon's default unix socket.
@@ -37,44 +38,6 @@ type (
 	Rolling  = store.Rolling
 )
 
-// TemplateRequest is the body of POST /v1/templates.
-type TemplateRequest struct {
-	Kernel    string   `json:"kernel"`
-	Initramfs string   `json:"initramfs,omitempty"`
-	Disks     []string `json:"disks,omitempty"`
-	MemMiB    int      `json:"mem_mib,omitempty"`
-	CPUs      int      `json:"cpus,omitempty"`
-	Cmdline   string   `json:"cmdline,omitempty"`
-}
-
-// SandboxRequest is the body of POST /v1/sandboxes.
-type SandboxRequest struct {
-	Template string            `json:"template"`
-	MemMiB   int               `json:"mem_mib,omitempty"`
-	CPUs     int               `json:"cpus,omitempty"`
-	Egress   json.RawMessage   `json:"egress,omitempty"`
-	Env      []string          `json:"env,omitempty"`
-	Secrets  []string          `json:"secrets,omitempty"`
-	Labels   map[string]string `json:"labels,omitempty"`
-}
-
-// SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots.
-type SnapshotRequest struct {
-	Name        string `json:"name,omitempty"`
-	Incremental bool   `json:"incremental,omitempty"`
-	Every       string `json:"every,omitempty"`
-	Keep        int    `json:"keep,omitempty"`
-}
-
-// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
-type ExecRequest struct {
-	Argv      []string `json:"argv"`
-	Env       []string `json:"env,omitempty"`
-	Cwd       string   `json:"cwd,omitempty"`
-	TimeoutMS int64    `json:"timeout_ms,omitempty"`
-	Stdin     []byte   `json:"stdin,omitempty"`
-}
-
 // ExecStatus is how an exec ended.
 type ExecStatus struct {
 	Exit     int    `json:"exit"`
@@ -82,41 +45,8 @@ type ExecStatus struct {
 	TimedOut bool   `json:"timed_out,omitempty"`
 }
 
-// ForkResult is the answer of POST /v1/sandboxes/{id}/fork.
-type ForkResult struct {
-	Parent   string    `json:"parent"`
-	PauseMS  float64   `json:"pause_ms"`
-	Children []Sandbox `json:"children"`
-	Errors   []string  `json:"errors,omitempty"`
-}
-
-// FileInfo describes a file written in a sandbox.
-type FileInfo struct {
-	Name    string      `json:"name"`
-	Size    int64       `json:"size"`
-	Mode    fs.FileMode `json:"mode"`
-	ModTime time.Time   `json:"mod_time"`
-	IsDir   bool        `json:"is_dir"`
-	Link    string      `json:"link,omitempty"`
-}
-
-// Event is one lifecycle event.
-type Event struct {
-	Time     time.Time `json:"time"`
-	Type     string    `json:"type"`
-	Sandbox  string    `json:"sandbox,omitempty"`
-	Template string    `json:"template,omitempty"`
-	Detail   string    `json:"detail,omitempty"`
-}
-
-// Progress is one step of a long operation.
-type Progress struct {
-	Step string `json:"progress"`
-	Pct  int    `json:"pct"`
-}
-
 // ProgressFunc receives a long operation's steps as they come.
-type ProgressFunc func(Progress)
+type ProgressFunc func(wire.Progress)
 
 // Error is an error answer of the daemon.
 type Error struct {
@@ -233,9 +163,7 @@ func (c *Client) do(ctx context.Context, method, path string, body any, accept s
 
 func readError(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var e struct {
-		Error string `json:"error"`
-	}
+	var e wire.Error
 	if json.Unmarshal(b, &e) != nil || e.Error == "" {
 		e.Error = strings.TrimSpace(string(b))
 		if e.Error == "" {
@@ -277,13 +205,7 @@ func (c *Client) long(ctx context.Context, method, path string, body, out any, f
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
-		var l struct {
-			Progress *string         `json:"progress"`
-			Pct      int             `json:"pct"`
-			Result   json.RawMessage `json:"result"`
-			Error    string          `json:"error"`
-			Status   int             `json:"status"`
-		}
+		var l wire.ProgressLine
 		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
 			return fmt.Errorf("warren-hostd: bad progress line %q: %w", sc.Text(), err)
 		}
@@ -304,7 +226,7 @@ func (c *Client) long(ctx context.Context, method, path string, body, out any, f
 			return nil
 		case l.Progress != nil:
 			if fn != nil {
-				fn(Progress{Step: *l.Progress, Pct: l.Pct})
+				fn(wire.Progress{Step: *l.Progress, Pct: l.Pct})
 			}
 		}
 	}
@@ -320,16 +242,13 @@ func sbPath(id string, rest ...string) string {
 
 // Health checks that the daemon answers, and returns the tenant it sees.
 func (c *Client) Health(ctx context.Context) (tenant string, err error) {
-	var h struct {
-		OK     bool   `json:"ok"`
-		Tenant string `json:"tenant"`
-	}
+	var h wire.Health
 	err = c.call(ctx, http.MethodGet, "/v1/health", nil, &h)
 	return h.Tenant, err
 }
 
 // CreateTemplate builds a template: boot, wait for the agent, snapshot.
-func (c *Client) CreateTemplate(ctx context.Context, req TemplateRequest, fn ProgressFunc) (*Template, error) {
+func (c *Client) CreateTemplate(ctx context.Context, req wire.TemplateRequest, fn ProgressFunc) (*Template, error) {
 	var t Template
 	if err := c.long(ctx, http.MethodPost, "/v1/templates", req, &t, fn); err != nil {
 		return nil, err
@@ -358,7 +277,7 @@ func (c *Client) DeleteTemplate(ctx context.Context, id string) error {
 }
 
 // Create creates a sandbox from a template.
-func (c *Client) Create(ctx context.Context, req SandboxRequest, fn ProgressFunc) (*Sandbox, error) {
+func (c *Client) Create(ctx context.Context, req wire.SandboxRequest, fn ProgressFunc) (*Sandbox, error) {
 	var s Sandbox
 	if err := c.long(ctx, http.MethodPost, "/v1/sandboxes", req, &s, fn); err != nil {
 		return nil, err
@@ -413,7 +332,7 @@ func (c *Client) Resume(ctx context.Context, id string, fn ProgressFunc) (*Sandb
 }
 
 // Snapshot takes a snapshot now.
-func (c *Client) Snapshot(ctx context.Context, id string, req SnapshotRequest) (*Snapshot, error) {
+func (c *Client) Snapshot(ctx context.Context, id string, req wire.SnapshotRequest) (*Snapshot, error) {
 	var s Snapshot
 	if err := c.call(ctx, http.MethodPost, sbPath(id, "/snapshots"), req, &s); err != nil {
 		return nil, err
@@ -424,13 +343,11 @@ func (c *Client) Snapshot(ctx context.Context, id string, req SnapshotRequest) (
 // SetRolling starts rolling snapshots every every (keeping keep layers a
 // chain), or with every 0 stops them; it returns the setting now (nil: off).
 func (c *Client) SetRolling(ctx context.Context, id string, every time.Duration, keep int) (*Rolling, error) {
-	req := SnapshotRequest{Every: "0", Keep: keep}
+	req := wire.SnapshotRequest{Every: "0", Keep: keep}
 	if every > 0 {
 		req.Every = every.String()
 	}
-	var out struct {
-		Rolling *Rolling `json:"rolling"`
-	}
+	var out wire.RollingReply
 	if err := c.call(ctx, http.MethodPost, sbPath(id, "/snapshots"), req, &out); err != nil {
 		return nil, err
 	}
@@ -439,10 +356,7 @@ func (c *Client) SetRolling(ctx context.Context, id string, every time.Duration,
 
 // Snapshots lists a sandbox's snapshots, oldest first, and its rolling setting.
 func (c *Client) Snapshots(ctx context.Context, id string) ([]Snapshot, *Rolling, error) {
-	var out struct {
-		Snapshots []Snapshot `json:"snapshots"`
-		Rolling   *Rolling   `json:"rolling"`
-	}
+	var out wire.SnapshotList
 	err := c.call(ctx, http.MethodGet, sbPath(id, "/snapshots"), nil, &out)
 	return out.Snapshots, out.Rolling, err
 }
@@ -451,14 +365,14 @@ func (c *Client) Snapshots(ctx context.Context, id string) ([]Snapshot, *Rolling
 // it returns the VMM's report.
 func (c *Client) Rollback(ctx context.Context, id, snapshot string) (map[string]any, error) {
 	var out map[string]any
-	err := c.call(ctx, http.MethodPost, sbPath(id, "/rollback"), map[string]string{"snapshot": snapshot}, &out)
+	err := c.call(ctx, http.MethodPost, sbPath(id, "/rollback"), wire.RollbackRequest{Snapshot: snapshot}, &out)
 	return out, err
 }
 
 // Fork forks a running sandbox into n new ones.
-func (c *Client) Fork(ctx context.Context, id string, n int, fn ProgressFunc) (*ForkResult, error) {
-	var r ForkResult
-	if err := c.long(ctx, http.MethodPost, sbPath(id, "/fork"), map[string]int{"n": n}, &r, fn); err != nil {
+func (c *Client) Fork(ctx context.Context, id string, n int, fn ProgressFunc) (*wire.ForkResult, error) {
+	var r wire.ForkResult
+	if err := c.long(ctx, http.MethodPost, sbPath(id, "/fork"), wire.ForkRequest{N: n}, &r, fn); err != nil {
 		return nil, err
 	}
 	return &r, nil
@@ -466,7 +380,7 @@ func (c *Client) Fork(ctx context.Context, id string, n int, fn ProgressFunc) (*
 
 // Exec runs a command in a sandbox, writing its output to stdout and
 // stderr as it comes. Cancelling ctx kills the process in the guest.
-func (c *Client) Exec(ctx context.Context, id string, req ExecRequest, stdout, stderr io.Writer) (*ExecStatus, error) {
+func (c *Client) Exec(ctx context.Context, id string, req wire.ExecRequest, stdout, stderr io.Writer) (*ExecStatus, error) {
 	resp, err := c.do(ctx, http.MethodPost, sbPath(id, "/exec"), req, "application/x-ndjson")
 	if err != nil {
 		return nil, err
@@ -474,14 +388,7 @@ func (c *Client) Exec(ctx context.Context, id string, req ExecRequest, stdout, s
 	defer resp.Body.Close()
 	dec := json.NewDecoder(resp.Body)
 	for {
-		var f struct {
-			Stdout   []byte `json:"stdout"`
-			Stderr   []byte `json:"stderr"`
-			Exit     *int   `json:"exit"`
-			Signal   string `json:"signal"`
-			TimedOut bool   `json:"timed_out"`
-			Error    string `json:"error"`
-		}
+		var f wire.ExecFrame
 		if err := dec.Decode(&f); err != nil {
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
@@ -523,7 +430,7 @@ func (c *Client) ReadFile(ctx context.Context, id, path string, w io.Writer) (fs
 
 // WriteFile writes (replaces) a guest file with r's bytes and mode's
 // permission bits.
-func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, mode fs.FileMode) (*FileInfo, error) {
+func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, mode fs.FileMode) (*wire.FileInfo, error) {
 	q := "/files?path=" + url.QueryEscape(path) + "&mode=" + strconv.FormatUint(uint64(mode.Perm()), 8)
 	req, err := c.newRequest(ctx, http.MethodPut, sbPath(id, q), r)
 	if err != nil {
@@ -538,7 +445,7 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, mo
 	if resp.StatusCode >= 300 {
 		return nil, readError(resp)
 	}
-	var fi FileInfo
+	var fi wire.FileInfo
 	if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
 		return nil, fmt.Errorf("warren-hostd: bad answer to file upload: %w", err)
 	}
@@ -547,7 +454,7 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, mo
 
 // Events streams the tenant's lifecycle events to fn until ctx ends, fn
 // returns false or the daemon ends the stream.
-func (c *Client) Events(ctx context.Context, fn func(Event) bool) error {
+func (c *Client) Events(ctx context.Context, fn func(wire.Event) bool) error {
 	resp, err := c.do(ctx, http.MethodGet, "/v1/events", nil, "application/x-ndjson")
 	if err != nil {
 		return err
@@ -555,7 +462,7 @@ func (c *Client) Events(ctx context.Context, fn func(Event) bool) error {
 	defer resp.Body.Close()
 	dec := json.NewDecoder(resp.Body)
 	for {
-		var e Event
+		var e wire.Event
 		if err := dec.Decode(&e); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()

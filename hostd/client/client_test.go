@@ -9,6 +9,7 @@ import (
 
 	"github.com/warrenvm/warren/hostd/client"
 	"github.com/warrenvm/warren/hostd/client/clienttest"
+	"github.com/warrenvm/warren/hostd/wire"
 )
 
 func TestClientUnixSocket(t *testing.T) {
@@ -21,19 +22,19 @@ func TestClientUnixSocket(t *testing.T) {
 	if tenant, err := c.Health(ctx); err != nil || tenant != "default" {
 		t.Fatalf("health: %q %v, want the default tenant", tenant, err)
 	}
-	var steps []client.Progress
-	tpl, err := c.CreateTemplate(ctx, client.TemplateRequest{Kernel: "/k"}, func(p client.Progress) { steps = append(steps, p) })
+	var steps []wire.Progress
+	tpl, err := c.CreateTemplate(ctx, wire.TemplateRequest{Kernel: "/k"}, func(p wire.Progress) { steps = append(steps, p) })
 	if err != nil || tpl.Status != "ready" || len(steps) != 3 || steps[0].Step != "booting the guest" || steps[2].Pct != 75 {
 		t.Fatalf("template: %+v %v, progress %+v", tpl, err, steps)
 	}
-	if _, err := c.CreateTemplate(ctx, client.TemplateRequest{}, nil); err == nil || !strings.Contains(err.Error(), "kernel is required") {
+	if _, err := c.CreateTemplate(ctx, wire.TemplateRequest{}, nil); err == nil || !strings.Contains(err.Error(), "kernel is required") {
 		t.Fatalf("template without kernel: %v", err)
 	}
-	sb, err := c.Create(ctx, client.SandboxRequest{Template: tpl.ID, Labels: map[string]string{"name": "box"}}, nil)
+	sb, err := c.Create(ctx, wire.SandboxRequest{Template: tpl.ID, Labels: map[string]string{"name": "box"}}, nil)
 	if err != nil || sb.Status != "running" {
 		t.Fatalf("create: %+v %v", sb, err)
 	}
-	if _, err := c.Create(ctx, client.SandboxRequest{Template: "tp-000000000999"}, nil); !client.IsNotFound(err) {
+	if _, err := c.Create(ctx, wire.SandboxRequest{Template: "tp-000000000999"}, nil); !client.IsNotFound(err) {
 		t.Fatalf("create from a missing template: %v, want a 404", err)
 	}
 	if id, err := c.Resolve(ctx, "box"); err != nil || id != sb.ID {
@@ -43,7 +44,7 @@ func TestClientUnixSocket(t *testing.T) {
 		t.Fatalf("resolve nobox: %v", err)
 	}
 	var out, errOut bytes.Buffer
-	st, err := c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"exit", "3"}, Stdin: []byte("in\n")}, &out, &errOut)
+	st, err := c.Exec(ctx, sb.ID, wire.ExecRequest{Argv: []string{"exit", "3"}, Stdin: []byte("in\n")}, &out, &errOut)
 	if err != nil || st.Exit != 3 || out.String() != "exit 3\nin\n" || errOut.String() != "err\n" {
 		t.Fatalf("exec: %+v %v stdout %q stderr %q", st, err, out.String(), errOut.String())
 	}
@@ -61,18 +62,18 @@ func TestClientUnixSocket(t *testing.T) {
 		t.Fatalf("pause: %+v %v", s, err)
 	}
 	var ce *client.Error
-	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"true"}}, nil, nil); !errors.As(err, &ce) || ce.Status != 409 {
+	if _, err := c.Exec(ctx, sb.ID, wire.ExecRequest{Argv: []string{"true"}}, nil, nil); !errors.As(err, &ce) || ce.Status != 409 {
 		t.Fatalf("exec in a paused sandbox: %v, want a 409", err)
 	}
 	if s, err := c.Resume(ctx, sb.ID, nil); err != nil || s.Status != "running" {
 		t.Fatalf("resume: %+v %v", s, err)
 	}
 	n := 0
-	if s, err := c.Pause(ctx, sb.ID, true, func(client.Progress) { n++ }); err != nil || s.Status != "suspended" || n != 2 {
+	if s, err := c.Pause(ctx, sb.ID, true, func(wire.Progress) { n++ }); err != nil || s.Status != "suspended" || n != 2 {
 		t.Fatalf("pause to disk: %+v %v (%d steps)", s, err, n)
 	}
 	c.Resume(ctx, sb.ID, nil)
-	snap, err := c.Snapshot(ctx, sb.ID, client.SnapshotRequest{Name: "s1", Incremental: true})
+	snap, err := c.Snapshot(ctx, sb.ID, wire.SnapshotRequest{Name: "s1", Incremental: true})
 	if err != nil || snap.Name != "s1" || snap.Kind != "incremental" {
 		t.Fatalf("snapshot: %+v %v", snap, err)
 	}
@@ -96,7 +97,7 @@ func TestClientUnixSocket(t *testing.T) {
 		t.Fatalf("sandboxes: %d %v", len(l), err)
 	}
 	var events []string
-	if err := c.Events(ctx, func(e client.Event) bool { events = append(events, e.Type); return len(events) < 2 }); err != nil || len(events) != 2 {
+	if err := c.Events(ctx, func(e wire.Event) bool { events = append(events, e.Type); return len(events) < 2 }); err != nil || len(events) != 2 {
 		t.Fatalf("events: %v %v", events, err)
 	}
 	if err := c.DeleteTemplate(ctx, tpl.ID); err == nil || !strings.Contains(err.Error(), "409") {
@@ -121,14 +122,14 @@ func TestClientTenants(t *testing.T) {
 	ctx := context.Background()
 	a, _ := client.New("unix://"+stub.Socket, "alice", "")
 	b, _ := client.New(stub.Socket, "bob", "")
-	tpl, err := a.CreateTemplate(ctx, client.TemplateRequest{Kernel: "/k"}, nil)
+	tpl, err := a.CreateTemplate(ctx, wire.TemplateRequest{Kernel: "/k"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if l, err := b.Templates(ctx); err != nil || len(l) != 0 {
 		t.Fatalf("bob sees %d templates (%v)", len(l), err)
 	}
-	if _, err := b.Create(ctx, client.SandboxRequest{Template: tpl.ID}, nil); !client.IsNotFound(err) {
+	if _, err := b.Create(ctx, wire.SandboxRequest{Template: tpl.ID}, nil); !client.IsNotFound(err) {
 		t.Fatalf("bob uses alice's template: %v", err)
 	}
 	tc, err := client.New(stub.URL, "", stub.Token)

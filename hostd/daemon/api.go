@@ -18,6 +18,7 @@ import (
 
 	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/hostd/wire"
 )
 
 // TenantHeader names the tenant of a request on the unix socket.
@@ -145,7 +146,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func writeErr(w http.ResponseWriter, err error) {
 	st, msg := errStatus(err)
-	writeJSON(w, st, map[string]string{"error": msg})
+	writeJSON(w, st, wire.Error{Error: msg})
 }
 
 func decode(r *http.Request, v any) error {
@@ -185,7 +186,7 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 		})
 	}
 	handle("GET /v1/health", func(w http.ResponseWriter, r *http.Request, tenant string) {
-		writeJSON(w, 200, map[string]any{"ok": true, "tenant": tenant, "cgroups": d.cgroupVersion()})
+		writeJSON(w, 200, wire.Health{OK: true, Tenant: tenant, Cgroups: d.cgroupVersion()})
 	})
 	handle("POST /v1/templates", d.postTemplate)
 	handle("GET /v1/templates", d.listTemplates)
@@ -228,12 +229,10 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 		if l == nil {
 			l = []store.Snapshot{}
 		}
-		writeJSON(w, 200, map[string]any{"snapshots": l, "rolling": rec.Rolling})
+		writeJSON(w, 200, wire.SnapshotList{Snapshots: l, Rolling: rec.Rolling})
 	}))
 	handle("POST /v1/sandboxes/{id}/rollback", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
-		var req struct {
-			Snapshot string `json:"snapshot"`
-		}
+		var req wire.RollbackRequest
 		if err := decode(r, &req); err != nil {
 			writeErr(w, err)
 			return
@@ -248,9 +247,7 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 		writeJSON(w, 200, res)
 	}))
 	handle("POST /v1/sandboxes/{id}/fork", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
-		var req struct {
-			N int `json:"n"`
-		}
+		var req wire.ForkRequest
 		if err := decode(r, &req); err != nil {
 			writeErr(w, err)
 			return
@@ -287,7 +284,7 @@ func (d *Daemon) withSandbox(h func(w http.ResponseWriter, r *http.Request, s *s
 }
 
 func (d *Daemon) postTemplate(w http.ResponseWriter, r *http.Request, tenant string) {
-	var req TemplateRequest
+	var req wire.TemplateRequest
 	if err := decode(r, &req); err != nil {
 		writeErr(w, err)
 		return
@@ -330,7 +327,7 @@ func (d *Daemon) delTemplate(w http.ResponseWriter, r *http.Request, tenant stri
 }
 
 func (d *Daemon) postSandbox(w http.ResponseWriter, r *http.Request, tenant string) {
-	var req SandboxRequest
+	var req wire.SandboxRequest
 	if err := decode(r, &req); err != nil {
 		writeErr(w, err)
 		return
@@ -358,17 +355,8 @@ func (d *Daemon) postPause(w http.ResponseWriter, r *http.Request, s *sbState) {
 	writeJSON(w, 200, copyRec(s.rec))
 }
 
-// SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots.
-type SnapshotRequest struct {
-	Name        string `json:"name,omitempty"`
-	Incremental bool   `json:"incremental,omitempty"`
-	// Every, when set, starts (or with "0", stops) rolling snapshots.
-	Every string `json:"every,omitempty"`
-	Keep  int    `json:"keep,omitempty"`
-}
-
 func (d *Daemon) postSnapshot(w http.ResponseWriter, r *http.Request, s *sbState) {
-	var req SnapshotRequest
+	var req wire.SnapshotRequest
 	if err := decode(r, &req); err != nil {
 		writeErr(w, err)
 		return
@@ -383,7 +371,7 @@ func (d *Daemon) postSnapshot(w http.ResponseWriter, r *http.Request, s *sbState
 			}
 			s.rec.Rolling = nil
 			d.save(s)
-			writeJSON(w, 200, map[string]any{"rolling": nil})
+			writeJSON(w, 200, wire.RollingReply{})
 			return
 		}
 		every, err := time.ParseDuration(req.Every)
@@ -402,7 +390,7 @@ func (d *Daemon) postSnapshot(w http.ResponseWriter, r *http.Request, s *sbState
 		s.chain = 0
 		d.save(s)
 		d.startRolling(s)
-		writeJSON(w, http.StatusAccepted, map[string]any{"rolling": s.rec.Rolling})
+		writeJSON(w, http.StatusAccepted, wire.RollingReply{Rolling: s.rec.Rolling})
 		return
 	}
 	if err := running(s, true); err != nil {
@@ -424,28 +412,7 @@ func (d *Daemon) postSnapshot(w http.ResponseWriter, r *http.Request, s *sbState
 	writeJSON(w, http.StatusCreated, snap)
 }
 
-// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
-type ExecRequest struct {
-	Argv      []string `json:"argv"`
-	Env       []string `json:"env,omitempty"`
-	Cwd       string   `json:"cwd,omitempty"`
-	TimeoutMS int64    `json:"timeout_ms,omitempty"`
-	// Stdin is the process's whole standard input (base64 in JSON).
-	Stdin []byte `json:"stdin,omitempty"`
-}
-
-// ExecFrame is one line of an exec's NDJSON answer: exactly one of
-// Stdout, Stderr (base64 in JSON), Exit (with Signal, TimedOut) or Error.
-type ExecFrame struct {
-	Stdout   []byte `json:"stdout,omitempty"`
-	Stderr   []byte `json:"stderr,omitempty"`
-	Exit     *int   `json:"exit,omitempty"`
-	Signal   string `json:"signal,omitempty"`
-	TimedOut bool   `json:"timed_out,omitempty"`
-	Error    string `json:"error,omitempty"`
-}
-
-// frameWriter turns the agent's output into ExecFrames; the answer's
+// frameWriter turns the agent's output into wire.ExecFrames; the answer's
 // header goes out with the first frame, so an error before any output is
 // answered with a proper status.
 type frameWriter struct {
@@ -464,7 +431,7 @@ func (f *frameWriter) start() {
 	}
 }
 
-func (f *frameWriter) frame(fr ExecFrame) error {
+func (f *frameWriter) frame(fr wire.ExecFrame) error {
 	f.start()
 	err := f.enc.Encode(fr)
 	if fl, ok := f.w.(http.Flusher); ok {
@@ -479,9 +446,9 @@ type streamOut struct {
 }
 
 func (s streamOut) Write(p []byte) (int, error) {
-	fr := ExecFrame{Stdout: p}
+	fr := wire.ExecFrame{Stdout: p}
 	if s.stderr {
-		fr = ExecFrame{Stderr: p}
+		fr = wire.ExecFrame{Stderr: p}
 	}
 	if err := s.f.frame(fr); err != nil {
 		return 0, err
@@ -506,7 +473,7 @@ func (d *Daemon) readyAgent(s *sbState) (*agent.Client, []string, error) {
 }
 
 func (d *Daemon) exec(w http.ResponseWriter, r *http.Request, s *sbState) {
-	var req ExecRequest
+	var req wire.ExecRequest
 	if err := decode(r, &req); err != nil {
 		writeErr(w, err)
 		return
@@ -533,11 +500,11 @@ func (d *Daemon) exec(w http.ResponseWriter, r *http.Request, s *sbState) {
 			writeErr(w, agentErr(err))
 			return
 		}
-		fw.frame(ExecFrame{Error: err.Error()})
+		fw.frame(wire.ExecFrame{Error: err.Error()})
 		return
 	}
 	code := st.Code
-	fw.frame(ExecFrame{Exit: &code, Signal: st.Signal, TimedOut: st.TimedOut})
+	fw.frame(wire.ExecFrame{Exit: &code, Signal: st.Signal, TimedOut: st.TimedOut})
 }
 
 func (d *Daemon) getFile(w http.ResponseWriter, r *http.Request, s *sbState) {
@@ -595,7 +562,9 @@ func (d *Daemon) putFile(w http.ResponseWriter, r *http.Request, s *sbState) {
 		writeErr(w, agentErr(err))
 		return
 	}
-	writeJSON(w, 200, fi)
+	// The agent's FileInfo has wire.FileInfo's fields: a field added to
+	// one and not the other stops this conversion compiling.
+	writeJSON(w, 200, wire.FileInfo(fi))
 }
 
 // streamEvents streams the tenant's events as NDJSON until the client

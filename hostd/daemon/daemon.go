@@ -33,6 +33,7 @@ import (
 	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/hostd/wire"
 )
 
 // Hooks are where other host components plug in.
@@ -336,7 +337,7 @@ func (d *Daemon) markStopped(s *sbState, reason string) {
 	s.chainOK = false
 	d.save(s)
 	d.log.Warn("sandbox stopped", "tenant", sb.Tenant, "sandbox", sb.ID, "reason", reason)
-	d.events.publish(sb.Tenant, Event{Type: "stopped", Sandbox: sb.ID, Detail: reason})
+	d.events.publish(sb.Tenant, wire.Event{Type: "stopped", Sandbox: sb.ID, Detail: reason})
 }
 
 // monitor notices VMMs that ended on their own.

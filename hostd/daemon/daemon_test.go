@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/hostd/wire"
 )
 
 func TestLifecycleFake(t *testing.T) {
@@ -24,7 +25,7 @@ func TestLifecycleFake(t *testing.T) {
 	c := td.client(t, "alice")
 
 	// Events, from before anything happens.
-	evc := make(chan Event, 100)
+	evc := make(chan wire.Event, 100)
 	go func() {
 		req, _ := http.NewRequest("GET", "http://hostd/v1/events", nil)
 		req.Header.Set(TenantHeader, "alice")
@@ -35,7 +36,7 @@ func TestLifecycleFake(t *testing.T) {
 		defer res.Body.Close()
 		sc := bufio.NewScanner(res.Body)
 		for sc.Scan() {
-			var e Event
+			var e wire.Event
 			json.Unmarshal(sc.Bytes(), &e)
 			evc <- e
 		}
@@ -291,8 +292,8 @@ func TestProgressStreaming(t *testing.T) {
 	if len(lines) < 2 {
 		t.Fatalf("lines %q", lines)
 	}
-	var p progressLine
-	if err := json.Unmarshal([]byte(lines[0]), &p); err != nil || p.Progress == "" {
+	var p wire.Progress
+	if err := json.Unmarshal([]byte(lines[0]), &p); err != nil || p.Step == "" {
 		t.Fatalf("first line %q", lines[0])
 	}
 	var last struct {

@@ -3,30 +3,23 @@ package daemon
 import (
 	"sync"
 	"time"
-)
 
-// Event is one lifecycle event of a tenant's sandbox or template.
-type Event struct {
-	Time     time.Time `json:"time"`
-	Type     string    `json:"type"` // created, paused, resumed, snapshotted, forked, rolled_back, stopped, deleted, template_ready, template_failed, key_created, key_revoked
-	Sandbox  string    `json:"sandbox,omitempty"`
-	Template string    `json:"template,omitempty"`
-	Detail   string    `json:"detail,omitempty"`
-}
+	"github.com/warrenvm/warren/hostd/wire"
+)
 
 // bus fans a tenant's events out to that tenant's subscribers only.
 type bus struct {
 	mu   sync.Mutex
-	subs map[string]map[chan Event]struct{}
+	subs map[string]map[chan wire.Event]struct{}
 }
 
-func newBus() *bus { return &bus{subs: map[string]map[chan Event]struct{}{}} }
+func newBus() *bus { return &bus{subs: map[string]map[chan wire.Event]struct{}{}} }
 
-func (b *bus) subscribe(tenant string) (chan Event, func()) {
-	ch := make(chan Event, 256)
+func (b *bus) subscribe(tenant string) (chan wire.Event, func()) {
+	ch := make(chan wire.Event, 256)
 	b.mu.Lock()
 	if b.subs[tenant] == nil {
-		b.subs[tenant] = map[chan Event]struct{}{}
+		b.subs[tenant] = map[chan wire.Event]struct{}{}
 	}
 	b.subs[tenant][ch] = struct{}{}
 	b.mu.Unlock()
@@ -39,7 +32,7 @@ func (b *bus) subscribe(tenant string) (chan Event, func()) {
 
 // publish delivers e to tenant's subscribers; a subscriber whose buffer is
 // full misses it (it never blocks the daemon).
-func (b *bus) publish(tenant string, e Event) {
+func (b *bus) publish(tenant string, e wire.Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now().UTC()
 	}

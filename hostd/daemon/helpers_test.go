@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/hostd/wire"
 )
 
 // testDaemon is a Daemon served on a unix socket in a temp dir.
@@ -197,7 +198,7 @@ func (c *client) tryExec(id string, argv ...string) (string, string, int, error)
 	code := -1
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
-		var f ExecFrame
+		var f wire.ExecFrame
 		if err := json.Unmarshal(sc.Bytes(), &f); err != nil {
 			return "", "", -1, fmt.Errorf("exec in %s: frame %q: %v", id, sc.Text(), err)
 		}

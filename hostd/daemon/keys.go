@@ -9,6 +9,7 @@ import (
 
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/hostd/wire"
 )
 
 // encrypts reports whether tenant's snapshots are sealed (it has a key).
@@ -113,7 +114,7 @@ func (d *Daemon) postKey(w http.ResponseWriter, r *http.Request, tenant string) 
 		return
 	}
 	d.log.Info("encryption key created", "tenant", tenant, "key_id", k.ID())
-	d.events.publish(tenant, Event{Type: "key_created", Detail: k.ID()})
+	d.events.publish(tenant, wire.Event{Type: "key_created", Detail: k.ID()})
 	writeJSON(w, http.StatusCreated, KeyInfo{Tenant: tenant, KeyID: k.ID()})
 }
 
@@ -165,6 +166,6 @@ func (d *Daemon) deleteKey(w http.ResponseWriter, r *http.Request, tenant string
 		s.mu.Unlock()
 	}
 	d.log.Warn("encryption key revoked", "tenant", tenant, "stopped", len(stopped))
-	d.events.publish(tenant, Event{Type: "key_revoked", Detail: "key revoked"})
+	d.events.publish(tenant, wire.Event{Type: "key_revoked", Detail: "key revoked"})
 	writeJSON(w, 200, KeyInfo{Tenant: tenant, Revoked: true, Stopped: stopped})
 }

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -17,6 +16,7 @@ import (
 	"github.com/warrenvm/warren/hostd/agentclient"
 	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/hostd/wire"
 )
 
 // apiError is an error with its HTTP status.
@@ -40,19 +40,9 @@ func errStatus(err error) (int, string) {
 	return http.StatusInternalServerError, err.Error()
 }
 
-// TemplateRequest is the body of POST /v1/templates.
-type TemplateRequest struct {
-	Kernel    string   `json:"kernel"`
-	Initramfs string   `json:"initramfs,omitempty"`
-	Disks     []string `json:"disks,omitempty"`
-	MemMiB    int      `json:"mem_mib,omitempty"`
-	CPUs      int      `json:"cpus,omitempty"`
-	Cmdline   string   `json:"cmdline,omitempty"`
-}
-
 // buildTemplate boots the template's guest, waits for its agent,
 // snapshots it and stops it.
-func (d *Daemon) buildTemplate(o *op, tenant string, req TemplateRequest) (int, any, error) {
+func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (int, any, error) {
 	start := time.Now()
 	if req.Kernel == "" {
 		return 0, nil, errf(400, "kernel is required")
@@ -102,7 +92,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req TemplateRequest) (int, 
 		os.Remove(vs)
 		t.Status, t.Error, t.PID, t.StartTime = store.TemplateFailed, err.Error(), 0, 0
 		d.saveTemplate(ts)
-		d.events.publish(tenant, Event{Type: "template_failed", Template: t.ID, Detail: err.Error()})
+		d.events.publish(tenant, wire.Event{Type: "template_failed", Template: t.ID, Detail: err.Error()})
 		d.obs.ObserveOp("template_build", time.Since(start), err)
 		d.log.Error("template build failed", "tenant", tenant, "template", t.ID, "err", err)
 		return 0, nil, err
@@ -153,7 +143,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req TemplateRequest) (int, 
 		return fail(err)
 	}
 	d.obs.ObserveOp("template_build", time.Since(start), nil)
-	d.events.publish(tenant, Event{Type: "template_ready", Template: t.ID})
+	d.events.publish(tenant, wire.Event{Type: "template_ready", Template: t.ID})
 	d.log.Info("template ready", "tenant", tenant, "template", t.ID, "ms", t.BuildMS)
 	c := *t
 	return http.StatusCreated, c, nil
@@ -192,21 +182,8 @@ func (d *Daemon) waitAgent(o *op, vsock string, p Proc, timeout time.Duration, l
 	}
 }
 
-// SandboxRequest is the body of POST /v1/sandboxes.
-type SandboxRequest struct {
-	Template string `json:"template"`
-	// MemMiB and CPUs are the VMM's cgroup limits (the guest's own size
-	// is its template's); default the template's.
-	MemMiB  int               `json:"mem_mib,omitempty"`
-	CPUs    int               `json:"cpus,omitempty"`
-	Egress  json.RawMessage   `json:"egress,omitempty"`
-	Env     []string          `json:"env,omitempty"`
-	Secrets []string          `json:"secrets,omitempty"`
-	Labels  map[string]string `json:"labels,omitempty"`
-}
-
 // createSandbox restores the template's snapshot in a new VMM.
-func (d *Daemon) createSandbox(o *op, tenant string, req SandboxRequest) (int, any, error) {
+func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (int, any, error) {
 	start := time.Now()
 	ts := d.template(tenant, req.Template)
 	if ts == nil {
@@ -269,7 +246,7 @@ func (d *Daemon) createSandbox(o *op, tenant string, req SandboxRequest) (int, a
 		return 0, nil, err
 	}
 	d.obs.ObserveOp("create", time.Since(start), nil)
-	d.events.publish(tenant, Event{Type: "created", Sandbox: id, Template: tp.ID})
+	d.events.publish(tenant, wire.Event{Type: "created", Sandbox: id, Template: tp.ID})
 	d.log.Info("sandbox created", "tenant", tenant, "sandbox", id, "template", tp.ID, "pid", sb.PID, "ms", time.Since(start).Milliseconds())
 	return http.StatusCreated, copyRec(sb), nil
 }
@@ -366,7 +343,7 @@ func (d *Daemon) pause(ctx context.Context, s *sbState) error {
 	}
 	s.rec.Status = store.Paused
 	d.save(s)
-	d.events.publish(s.rec.Tenant, Event{Type: "paused", Sandbox: s.rec.ID})
+	d.events.publish(s.rec.Tenant, wire.Event{Type: "paused", Sandbox: s.rec.ID})
 	return nil
 }
 
@@ -397,7 +374,7 @@ func (d *Daemon) suspendLocked(ctx context.Context, s *sbState, o *op) (any, err
 	sb.Status, sb.Reason, sb.PID, sb.StartTime = store.Suspended, "paused to disk at "+snap.Name, 0, 0
 	d.save(s)
 	d.obs.ObserveOp("pause_to_disk", time.Since(start), nil)
-	d.events.publish(sb.Tenant, Event{Type: "paused", Sandbox: sb.ID, Detail: "to disk: " + snap.Name})
+	d.events.publish(sb.Tenant, wire.Event{Type: "paused", Sandbox: sb.ID, Detail: "to disk: " + snap.Name})
 	return copyRec(sb), nil
 }
 
@@ -412,7 +389,7 @@ func (d *Daemon) resume(ctx context.Context, s *sbState, o *op) (any, error) {
 		}
 		sb.Status = store.Running
 		d.save(s)
-		d.events.publish(sb.Tenant, Event{Type: "resumed", Sandbox: sb.ID})
+		d.events.publish(sb.Tenant, wire.Event{Type: "resumed", Sandbox: sb.ID})
 		return copyRec(sb), nil
 	case store.Suspended, store.Stopped:
 		latest := sb.Latest()
@@ -433,7 +410,7 @@ func (d *Daemon) resume(ctx context.Context, s *sbState, o *op) (any, error) {
 			d.startRolling(s)
 		}
 		d.obs.ObserveOp("resume_from_disk", time.Since(start), nil)
-		d.events.publish(sb.Tenant, Event{Type: "resumed", Sandbox: sb.ID, Detail: "from " + latest.Name})
+		d.events.publish(sb.Tenant, wire.Event{Type: "resumed", Sandbox: sb.ID, Detail: "from " + latest.Name})
 		return copyRec(sb), nil
 	case store.Running:
 		return copyRec(sb), nil
@@ -495,7 +472,7 @@ func (d *Daemon) takeSnapshot(ctx context.Context, s *sbState, name, kind string
 	snap := store.Snapshot{Name: name, Path: path, Kind: kind, Time: time.Now().UTC(), Bytes: rep.LayerBytes, Rolling: rolling}
 	sb.Snapshots = append(sb.Snapshots, snap)
 	d.save(s)
-	d.events.publish(sb.Tenant, Event{Type: "snapshotted", Sandbox: sb.ID, Detail: name + " (" + kind + ")"})
+	d.events.publish(sb.Tenant, wire.Event{Type: "snapshotted", Sandbox: sb.ID, Detail: name + " (" + kind + ")"})
 	return snap, nil
 }
 
@@ -536,7 +513,7 @@ func (d *Daemon) rollback(ctx context.Context, s *sbState, name string) (any, er
 	if err := d.waitAgent(newOp(), sb.Vsock, Proc{sb.PID, sb.StartTime}, 30*time.Second, sb.Log, 0, 0); err != nil {
 		return nil, fmt.Errorf("after the rollback: %w", err)
 	}
-	d.events.publish(sb.Tenant, Event{Type: "rolled_back", Sandbox: sb.ID, Detail: name})
+	d.events.publish(sb.Tenant, wire.Event{Type: "rolled_back", Sandbox: sb.ID, Detail: name})
 	return rep, nil
 }
 
@@ -588,21 +565,21 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 			errs = append(errs, fmt.Sprintf("child %d: %v", ch.Index, err))
 		} else {
 			sb.Status = store.Running
-			d.events.publish(sb.Tenant, Event{Type: "created", Sandbox: id, Detail: "forked from " + parent.ID})
+			d.events.publish(sb.Tenant, wire.Event{Type: "created", Sandbox: id, Detail: "forked from " + parent.ID})
 		}
 		d.save(ks)
 		kids = append(kids, copyRec(sb))
 		ks.mu.Unlock()
 	}
-	d.events.publish(parent.Tenant, Event{Type: "forked", Sandbox: parent.ID, Detail: fmt.Sprintf("%d children", len(kids))})
+	d.events.publish(parent.Tenant, wire.Event{Type: "forked", Sandbox: parent.ID, Detail: fmt.Sprintf("%d children", len(kids))})
 	var ferr error
 	if len(errs) > 0 {
 		ferr = errors.New(strings.Join(errs, "; "))
 	}
 	d.obs.ObserveOp("fork", time.Since(start), ferr)
-	res := map[string]any{"parent": parent.ID, "pause_ms": rep.PauseMS, "children": kids}
+	res := wire.ForkResult{Parent: parent.ID, PauseMS: rep.PauseMS, Children: kids}
 	if ferr != nil {
-		res["errors"] = errs
+		res.Errors = errs
 	}
 	return http.StatusCreated, res, nil
 }
@@ -636,7 +613,7 @@ func (d *Daemon) deleteSandbox(s *sbState) error {
 	d.mu.Lock()
 	delete(d.sandboxes, sb.ID)
 	d.mu.Unlock()
-	d.events.publish(sb.Tenant, Event{Type: "deleted", Sandbox: sb.ID})
+	d.events.publish(sb.Tenant, wire.Event{Type: "deleted", Sandbox: sb.ID})
 	d.log.Info("sandbox deleted", "tenant", sb.Tenant, "sandbox", sb.ID)
 	return nil
 }
@@ -659,6 +636,6 @@ func (d *Daemon) deleteTemplate(ts *tplState) error {
 	d.mu.Lock()
 	delete(d.templates, t.ID)
 	d.mu.Unlock()
-	d.events.publish(t.Tenant, Event{Type: "template_deleted", Template: t.ID})
+	d.events.publish(t.Tenant, wire.Event{Type: "template_deleted", Template: t.ID})
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+
+	"github.com/warrenvm/warren/hostd/wire"
 )
 
 // An op is a long operation (template build, sandbox create, fork, resume
@@ -15,12 +17,13 @@ import (
 //
 //	{"progress": "booting the guest", "pct": 10}
 //	...
-//	{"result": {...}}   or   {"error": "...", "status": 500}
+//	{"result": {...}, "status": 201}   or   {"error": "...", "status": 500}
 //
-// and otherwise as one JSON answer at the end.
+// (wire.Progress lines, then a wire.Result or a wire.Error), and
+// otherwise as one JSON answer at the end.
 type op struct {
 	mu       sync.Mutex
-	ch       chan progressLine
+	ch       chan wire.Progress
 	done     chan struct{}
 	status   int
 	result   any
@@ -28,17 +31,12 @@ type op struct {
 	finished bool
 }
 
-type progressLine struct {
-	Progress string `json:"progress"`
-	Pct      int    `json:"pct"`
-}
-
-func newOp() *op { return &op{ch: make(chan progressLine, 64), done: make(chan struct{})} }
+func newOp() *op { return &op{ch: make(chan wire.Progress, 64), done: make(chan struct{})} }
 
 // progress reports a step; dropped when nobody reads fast enough.
 func (o *op) progress(msg string, pct int) {
 	select {
-	case o.ch <- progressLine{msg, pct}:
+	case o.ch <- wire.Progress{Step: msg, Pct: pct}:
 	default:
 	}
 }
@@ -107,9 +105,9 @@ func (o *op) run(w http.ResponseWriter, r *http.Request, fn func(o *op) (int, an
 			}
 			if o.err != nil {
 				st, msg := errStatus(o.err)
-				enc.Encode(map[string]any{"error": msg, "status": st})
+				enc.Encode(wire.Error{Error: msg, Status: st})
 			} else {
-				enc.Encode(map[string]any{"result": o.result, "status": o.status})
+				enc.Encode(wire.Result{Result: o.result, Status: o.status})
 			}
 			flush()
 			return

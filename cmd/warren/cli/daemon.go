@@ -22,6 +22,7 @@ import (
 
 	"github.com/warrenvm/warren/hostd/agentclient"
 	"github.com/warrenvm/warren/hostd/client"
+	"github.com/warrenvm/warren/hostd/wire"
 )
 
 const daemonUsage = `usage: warren <command> [flags]
@@ -237,7 +238,7 @@ func (d *daemonCmd) resolve(ref string) (string, error) { return d.c.Resolve(d.c
 func (d *daemonCmd) progress(what string) (fn client.ProgressFunc, done func()) {
 	tty := isTerminal(d.stderr)
 	shown := false
-	fn = func(p client.Progress) {
+	fn = func(p wire.Progress) {
 		if tty {
 			fmt.Fprintf(d.stderr, "\r\033[K%s: %s %3d%%", what, p.Step, p.Pct)
 			shown = true
@@ -348,7 +349,7 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			}
 			return a
 		}
-		req := client.TemplateRequest{Kernel: abs(*kernel), Initramfs: abs(*initramfs), MemMiB: *mem, CPUs: *cpus, Cmdline: *cmdline}
+		req := wire.TemplateRequest{Kernel: abs(*kernel), Initramfs: abs(*initramfs), MemMiB: *mem, CPUs: *cpus, Cmdline: *cmdline}
 		for _, p := range disks {
 			req.Disks = append(req.Disks, abs(p))
 		}
@@ -408,7 +409,7 @@ func createCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if d.fs.NArg() != 0 {
 		return d.usageErr()
 	}
-	req := client.SandboxRequest{Template: *tpl, MemMiB: *mem, CPUs: *cpus, Env: env}
+	req := wire.SandboxRequest{Template: *tpl, MemMiB: *mem, CPUs: *cpus, Env: env}
 	for _, l := range labels {
 		k, v, ok := strings.Cut(l, "=")
 		if !ok || k == "" {
@@ -527,7 +528,7 @@ func eventsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return d.usageErr()
 	}
 	enc := json.NewEncoder(stdout)
-	err := d.c.Events(ctx, func(e client.Event) bool {
+	err := d.c.Events(ctx, func(e wire.Event) bool {
 		if *d.asJSON {
 			return enc.Encode(e) == nil
 		}
@@ -558,7 +559,7 @@ func sbExecCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 	if len(rest) < 3 || rest[1] != "--" || *timeout < 0 {
 		return d.usageErr()
 	}
-	req := client.ExecRequest{Argv: rest[2:], Env: env, Cwd: *cwd, TimeoutMS: timeout.Milliseconds()}
+	req := wire.ExecRequest{Argv: rest[2:], Env: env, Cwd: *cwd, TimeoutMS: timeout.Milliseconds()}
 	if *timeout > 0 && req.TimeoutMS == 0 {
 		req.TimeoutMS = 1
 	}
@@ -802,7 +803,7 @@ func sbSnapshotCmd(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		return 0
 	}
-	s, err := d.c.Snapshot(ctx, id, client.SnapshotRequest{Name: *name, Incremental: *incremental})
+	s, err := d.c.Snapshot(ctx, id, wire.SnapshotRequest{Name: *name, Incremental: *incremental})
 	if err != nil {
 		return d.fail(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/hostd/wire"
 )
 
 // Stub is the fake daemon.
@@ -74,7 +75,7 @@ func reply(w http.ResponseWriter, status int, v any) {
 }
 
 func fail(w http.ResponseWriter, status int, msg string) {
-	reply(w, status, map[string]string{"error": msg})
+	reply(w, status, wire.Error{Error: msg})
 }
 
 // long answers a long operation: progress lines then the result, or the
@@ -87,9 +88,9 @@ func long(w http.ResponseWriter, r *http.Request, steps []string, status int, re
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	enc := json.NewEncoder(w)
 	for i, st := range steps {
-		enc.Encode(map[string]any{"progress": st, "pct": (i + 1) * 100 / (len(steps) + 1)})
+		enc.Encode(wire.Progress{Step: st, Pct: (i + 1) * 100 / (len(steps) + 1)})
 	}
-	enc.Encode(map[string]any{"result": result, "status": status})
+	enc.Encode(wire.Result{Result: result, Status: status})
 }
 
 func (s *Stub) handler() http.Handler {
@@ -131,15 +132,10 @@ func (s *Stub) handler() http.Handler {
 		})
 	}
 	mux.HandleFunc("GET /v1/health", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
-		reply(w, 200, map[string]any{"ok": true, "tenant": tenant})
+		reply(w, 200, wire.Health{OK: true, Tenant: tenant})
 	}))
 	mux.HandleFunc("POST /v1/templates", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
-		var req struct {
-			Kernel    string `json:"kernel"`
-			Initramfs string `json:"initramfs"`
-			MemMiB    int    `json:"mem_mib"`
-			CPUs      int    `json:"cpus"`
-		}
+		var req wire.TemplateRequest
 		json.NewDecoder(r.Body).Decode(&req)
 		if req.Kernel == "" {
 			fail(w, 400, "kernel is required")
@@ -180,12 +176,7 @@ func (s *Stub) handler() http.Handler {
 		reply(w, 200, map[string]string{"deleted": t.ID})
 	}))
 	mux.HandleFunc("POST /v1/sandboxes", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
-		var req struct {
-			Template string            `json:"template"`
-			MemMiB   int               `json:"mem_mib"`
-			Env      []string          `json:"env"`
-			Labels   map[string]string `json:"labels"`
-		}
+		var req wire.SandboxRequest
 		json.NewDecoder(r.Body).Decode(&req)
 		s.mu.Lock()
 		t := s.templates[req.Template]
@@ -218,10 +209,7 @@ func (s *Stub) handler() http.Handler {
 		reply(w, 200, map[string]string{"deleted": x.ID})
 	}))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
-		var req struct {
-			Argv  []string `json:"argv"`
-			Stdin []byte   `json:"stdin"`
-		}
+		var req wire.ExecRequest
 		json.NewDecoder(r.Body).Decode(&req)
 		s.mu.Lock()
 		status := x.Status
@@ -236,16 +224,16 @@ func (s *Stub) handler() http.Handler {
 		}
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		enc := json.NewEncoder(w)
-		enc.Encode(map[string]any{"stdout": []byte(strings.Join(req.Argv, " ") + "\n")})
+		enc.Encode(wire.ExecFrame{Stdout: []byte(strings.Join(req.Argv, " ") + "\n")})
 		if req.Stdin != nil {
-			enc.Encode(map[string]any{"stdout": req.Stdin})
+			enc.Encode(wire.ExecFrame{Stdout: req.Stdin})
 		}
-		enc.Encode(map[string]any{"stderr": []byte("err\n")})
+		enc.Encode(wire.ExecFrame{Stderr: []byte("err\n")})
 		code := 0
 		if len(req.Argv) == 2 && req.Argv[0] == "exit" {
 			code, _ = strconv.Atoi(req.Argv[1])
 		}
-		enc.Encode(map[string]any{"exit": code})
+		enc.Encode(wire.ExecFrame{Exit: &code})
 	}))
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
 		b, _ := io.ReadAll(r.Body)
@@ -254,7 +242,7 @@ func (s *Stub) handler() http.Handler {
 		s.files[x.ID+":"+p] = b
 		s.files[x.ID+":"+p+"#mode"] = []byte(r.URL.Query().Get("mode"))
 		s.mu.Unlock()
-		reply(w, 200, map[string]any{"name": filepath.Base(p), "size": len(b)})
+		reply(w, 200, wire.FileInfo{Name: filepath.Base(p), Size: int64(len(b))})
 	}))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
 		p := r.URL.Query().Get("path")
@@ -288,23 +276,18 @@ func (s *Stub) handler() http.Handler {
 		long(w, r, []string{"resuming"}, 200, x)
 	}))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/snapshots", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
-		var req struct {
-			Name        string `json:"name"`
-			Incremental bool   `json:"incremental"`
-			Every       string `json:"every"`
-			Keep        int    `json:"keep"`
-		}
+		var req wire.SnapshotRequest
 		json.NewDecoder(r.Body).Decode(&req)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if req.Every == "0" {
 			x.Rolling = nil
-			reply(w, 200, map[string]any{"rolling": nil})
+			reply(w, 200, wire.RollingReply{})
 			return
 		}
 		if req.Every != "" {
 			x.Rolling = &store.Rolling{Every: req.Every, Keep: max(req.Keep, 8)}
-			reply(w, 202, map[string]any{"rolling": x.Rolling})
+			reply(w, 202, wire.RollingReply{Rolling: x.Rolling})
 			return
 		}
 		if req.Name == "" {
@@ -321,12 +304,10 @@ func (s *Stub) handler() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/snapshots", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		reply(w, 200, map[string]any{"snapshots": x.Snapshots, "rolling": x.Rolling})
+		reply(w, 200, wire.SnapshotList{Snapshots: x.Snapshots, Rolling: x.Rolling})
 	}))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/rollback", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
-		var req struct {
-			Snapshot string `json:"snapshot"`
-		}
+		var req wire.RollbackRequest
 		json.NewDecoder(r.Body).Decode(&req)
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -339,9 +320,7 @@ func (s *Stub) handler() http.Handler {
 		fail(w, 404, "snapshot "+req.Snapshot+" not found")
 	}))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
-		var req struct {
-			N int `json:"n"`
-		}
+		var req wire.ForkRequest
 		json.NewDecoder(r.Body).Decode(&req)
 		s.mu.Lock()
 		var kids []store.Sandbox
@@ -351,13 +330,13 @@ func (s *Stub) handler() http.Handler {
 			kids = append(kids, *k)
 		}
 		s.mu.Unlock()
-		long(w, r, []string{"forking"}, 201, map[string]any{"parent": x.ID, "pause_ms": 1.5, "children": kids})
+		long(w, r, []string{"forking"}, 201, wire.ForkResult{Parent: x.ID, PauseMS: 1.5, Children: kids})
 	}))
 	mux.HandleFunc("GET /v1/events", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		enc := json.NewEncoder(w)
-		enc.Encode(map[string]any{"time": time.Now(), "type": "created", "sandbox": "sb-000000000001"})
-		enc.Encode(map[string]any{"time": time.Now(), "type": "paused", "sandbox": "sb-000000000001"})
+		enc.Encode(wire.Event{Time: time.Now(), Type: "created", Sandbox: "sb-000000000001"})
+		enc.Encode(wire.Event{Time: time.Now(), Type: "paused", Sandbox: "sb-000000000001"})
 	}))
 	return mux
 }

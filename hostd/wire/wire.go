@@ -1,0 +1,203 @@
+// Package wire holds the JSON bodies of warren-hostd's HTTP API
+// (hostd/openapi.yaml) that the daemon (hostd/daemon) and its clients
+// (hostd/client) both read or write: requests, replies, the lines of a
+// long operation's progress stream, exec frames, events and the error
+// body. The records themselves (store.Template, store.Sandbox,
+// store.Snapshot, store.Rolling) are hostd/store's.
+//
+// The JSON names are the API's: changing one changes the wire, and
+// openapi.yaml with it. A reply that the daemon used to write as a Go map
+// has its fields in alphabetical order, as encoding/json wrote the map's
+// keys, so that its bytes on the wire are unchanged.
+package wire
+
+import (
+	"encoding/json"
+	"io/fs"
+	"time"
+
+	"github.com/warrenvm/warren/hostd/store"
+)
+
+// TemplateRequest is the body of POST /v1/templates.
+type TemplateRequest struct {
+	// Kernel (a vmlinux or bzImage), Initramfs and Disks (raw images,
+	// attached read-only) are absolute paths on the daemon's host.
+	Kernel    string   `json:"kernel"`
+	Initramfs string   `json:"initramfs,omitempty"`
+	Disks     []string `json:"disks,omitempty"`
+	// MemMiB and CPUs size the guest (the daemon's defaults: 256 and 1);
+	// Cmdline is the kernel's command line.
+	MemMiB  int    `json:"mem_mib,omitempty"`
+	CPUs    int    `json:"cpus,omitempty"`
+	Cmdline string `json:"cmdline,omitempty"`
+}
+
+// SandboxRequest is the body of POST /v1/sandboxes.
+type SandboxRequest struct {
+	// Template is the id of the template to restore.
+	Template string `json:"template"`
+	// MemMiB and CPUs are the VMM's cgroup limits (the guest's own size
+	// is its template's); default the template's.
+	MemMiB int `json:"mem_mib,omitempty"`
+	CPUs   int `json:"cpus,omitempty"`
+	// Egress is the egress policy (recorded, not interpreted); Env is
+	// KEY=VALUE added to every exec; Secrets names tenant secrets the
+	// sandbox may use; Labels are free-form (label "name" is how clients
+	// find a sandbox by name).
+	Egress  json.RawMessage   `json:"egress,omitempty"`
+	Env     []string          `json:"env,omitempty"`
+	Secrets []string          `json:"secrets,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+}
+
+// SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots.
+type SnapshotRequest struct {
+	// Name (default snap-<UTC time>) and Incremental describe a snapshot
+	// taken now.
+	Name        string `json:"name,omitempty"`
+	Incremental bool   `json:"incremental,omitempty"`
+	// Every, when set, starts rolling snapshots at that interval (a Go
+	// duration), or with "0" stops them; Keep is the layers a chain has
+	// before the next full one (default 8).
+	Every string `json:"every,omitempty"`
+	Keep  int    `json:"keep,omitempty"`
+}
+
+// RollingReply is the answer of POST /v1/sandboxes/{id}/snapshots with
+// Every set.
+type RollingReply struct {
+	// Rolling is the setting now; nil when rolling snapshots are off.
+	Rolling *store.Rolling `json:"rolling"`
+}
+
+// SnapshotList is the answer of GET /v1/sandboxes/{id}/snapshots.
+type SnapshotList struct {
+	// Rolling is the rolling-snapshot setting (nil: off); Snapshots are
+	// oldest first, never null.
+	Rolling   *store.Rolling   `json:"rolling"`
+	Snapshots []store.Snapshot `json:"snapshots"`
+}
+
+// RollbackRequest is the body of POST /v1/sandboxes/{id}/rollback.
+type RollbackRequest struct {
+	// Snapshot is the name of one of the sandbox's snapshots.
+	Snapshot string `json:"snapshot"`
+}
+
+// ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
+type ForkRequest struct {
+	// N is the number of children, 1 to 64 (0 is 1).
+	N int `json:"n"`
+}
+
+// ForkResult is the answer of POST /v1/sandboxes/{id}/fork.
+type ForkResult struct {
+	// Children are the new sandboxes, failed ones included; Errors says
+	// why each failed one did.
+	Children []store.Sandbox `json:"children"`
+	Errors   []string        `json:"errors,omitempty"`
+	// Parent is the forked sandbox's id; PauseMS how long the VMM paused
+	// it to fork.
+	Parent  string  `json:"parent"`
+	PauseMS float64 `json:"pause_ms"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
+type ExecRequest struct {
+	// Argv is the command (required); Env is added to the sandbox's own,
+	// Cwd is the working directory, TimeoutMS (0: none) kills it.
+	Argv      []string `json:"argv"`
+	Env       []string `json:"env,omitempty"`
+	Cwd       string   `json:"cwd,omitempty"`
+	TimeoutMS int64    `json:"timeout_ms,omitempty"`
+	// Stdin is the process's whole standard input (base64 in JSON).
+	Stdin []byte `json:"stdin,omitempty"`
+}
+
+// ExecFrame is one line of an exec's NDJSON answer: exactly one of
+// Stdout, Stderr, Exit (with Signal, TimedOut) or Error.
+type ExecFrame struct {
+	// Stdout and Stderr are output as it came (base64 in JSON).
+	Stdout []byte `json:"stdout,omitempty"`
+	Stderr []byte `json:"stderr,omitempty"`
+	// Exit, set in the last frame, is the exit code; Signal names the
+	// signal that killed the process, TimedOut says the timeout did.
+	Exit     *int   `json:"exit,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	// Error, in the last frame instead of Exit, says the exec failed
+	// after its output had started.
+	Error string `json:"error,omitempty"`
+}
+
+// FileInfo describes a guest file: the answer of PUT
+// /v1/sandboxes/{id}/files. It has the guest agent's FileInfo's fields.
+type FileInfo struct {
+	// Name is the base name, Size its bytes, Mode the Go fs.FileMode
+	// (type and permission bits), ModTime its modification time.
+	Name    string      `json:"name"`
+	Size    int64       `json:"size"`
+	Mode    fs.FileMode `json:"mode"`
+	ModTime time.Time   `json:"mod_time"`
+	// IsDir says it is a directory; Link is a symbolic link's target.
+	IsDir bool   `json:"is_dir"`
+	Link  string `json:"link,omitempty"`
+}
+
+// Event is one lifecycle event of a tenant's sandbox or template: a line
+// of GET /v1/events.
+type Event struct {
+	// Time is when it happened (UTC).
+	Time time.Time `json:"time"`
+	// Type is one of created, paused, resumed, snapshotted, forked,
+	// rolled_back, stopped, deleted, template_ready, template_failed,
+	// template_deleted, key_created, key_revoked.
+	Type string `json:"type"`
+	// Sandbox and Template are the ids it concerns; Detail says more.
+	Sandbox  string `json:"sandbox,omitempty"`
+	Template string `json:"template,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+}
+
+// Health is the answer of GET /v1/health.
+type Health struct {
+	// Cgroups is the cgroup version the daemon uses (0: none), OK is
+	// always true, Tenant the tenant the request acts for.
+	Cgroups int    `json:"cgroups"`
+	OK      bool   `json:"ok"`
+	Tenant  string `json:"tenant"`
+}
+
+// Error is the body of an error answer (with Status 0, left out), and the
+// last line of a failed long operation's stream (with its Status).
+type Error struct {
+	Error  string `json:"error"`
+	Status int    `json:"status,omitempty"`
+}
+
+// Progress is a step line of a long operation's stream (Accept:
+// application/x-ndjson): what it does now and how far along it is.
+type Progress struct {
+	Step string `json:"progress"`
+	Pct  int    `json:"pct"`
+}
+
+// Result is the last line of a successful long operation's stream: the
+// answer it would have had unstreamed, and that answer's status.
+type Result struct {
+	Result any `json:"result"`
+	Status int `json:"status"`
+}
+
+// ProgressLine is any line of a long operation's stream, as a reader
+// decodes it: a step (Progress set) or the last line, with Result or
+// Error, and Status. The daemon writes them as Progress, Result and
+// Error.
+type ProgressLine struct {
+	Progress *string         `json:"progress"`
+	Pct      int             `json:"pct"`
+	Result   json.RawMessage `json:"result"`
+	Error    string          `json:"error"`
+	Status   int             `json:"status"`
+}
