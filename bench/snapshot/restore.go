@@ -183,6 +183,16 @@ func restoreBlock(c config, vs []variant, src restoreSources, runDir string, res
 			s.Health = append(s.Health, health)
 		}
 		fmt.Printf("restore round %d of %d done (%s)\n", rd+1, c.restoreRuns, time.Since(t0).Round(time.Second))
+		if rd >= 0 && c.jsonOut != "" {
+			// A checkpoint: when the host hangs later (the nested KVM
+			// host has), the rounds done so far are kept; the complete
+			// result replaces it at the end.
+			partial := map[string]any{"benchmark": "snapshot", "partial": true, "mem_mib": c.memMiB, "touch_mib": c.touchMiB,
+				"restore": restoreJSON(c, res)}
+			if err := stats.WriteJSON(c.jsonOut, partial); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

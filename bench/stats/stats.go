@@ -105,7 +105,15 @@ func WriteJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
+	// Written to a temporary name and renamed: a benchmark that rewrites
+	// its results as it goes (bench/snapshot's checkpoints) never leaves a
+	// torn file when the host dies mid-write.
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
