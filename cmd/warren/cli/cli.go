@@ -107,6 +107,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cid := fs.Uint64("cid", 3, "the guest's vsock context ID, with --vsock")
 	api := fs.String("api", "", "serve the VM's control API (pause, resume, snapshot) on this unix socket; turns on dirty-page tracking")
 	nf := addNetFlags(fs)
+	privateNet := fs.Bool("private-net", false, "with --tap: put the tap and its egress services in a network namespace of this VMM's own (upstream traffic of the resolver and proxy still leaves through the host's); recorded in snapshots, so restores and forks get their own too")
 	jailFlag := fs.String("jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see hostd/jail); vmm when --api may fork")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -163,7 +164,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		memMiB: *memMiB, cpus: *cpus, kernel: k, initramfs: rd, cmdline: *cmdline, egress: eg,
 		console: out, kvmPath: *kvmPath, log: log, rng: !*noRNG,
 		disks: disks, tap: *tap, mac: mac, vsock: *vsockPath, cid: *cid,
-		trackDirty: *api != "",
+		trackDirty: *api != "", privateNet: *privateNet,
 	}
 	b, err := build(o)
 	if err != nil {

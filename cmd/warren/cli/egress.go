@@ -271,3 +271,48 @@ func egressCmd(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stdout, string(out))
 	return 0
 }
+
+// egressOverrides are `warren restore`'s --egress, --secrets and --audit:
+// changes to a snapshot's egress options for the VM restored from it (the
+// daemon gives each sandbox of a template its own policy, secrets and
+// audit log).
+type egressOverrides struct {
+	policy, secrets, audit *string
+}
+
+// apply changes e (the snapshot's egress options, nil when it has none)
+// as the flags say; a flag on a snapshot without egress is an error.
+func (f egressOverrides) apply(e *egressOptions) error {
+	if *f.policy == "" && *f.secrets == "" && *f.audit == "" {
+		return nil
+	}
+	if e == nil {
+		return errors.New("--egress, --secrets and --audit need a snapshot of a VM with egress (warren run --egress)")
+	}
+	if *f.policy != "" {
+		p, err := policy.Load(*f.policy)
+		if err != nil {
+			return err
+		}
+		// The resolver's allowed addresses were the old policy's.
+		e.State.Policy, e.State.DNS = p, nil
+	}
+	if *f.secrets != "" {
+		abs, err := filepath.Abs(*f.secrets)
+		if err != nil {
+			return err
+		}
+		if err := (credproxy.FileStore{Path: abs}).Check(); err != nil {
+			return err
+		}
+		e.Secrets = abs
+	}
+	if *f.audit != "" {
+		abs, err := filepath.Abs(*f.audit)
+		if err != nil {
+			return err
+		}
+		e.Audit = abs
+	}
+	return nil
+}

@@ -21,7 +21,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -458,17 +457,3 @@ func pageServers() ([]*http.Server, error) {
 	return srvs, nil
 }
 
-// inNetns runs fn on an OS thread moved into the network namespace h; the
-// thread is discarded afterwards.
-func inNetns(h netns.NsHandle, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := netns.Set(h); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}

@@ -138,7 +138,8 @@ func (a *apiServer) fork(w http.ResponseWriter, r *http.Request) {
 		replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: --netns needs a VM with a tap"))
 		return
 	}
-	if a.egress != nil && !req.NetNS {
+	if a.egress != nil && !req.NetNS && !a.opts.PrivateNet {
+		// (A private-network VM's children each make their own namespace.)
 		replyErr(w, http.StatusBadRequest, errors.New("fork: the VM has an egress policy: its children need --netns (each child's tap takes the same host address)"))
 		return
 	}

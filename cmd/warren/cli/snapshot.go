@@ -30,6 +30,9 @@ type runOptions struct {
 	CID    uint64       `json:"cid,omitempty"`
 	// Egress is the VM's egress settings, when it has an egress policy.
 	Egress *egressOptions `json:"egress,omitempty"`
+	// PrivateNet: the tap and its egress services live in a network
+	// namespace of the VMM's own (warren run --private-net).
+	PrivateNet bool `json:"private_net,omitempty"`
 }
 
 // diskOption is one --disk in runOptions (an absolute path).
@@ -43,7 +46,7 @@ type diskOption struct {
 
 // recordOptions returns o's device options as runOptions JSON.
 func recordOptions(o vmOptions) (json.RawMessage, error) {
-	r := runOptions{MemMiB: o.memMiB, CPUs: o.cpus, Tap: o.tap, RNG: o.rng, Vsock: o.vsock, Egress: o.egress}
+	r := runOptions{MemMiB: o.memMiB, CPUs: o.cpus, Tap: o.tap, RNG: o.rng, Vsock: o.vsock, Egress: o.egress, PrivateNet: o.privateNet}
 	if o.vsock != "" {
 		r.CID = o.cid
 	}
@@ -74,6 +77,7 @@ func applyOptions(o *vmOptions, raw json.RawMessage) error {
 		return fmt.Errorf("the snapshot's run options: %w", err)
 	}
 	o.memMiB, o.cpus, o.tap, o.rng, o.vsock, o.cid, o.egress = r.MemMiB, r.CPUs, r.Tap, r.RNG, r.Vsock, r.CID, r.Egress
+	o.privateNet = r.PrivateNet
 	if r.MAC != "" {
 		mac, err := net.ParseMAC(r.MAC)
 		if err != nil {
@@ -269,6 +273,10 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	verbose := fs.Bool("v", false, "log VMM diagnostics to stderr")
 	timing := fs.String("timing", "", "write the wall-clock time of the first KVM_RUN (Unix ns, one decimal line) to FILE, for benchmarks")
 	jailFlag := fs.String("jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see hostd/jail); vmm when --api may fork")
+	var eo egressOverrides
+	eo.policy = fs.String("egress", "", "for a snapshot with egress: the policy in force from the start instead of the snapshot's (JSON; the resolver starts with no allowed addresses)")
+	eo.secrets = fs.String("secrets", "", "for a snapshot with egress: the credential proxy's secrets file (JSON name to value, mode 0600) instead of the snapshot's")
+	eo.audit = fs.String("audit", "", "for a snapshot with egress: the audit log instead of the snapshot's")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -278,7 +286,7 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if fs.NArg() != 1 {
-		fmt.Fprint(stderr, "usage: warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] [--timing FILE] DIR/NAME\n")
+		fmt.Fprint(stderr, "usage: warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] [--timing FILE] [--egress FILE] [--secrets FILE] [--audit FILE] DIR/NAME\n")
 		return 2
 	}
 	fail := func(format string, a ...any) int {
@@ -299,6 +307,10 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	if err := applyOptions(&o, snap.Meta.Options); err != nil {
 		return fail("%v", err)
+	}
+	if err := eo.apply(o.egress); err != nil {
+		fmt.Fprintf(stderr, "warren restore: %v\n", err)
+		return 2
 	}
 	if *vsockPath != "" {
 		if o.vsock == "" {

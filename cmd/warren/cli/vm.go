@@ -7,6 +7,7 @@ import (
 	"net"
 	"path/filepath"
 
+	"github.com/vishvananda/netns"
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/devices/virtio"
 	"github.com/warrenvm/warren/devices/virtio/blk"
@@ -35,6 +36,9 @@ type vmOptions struct {
 	disks        []diskSpec
 	tap          string // virtio-net on this tap device, when set
 	mac          net.HardwareAddr
+	// privateNet puts the tap and its egress services in a network
+	// namespace of the VMM's own (privnet.go).
+	privateNet bool
 	// egress, when set, starts the tap's egress services (filter,
 	// resolver, credential proxy, audit log) before the guest runs.
 	egress *egressOptions
@@ -100,6 +104,9 @@ type vmDevices struct {
 	disks []cow.Disk
 	// egress is the tap's egress services (nil without vmOptions.egress).
 	egress *egress.Sandbox
+	// netns is the VM's private network namespace (vmOptions.privateNet;
+	// -1 without one), where its tap and the egress services' sockets are.
+	netns netns.NsHandle
 }
 
 // buildVMWithDevices is buildVM that also returns some device models.
@@ -108,6 +115,7 @@ type vmDevices struct {
 func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), err error) {
 	profile := hostprofile.Detect("/sys/module")
 	d.profile = profile
+	d.netns = -1
 	o.log.Debug("host profile", "profile", profile.String())
 	var (
 		devs    []vmm.VirtioSpec
@@ -156,21 +164,15 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 		d.disks = append(d.disks, cow.Disk{Dev: dev, ReadOnly: disk.readOnly})
 	}
 	if o.tap != "" {
-		dev, err := vnet.New(o.tap, o.mac, vnet.Options{NewIdentity: o.fork != nil})
-		if err != nil {
-			return nil, d, nil, fmt.Errorf("--tap %s: %w", o.tap, err)
+		var dev *vnet.Device
+		if dev, err = openNet(o, &d, &closers); err != nil {
+			return nil, d, nil, err
 		}
-		closers = append(closers, dev.Close)
 		add("net0", 2, dev)
-		if o.egress != nil {
-			if d.egress, err = startEgress(o.egress, o.tap, o); err != nil {
-				return nil, d, nil, fmt.Errorf("--egress: %w", err)
-			}
-			// Stopped before the tap goes (closers run in order).
-			closers = append(closers[:len(closers)-1], d.egress.Close, dev.Close)
-		}
 	} else if o.egress != nil {
 		return nil, d, nil, fmt.Errorf("--egress needs --tap")
+	} else if o.privateNet {
+		return nil, d, nil, fmt.Errorf("--private-net needs --tap")
 	}
 	if o.rng {
 		d.rng = rng.New()
@@ -249,4 +251,41 @@ func virtioSpec(name string, queues int, dev virtio.Device, log *slog.Logger, mm
 			mmios[name] = t
 			return t, nil
 		}}
+}
+
+// openNet opens o's tap and starts its egress services (d.egress), in a
+// private network namespace (d.netns) when o.privateNet is set. What it
+// opens is appended to closers, in the order they must close.
+func openNet(o vmOptions, d *vmDevices, closers *[]func() error) (*vnet.Device, error) {
+	var dev *vnet.Device
+	makeNet := func() error {
+		var err error
+		if dev, err = vnet.New(o.tap, o.mac, vnet.Options{NewIdentity: o.fork != nil}); err != nil {
+			return fmt.Errorf("--tap %s: %w", o.tap, err)
+		}
+		if o.egress != nil {
+			if d.egress, err = startEgress(o.egress, o.tap, o); err != nil {
+				dev.Close()
+				return fmt.Errorf("--egress: %w", err)
+			}
+			// Stopped before the tap goes.
+			*closers = append(*closers, d.egress.Close)
+		}
+		*closers = append(*closers, dev.Close)
+		return nil
+	}
+	if !o.privateNet {
+		return dev, makeNet()
+	}
+	h, err := newPrivateNetns()
+	if err != nil {
+		return nil, err
+	}
+	if err := inNetns(h, makeNet); err != nil {
+		h.Close()
+		return nil, err
+	}
+	d.netns = h
+	*closers = append(*closers, func() error { return h.Close() })
+	return dev, nil
 }
