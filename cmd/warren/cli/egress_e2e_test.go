@@ -456,4 +456,3 @@ func pageServers() ([]*http.Server, error) {
 	}
 	return srvs, nil
 }
-
