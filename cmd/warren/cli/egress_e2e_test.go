@@ -4,18 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -31,34 +25,10 @@ import (
 
 	"github.com/warrenvm/warren/ebpf/audit"
 	"github.com/warrenvm/warren/ebpf/policy"
+	"github.com/warrenvm/warren/internal/testtls"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm/hostprofile"
 )
-
-// upstreamCert makes a CA and a server certificate for names, signed by
-// it, and returns the CA's PEM and the server's tls.Certificate.
-func upstreamCert(t *testing.T, names ...string) ([]byte, tls.Certificate) {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caT := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "e2e upstream CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caT, caT, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leafT := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, leafT, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
 
 // TestEgressEndToEnd boots a guest whose tap carries an egress policy and
 // checks, from inside the guest, what the policy lets through: a CIDR rule,
@@ -89,7 +59,7 @@ func TestEgressEndToEnd(t *testing.T) {
 
 	// The upstream API, in the test's own namespace (where the proxy, a
 	// part of this process, connects from) on 127.0.0.1:443.
-	caPEM, cert := upstreamCert(t, "api.test", "other.test")
+	caPEM, cert := testtls.Upstream(t, "api.test", "other.test")
 	upCA := filepath.Join(dir, "upstream-ca.pem")
 	os.WriteFile(upCA, caPEM, 0o644)
 	var seenMu sync.Mutex
