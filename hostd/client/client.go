@@ -452,6 +452,59 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, mo
 	return &fi, nil
 }
 
+// Egress returns a network sandbox's egress policy in force and its
+// counters, as its VMM reports them.
+func (c *Client) Egress(ctx context.Context, id string) (*wire.EgressReply, error) {
+	var r wire.EgressReply
+	if err := c.call(ctx, http.MethodGet, sbPath(id, "/egress"), nil, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// SetEgress replaces a network sandbox's egress policy (JSON) live; it
+// stays in force across the sandbox's later restores.
+func (c *Client) SetEgress(ctx context.Context, id string, policy json.RawMessage) (*wire.EgressReply, error) {
+	var r wire.EgressReply
+	if err := c.call(ctx, http.MethodPut, sbPath(id, "/egress"), policy, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// SetSecret creates or replaces the tenant's secret name with value's
+// bytes (at most 64 KiB of UTF-8).
+func (c *Client) SetSecret(ctx context.Context, name string, value io.Reader) error {
+	req, err := c.newRequest(ctx, http.MethodPut, "/v1/secrets/"+url.PathEscape(name), value)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("warren-hostd: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return readError(resp)
+	}
+	io.Copy(io.Discard, resp.Body)
+	return nil
+}
+
+// Secrets lists the names of the tenant's secrets, sorted (the daemon
+// never returns a value).
+func (c *Client) Secrets(ctx context.Context) ([]string, error) {
+	var l wire.SecretList
+	err := c.call(ctx, http.MethodGet, "/v1/secrets", nil, &l)
+	return l.Names, err
+}
+
+// DeleteSecret deletes the tenant's secret name.
+func (c *Client) DeleteSecret(ctx context.Context, name string) error {
+	return c.call(ctx, http.MethodDelete, "/v1/secrets/"+url.PathEscape(name), nil, nil)
+}
+
 // Events streams the tenant's lifecycle events to fn until ctx ends, fn
 // returns false or the daemon ends the stream.
 func (c *Client) Events(ctx context.Context, fn func(wire.Event) bool) error {

@@ -3,6 +3,7 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -153,5 +154,44 @@ func TestClientTenants(t *testing.T) {
 	none, _ := client.New(stub.Socket+".none", "", "")
 	if _, err := none.Health(ctx); err == nil || !strings.Contains(err.Error(), "warren-hostd") {
 		t.Fatalf("no daemon: %v", err)
+	}
+}
+
+func TestClientSecretsAndEgress(t *testing.T) {
+	stub := clienttest.New(t)
+	c, err := client.New(stub.Socket, "acme", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.SetSecret(ctx, "API_KEY", strings.NewReader("v1")); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := stub.Secret("acme", "API_KEY"); v != "v1" {
+		t.Errorf("the stub got %q", v)
+	}
+	if l, err := c.Secrets(ctx); err != nil || len(l) != 1 || l[0] != "API_KEY" {
+		t.Errorf("secrets: %v %v", l, err)
+	}
+	tpl, err := c.CreateTemplate(ctx, wire.TemplateRequest{Kernel: "/k", Network: true}, nil)
+	if err != nil || !tpl.Network {
+		t.Fatalf("template: %+v %v", tpl, err)
+	}
+	pol := json.RawMessage(`{"credentials":[{"secret":"API_KEY","hosts":["x.example.com"]}]}`)
+	sb, err := c.Create(ctx, wire.SandboxRequest{Template: tpl.ID, Egress: pol, Secrets: []string{"API_KEY"}}, nil)
+	if err != nil || !sb.Network {
+		t.Fatalf("create: %+v %v", sb, err)
+	}
+	if r, err := c.Egress(ctx, sb.ID); err != nil || !bytes.Contains(r.Policy, []byte("x.example.com")) {
+		t.Errorf("egress: %+v %v", r, err)
+	}
+	if r, err := c.SetEgress(ctx, sb.ID, json.RawMessage(`{"ipv6":true}`)); err != nil || string(r.Policy) != `{"ipv6":true}` {
+		t.Errorf("set egress: %+v %v", r, err)
+	}
+	if err := c.DeleteSecret(ctx, "API_KEY"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteSecret(ctx, "API_KEY"); !client.IsNotFound(err) {
+		t.Errorf("second delete: %v, want a 404", err)
 	}
 }

@@ -98,6 +98,7 @@ type auditEntry struct {
 	DurationMS float64   `json:"duration_ms"`
 	Sandbox    string    `json:"sandbox,omitempty"`
 	Template   string    `json:"template,omitempty"`
+	Secret     string    `json:"secret,omitempty"` // its name; values are never logged
 	Remote     string    `json:"remote,omitempty"`
 }
 
@@ -181,7 +182,7 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 			}
 			dur := time.Since(start)
 			d.audit.write(auditEntry{Time: start.UTC(), Tenant: tenant, Method: r.Method, Path: r.URL.Path, Status: rec.status,
-				DurationMS: float64(dur.Microseconds()) / 1000, Sandbox: r.PathValue("id"), Remote: r.RemoteAddr})
+				DurationMS: float64(dur.Microseconds()) / 1000, Sandbox: r.PathValue("id"), Secret: r.PathValue("name"), Remote: r.RemoteAddr})
 			d.obs.ObserveRequest(tenant, r.Method, pattern, rec.status, dur)
 		})
 	}
@@ -257,6 +258,11 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 		}
 		newOp().run(w, r, func(o *op) (int, any, error) { return d.fork(o, s, req.N) })
 	}))
+	handle("GET /v1/sandboxes/{id}/egress", d.withNetwork(d.getEgress))
+	handle("PUT /v1/sandboxes/{id}/egress", d.withNetwork(d.putEgress))
+	handle("PUT /v1/secrets/{name}", d.putSecret)
+	handle("GET /v1/secrets", d.listSecrets)
+	handle("DELETE /v1/secrets/{name}", d.deleteSecret)
 	handle("GET /v1/events", d.streamEvents)
 	handle("POST /v1/keys", d.postKey)
 	handle("GET /v1/keys", d.getKey)

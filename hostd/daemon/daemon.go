@@ -100,7 +100,17 @@ type Config struct {
 	DecryptDir string
 	// Jail, for the default launcher, jails every VMM: "strict" or "vmm"
 	// (see JailPrepare); "" or "off" for none.
-	Jail     string
+	Jail string
+	// EgressHosts, DNSUpstream and UpstreamCA are passed to the build VMM
+	// of every network template (`warren run --hosts`, `--dns-upstream`,
+	// `--upstream-ca`; recorded in its snapshot), and so are in force in
+	// all its sandboxes: an /etc/hosts-style file of fixed addresses for
+	// the resolver and the credential proxy, the DNS server (IP:PORT)
+	// allowed names are asked of, and the PEM roots the credential proxy
+	// trusts upstream. Empty: the VMM's defaults (the host's
+	// /etc/resolv.conf, the system's roots).
+	EgressHosts, DNSUpstream, UpstreamCA string
+
 	Hooks    Hooks
 	Observer Observer
 }
@@ -120,6 +130,10 @@ type Daemon struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// secretsMu serialises the reads and writes of tenants' secret files
+	// and of sandboxes' secrets.json (network.go).
+	secretsMu sync.Mutex
 
 	mu        sync.Mutex
 	templates map[string]*tplState

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/guestinit/agent"
 )
 
@@ -38,6 +39,8 @@ type fakeLauncher struct {
 	// its arguments.
 	lastRestore string
 	lastArgs    []string
+	// lastRunArgs are the arguments of the last `run` (a template build).
+	lastRunArgs []string
 }
 
 // restored returns the snapshot path the last `restore` was given.
@@ -53,8 +56,11 @@ type fakeVM struct {
 	mu         sync.Mutex
 	paused     bool
 	snaps      []string
-	closers    []func()
-	launcher   *fakeLauncher
+	// egress is the policy in force (nil: the VM has no egress): a
+	// network VMM's --egress file, or "{}" (the template's) without one.
+	egress   json.RawMessage
+	closers  []func()
+	launcher *fakeLauncher
 }
 
 func newFakeLauncher(t testing.TB) *fakeLauncher {
@@ -71,12 +77,23 @@ func newFakeLauncher(t testing.TB) *fakeLauncher {
 
 func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
 	var api, vs string
+	var egress json.RawMessage
 	for i := 0; i+1 < len(spec.Args); i++ {
 		switch spec.Args[i] {
 		case "--api":
 			api = spec.Args[i+1]
 		case "--vsock":
 			vs = spec.Args[i+1]
+		case "--secrets", "--private-net":
+			if egress == nil {
+				egress = json.RawMessage("{}")
+			}
+		case "--egress":
+			b, err := os.ReadFile(spec.Args[i+1])
+			if err != nil {
+				return Proc{}, fmt.Errorf("fake: %w", err)
+			}
+			egress = b
 		}
 	}
 	if api == "" || vs == "" {
@@ -96,12 +113,19 @@ func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
 		f.lastRestore = snap
 		f.lastArgs = spec.Args
 		f.mu.Unlock()
+	} else {
+		f.mu.Lock()
+		f.lastRunArgs = spec.Args
+		f.mu.Unlock()
 	}
 	f.starts.Add(1)
 	vm, err := f.startVM(api, vs)
 	if err != nil {
 		return Proc{}, err
 	}
+	vm.mu.Lock()
+	vm.egress = egress
+	vm.mu.Unlock()
 	st, err := procStartTime(vm.cmd.Process.Pid)
 	return Proc{PID: vm.cmd.Process.Pid, StartTime: st}, err
 }
@@ -208,8 +232,27 @@ func (vm *fakeVM) serve() error {
 		}
 		reply(w, 200, map[string]any{"pause_ms": 1.5, "children": kids})
 	})
-	mux.HandleFunc("GET /v1/egress", func(w http.ResponseWriter, r *http.Request) {
-		reply(w, 404, map[string]string{"error": "egress: this VM has no egress policy"})
+	// GET and PUT /v1/egress as the VMM answers them: policy, stats, audit.
+	egressReply := func(w http.ResponseWriter, r *http.Request, put []byte) {
+		vm.mu.Lock()
+		defer vm.mu.Unlock()
+		if vm.egress == nil {
+			reply(w, 404, map[string]string{"error": "egress: this VM has no egress policy"})
+			return
+		}
+		if put != nil {
+			if _, err := policy.Parse(put); err != nil {
+				reply(w, 400, map[string]string{"error": err.Error()})
+				return
+			}
+			vm.egress = put
+		}
+		reply(w, 200, map[string]any{"policy": vm.egress, "stats": map[string]int{"passed": 1}, "audit": "egress.jsonl"})
+	}
+	mux.HandleFunc("GET /v1/egress", func(w http.ResponseWriter, r *http.Request) { egressReply(w, r, nil) })
+	mux.HandleFunc("PUT /v1/egress", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		egressReply(w, r, b)
 	})
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(al)

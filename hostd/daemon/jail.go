@@ -23,8 +23,9 @@ import (
 //     which must outlive it and which the daemon supervises by the PIDs
 //     the VMM reports, would die with it and have PIDs the daemon cannot
 //     see;
-//   - a network namespace: the egress taps live in the host's namespace
-//     (hostd/egress attaches its filter there);
+//   - a network namespace: a network sandbox's VMM makes its own
+//     (`warren run --private-net`: its tap and egress services live
+//     there), and the others have no network;
 //   - Pdeathsig: a VMM outlives the daemon, which re-adopts it when it
 //     starts again.
 func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, error) {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -39,6 +40,9 @@ func Main(args []string, stderr io.Writer) int {
 	keys := fs.String("keys", "", "at-rest encryption: tenants' keys in DIR (crypt.LocalProvider; POST /v1/keys makes one); unset: no encryption")
 	decryptDir := fs.String("decrypt-dir", "", "with --keys: where restores decrypt snapshots while the VMM loads them (default: decrypted/ beside --socket, a tmpfs under /run)")
 	jailFlag := fs.String("jail", "vmm", "harden every VMM after its setup (hostd/jail): vmm, strict (forks then fail) or off; ,log logs what the seccomp filter lacks instead of refusing it")
+	egressHosts := fs.String("egress-hosts", "", "network templates: an /etc/hosts-style file of fixed addresses for the sandboxes' resolvers and credential proxies (warren run --hosts)")
+	dnsUpstream := fs.String("dns-upstream", "", "network templates: the DNS server IP:PORT the sandboxes' resolvers ask allowed names of (warren run --dns-upstream; default the host's /etc/resolv.conf)")
+	upstreamCA := fs.String("upstream-ca", "", "network templates: PEM roots the credential proxies trust upstream instead of the system's (warren run --upstream-ca)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics (GET /metrics) on this TCP address, e.g. 127.0.0.1:9464 (default: off)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -81,7 +85,29 @@ func Main(args []string, stderr io.Writer) int {
 			return fail(err)
 		}
 	}
-	cfg := Config{State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups, Jail: *jailFlag}
+	cfg := Config{State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups, Jail: *jailFlag, DNSUpstream: *dnsUpstream}
+	if *dnsUpstream != "" {
+		if _, err := netip.ParseAddrPort(*dnsUpstream); err != nil {
+			return fail(fmt.Errorf("--dns-upstream: %w", err))
+		}
+	}
+	for _, f := range []struct {
+		flag, val string
+		dst       *string
+	}{{"--egress-hosts", *egressHosts, &cfg.EgressHosts}, {"--upstream-ca", *upstreamCA, &cfg.UpstreamCA}} {
+		if f.val == "" {
+			continue
+		}
+		// The VMMs read it: an absolute path, checked now.
+		p, err := filepath.Abs(f.val)
+		if err == nil {
+			_, err = os.Stat(p)
+		}
+		if err != nil {
+			return fail(fmt.Errorf("%s: %w", f.flag, err))
+		}
+		*f.dst = p
+	}
 	if *keys != "" {
 		if err := os.MkdirAll(*keys, 0o700); err != nil {
 			return fail(err)

@@ -72,7 +72,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	}
 	t := &store.Template{ID: newID("tp"), Tenant: tenant, Status: store.TemplateBuilding, Kernel: req.Kernel,
 		Initramfs: req.Initramfs, Disks: req.Disks, MemMiB: req.MemMiB, CPUs: req.CPUs, Cmdline: req.Cmdline,
-		Created: time.Now().UTC()}
+		Network: req.Network, Created: time.Now().UTC()}
 	ts := &tplState{rec: t}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
@@ -109,6 +109,13 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	}
 	if req.Cmdline != "" {
 		args = append(args, "--cmdline", req.Cmdline)
+	}
+	if req.Network {
+		na, err := d.networkArgs(dir)
+		if err != nil {
+			return fail(fmt.Errorf("network: %w", err))
+		}
+		args = append(args, na...)
 	}
 	p, err := d.launcher.Start(LaunchSpec{Tenant: tenant, ID: t.ID, Kind: "template", Args: args, Log: filepath.Join(dir, "vmm.log")})
 	if err != nil {
@@ -213,13 +220,23 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 			return 0, nil, errf(400, "env entry %q is not KEY=VALUE", e)
 		}
 	}
+	if isNull(req.Egress) {
+		req.Egress = nil
+	}
+	if req.Egress != nil && !tp.Network {
+		return 0, nil, errf(400, "egress needs a template built with \"network\": true (template %s has no network)", tp.ID)
+	}
+	egress, err := d.checkEgress(tenant, req.Egress, req.Secrets)
+	if err != nil {
+		return 0, nil, err
+	}
 	id := newID("sb")
 	api, vs := d.sockets(id)
 	dir := d.store.SandboxDir(tenant, id)
 	now := time.Now().UTC()
 	sb := &store.Sandbox{ID: id, Tenant: tenant, Template: tp.ID, Status: store.Creating, API: api, Vsock: vs,
 		Console: filepath.Join(dir, "console.log"), Log: filepath.Join(dir, "vmm.log"), MemMiB: req.MemMiB, CPUs: req.CPUs,
-		Egress: req.Egress, Env: req.Env, Secrets: req.Secrets, Labels: req.Labels, Created: now}
+		Network: tp.Network, Egress: egress, Env: req.Env, Secrets: req.Secrets, Labels: req.Labels, Created: now}
 	s := &sbState{rec: sb, agent: agentclient.New(vs)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -270,7 +287,12 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string) error {
 	os.Remove(sb.Vsock)
 	s.agent.Close() // connections to a previous VMM
 	o.progress("starting the VMM", 10)
-	args := []string{"restore", "--lazy", "--api", sb.API, "--vsock", sb.Vsock, "--console", sb.Console, use}
+	netArgs, err := d.restoreNetArgs(sb)
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	args := []string{"restore", "--lazy", "--api", sb.API, "--vsock", sb.Vsock, "--console", sb.Console}
+	args = append(append(args, netArgs...), use)
 	if use != snap {
 		// A decrypted working copy is restored eagerly (into the VMM's
 		// memfd) and removed as soon as the VMM has loaded it: a lazy
@@ -552,7 +574,7 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 		now := time.Now().UTC()
 		sb := &store.Sandbox{ID: id, Tenant: parent.Tenant, Template: parent.Template, Status: store.Creating, PID: ch.PID,
 			StartTime: st, API: ch.API, Vsock: ch.Vsock, Console: ch.Console, Log: ch.Log, MemMiB: parent.MemMiB,
-			CPUs: parent.CPUs, Egress: parent.Egress, Env: parent.Env, Secrets: parent.Secrets, Parent: parent.ID, Created: now}
+			CPUs: parent.CPUs, Network: parent.Network, Egress: parent.Egress, Env: parent.Env, Secrets: parent.Secrets, Parent: parent.ID, Created: now}
 		ks := &sbState{rec: sb, agent: agentclient.New(ch.Vsock)}
 		ks.mu.Lock()
 		d.placeInCgroup(ks, ch.PID)

@@ -4,8 +4,10 @@
 // kill -9 of the daemon at any instant leaves either the old or the new
 // record, never a torn one.
 //
+//	ROOT/tenants/<tenant>/secrets.json                   (the tenant's secrets, name to value, mode 0600)
 //	ROOT/tenants/<tenant>/templates/<id>/template.json   (+ snap/: the template snapshot)
-//	ROOT/tenants/<tenant>/sandboxes/<id>/sandbox.json    (+ snapshots/, vmm.log, console.log)
+//	ROOT/tenants/<tenant>/sandboxes/<id>/sandbox.json    (+ snapshots/, vmm.log, console.log,
+//	                                                       and with network secrets.json, egress.json, egress.jsonl)
 //	ROOT/run/<id>.api, <id>.vsock                        (sockets: short paths, < 108 bytes)
 package store
 
@@ -23,6 +25,7 @@ import (
 const (
 	templateFile = "template.json"
 	sandboxFile  = "sandbox.json"
+	secretsFile  = "secrets.json"
 )
 
 // Template statuses.
@@ -53,16 +56,19 @@ const (
 
 // Template is one template's record.
 type Template struct {
-	ID        string    `json:"id"`
-	Tenant    string    `json:"tenant"`
-	Status    string    `json:"status"`
-	Error     string    `json:"error,omitempty"`
-	Kernel    string    `json:"kernel"`
-	Initramfs string    `json:"initramfs,omitempty"`
-	Disks     []string  `json:"disks,omitempty"`
-	MemMiB    int       `json:"mem_mib"`
-	CPUs      int       `json:"cpus"`
-	Cmdline   string    `json:"cmdline,omitempty"`
+	ID        string   `json:"id"`
+	Tenant    string   `json:"tenant"`
+	Status    string   `json:"status"`
+	Error     string   `json:"error,omitempty"`
+	Kernel    string   `json:"kernel"`
+	Initramfs string   `json:"initramfs,omitempty"`
+	Disks     []string `json:"disks,omitempty"`
+	MemMiB    int      `json:"mem_mib"`
+	CPUs      int      `json:"cpus"`
+	Cmdline   string   `json:"cmdline,omitempty"`
+	// Network: the template's VMM, and so every sandbox restored from it,
+	// has a private network with egress services (see the daemon).
+	Network   bool      `json:"network,omitempty"`
 	Snapshot  string    `json:"snapshot,omitempty"` // DIR/NAME of its snapshot
 	PID       int       `json:"pid,omitempty"`      // the build's VMM while building
 	StartTime uint64    `json:"start_time,omitempty"`
@@ -107,7 +113,11 @@ type Sandbox struct {
 	MemMiB int `json:"mem_mib"`
 	CPUs   int `json:"cpus"`
 	// Cgroup is "none" or the cgroup paths of the VMM.
-	Cgroup  []string          `json:"cgroup,omitempty"`
+	Cgroup []string `json:"cgroup,omitempty"`
+	// Network is its template's: the VMM has a private network, and
+	// Egress (an ebpf/policy policy, JSON) and Secrets (names of the
+	// tenant's secrets) are applied to it.
+	Network bool              `json:"network,omitempty"`
 	Egress  json.RawMessage   `json:"egress,omitempty"`
 	Env     []string          `json:"env,omitempty"`
 	Secrets []string          `json:"secrets,omitempty"`
@@ -170,6 +180,24 @@ func (s *Store) TemplateDir(tenant, id string) string {
 // SandboxDir is a sandbox's directory.
 func (s *Store) SandboxDir(tenant, id string) string {
 	return filepath.Join(s.Root, "tenants", tenant, "sandboxes", id)
+}
+
+// LoadSecrets returns tenant's secrets, name to value (empty when it has
+// none).
+func (s *Store) LoadSecrets(tenant string) (map[string]string, error) {
+	m := map[string]string{}
+	if _, err := readJSON(filepath.Join(s.Root, "tenants", tenant, secretsFile), &m); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		m = map[string]string{}
+	}
+	return m, nil
+}
+
+// SaveSecrets replaces tenant's secrets atomically (mode 0600).
+func (s *Store) SaveSecrets(tenant string, m map[string]string) error {
+	return WriteJSON(filepath.Join(s.Root, "tenants", tenant, secretsFile), m)
 }
 
 // SaveTemplate writes t's record atomically.

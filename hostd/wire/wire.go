@@ -31,6 +31,10 @@ type TemplateRequest struct {
 	MemMiB  int    `json:"mem_mib,omitempty"`
 	CPUs    int    `json:"cpus,omitempty"`
 	Cmdline string `json:"cmdline,omitempty"`
+	// Network gives the template's VMM, and every sandbox of it, a
+	// private network whose egress is filtered (deny all until a
+	// sandbox's policy says otherwise).
+	Network bool `json:"network,omitempty"`
 }
 
 // SandboxRequest is the body of POST /v1/sandboxes.
@@ -41,14 +45,38 @@ type SandboxRequest struct {
 	// is its template's); default the template's.
 	MemMiB int `json:"mem_mib,omitempty"`
 	CPUs   int `json:"cpus,omitempty"`
-	// Egress is the egress policy (recorded, not interpreted); Env is
-	// KEY=VALUE added to every exec; Secrets names tenant secrets the
-	// sandbox may use; Labels are free-form (label "name" is how clients
-	// find a sandbox by name).
+	// Egress is the egress policy (ebpf/policy JSON; needs a network
+	// template); Env is KEY=VALUE added to every exec; Secrets names the
+	// tenant's secrets (PUT /v1/secrets/{name}) the sandbox's credential
+	// proxy may use: every credential of Egress must name one of them;
+	// Labels are free-form (label "name" is how clients find a sandbox by
+	// name).
 	Egress  json.RawMessage   `json:"egress,omitempty"`
 	Env     []string          `json:"env,omitempty"`
 	Secrets []string          `json:"secrets,omitempty"`
 	Labels  map[string]string `json:"labels,omitempty"`
+}
+
+// Secret is the answer of PUT and DELETE /v1/secrets/{name}: the name
+// only, never the value.
+type Secret struct {
+	Name string `json:"name"`
+}
+
+// SecretList is the answer of GET /v1/secrets.
+type SecretList struct {
+	// Names are the tenant's secrets, sorted, never null.
+	Names []string `json:"names"`
+}
+
+// EgressReply is the answer of GET and PUT /v1/sandboxes/{id}/egress: the
+// sandbox VMM's own answer (GET /v1/egress of its control API).
+type EgressReply struct {
+	// Policy is the policy in force; Stats the filter's, resolver's and
+	// proxy's counters; Audit the path of its egress audit log.
+	Policy json.RawMessage `json:"policy"`
+	Stats  json.RawMessage `json:"stats"`
+	Audit  string          `json:"audit,omitempty"`
 }
 
 // SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots.

@@ -7,6 +7,7 @@ package cli
 // did; `warren vm VERB ...` always does.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,8 +30,9 @@ const daemonUsage = `usage: warren <command> [flags]
 
 Sandboxes, through the host daemon (warren-hostd):
   templates                 list templates; templates create --kernel K [--initramfs I] [--disk D]...
-                            [--mem MiB] [--cpus N] [--cmdline S]; templates rm ID...
-  create    [--template ID] [--mem MiB] [--cpus N] [--name NAME] [--env K=V]...   prints the sandbox id
+                            [--mem MiB] [--cpus N] [--cmdline S] [--network]; templates rm ID...
+  create    [--template ID] [--mem MiB] [--cpus N] [--name NAME] [--env K=V]...
+            [--egress POLICY.json] [--secret NAME]...                             prints the sandbox id
   ls                        list sandboxes
   exec      [--timeout D] [--cwd DIR] [--env K=V] [-i] SANDBOX -- PROGRAM [ARGS...]
   cp        SRC DST         one side SANDBOX:/guest/path, the other a host path or -
@@ -41,6 +43,9 @@ Sandboxes, through the host daemon (warren-hostd):
   fork      [-n N] SANDBOX  prints the children's ids
   rollback  SANDBOX SNAPSHOT
   rm        SANDBOX...
+  egress    [--policy FILE] SANDBOX   a network sandbox's egress policy and counters; --policy replaces it
+  secrets                   list the tenant's secrets (names); secrets set NAME [FILE|-] (value from
+                            FILE or stdin, one trailing newline dropped); secrets rm NAME...
   events                    stream lifecycle events
 
   Every daemon verb takes --host (default $WARREN_HOST, else /run/warren/hostd.sock:
@@ -49,22 +54,22 @@ Sandboxes, through the host daemon (warren-hostd):
   SANDBOX is a sandbox id (sb-...) or the name given to warren create --name.
 
 VM-level verbs (research use: one VMM, addressed by its socket paths), also
-spelled warren vm VERB ...: exec, cp, pause, resume, snapshot, fork and rollback
-run these when their target is a socket path (an existing socket, or a path
+spelled warren vm VERB ...: exec, cp, pause, resume, snapshot, fork, rollback and
+egress run these when their target is a socket path (an existing socket, or a path
 with a / or ending in .sock, .api or .vsock).
 
 `
 
 // daemonVerbs are the verbs that only exist against the daemon.
-var daemonVerbs = map[string]bool{"templates": true, "create": true, "ls": true, "rm": true, "events": true}
+var daemonVerbs = map[string]bool{"templates": true, "create": true, "ls": true, "rm": true, "events": true, "secrets": true}
 
 // sharedVerbs are the verbs of both the daemon and the VM level.
-var sharedVerbs = map[string]bool{"exec": true, "cp": true, "pause": true, "resume": true, "snapshot": true, "fork": true, "rollback": true}
+var sharedVerbs = map[string]bool{"exec": true, "cp": true, "pause": true, "resume": true, "snapshot": true, "fork": true, "rollback": true, "egress": true}
 
 // boolFlags are the flags, of either spelling of every verb, that take no
 // value (to find the verbs' positional arguments before parsing).
 var boolFlags = map[string]bool{"i": true, "json": true, "netns": true, "incremental": true, "to-disk": true,
-	"list": true, "h": true, "help": true, "lazy": true}
+	"list": true, "h": true, "help": true, "lazy": true, "network": true}
 
 // daemonMain runs the daemon verbs and routes the shared ones; ok is
 // false when args are the VM-level command's.
@@ -104,7 +109,7 @@ func daemonMain(args []string, stdin io.Reader, stdout, stderr io.Writer) (code 
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, daemonUsage+usage)
 		return 0, true
-	case "exec", "pause", "resume", "fork":
+	case "exec", "pause", "resume", "fork", "egress":
 		vmLevel = len(pos) > 0 && isVMTarget(pos[0])
 	case "snapshot":
 		vmLevel = len(pos) >= 2 || len(pos) == 1 && isVMTarget(pos[0])
@@ -276,6 +281,10 @@ func daemonVerb(verb string, args []string, stdin io.Reader, stdout, stderr io.W
 		return rmCmd(ctx, args, stdout, stderr)
 	case "events":
 		return eventsCmd(ctx, args, stdout, stderr)
+	case "secrets":
+		return secretsCmd(ctx, args, stdin, stdout, stderr)
+	case "egress":
+		return sbEgressCmd(ctx, args, stdout, stderr)
 	case "exec":
 		return sbExecCmd(ctx, args, stdin, stdout, stderr)
 	case "cp":
@@ -325,7 +334,7 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		tw.Flush()
 		return 0
 	case "create":
-		d := newDaemonCmd(ctx, "templates create", "templates create --kernel K [--initramfs I] [--disk D]... [--mem MiB] [--cpus N] [--cmdline S]", stdout, stderr)
+		d := newDaemonCmd(ctx, "templates create", "templates create --kernel K [--initramfs I] [--disk D]... [--mem MiB] [--cpus N] [--cmdline S] [--network]", stdout, stderr)
 		kernel := d.fs.String("kernel", "", "guest kernel (vmlinux or bzImage; required)")
 		initramfs := d.fs.String("initramfs", "", "initramfs (cpio)")
 		var disks stringsFlag
@@ -333,6 +342,7 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		mem := d.fs.Int("mem", 0, "guest memory in MiB (daemon default 256)")
 		cpus := d.fs.Int("cpus", 0, "vCPUs (daemon default 1)")
 		cmdline := d.fs.String("cmdline", "", "extra kernel command-line arguments")
+		network := d.fs.Bool("network", false, "give the template's sandboxes a private network with filtered egress (deny all until a sandbox's --egress policy)")
 		if code := d.parse(args); code != 0 {
 			return code
 		}
@@ -349,7 +359,7 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			}
 			return a
 		}
-		req := wire.TemplateRequest{Kernel: abs(*kernel), Initramfs: abs(*initramfs), MemMiB: *mem, CPUs: *cpus, Cmdline: *cmdline}
+		req := wire.TemplateRequest{Kernel: abs(*kernel), Initramfs: abs(*initramfs), MemMiB: *mem, CPUs: *cpus, Cmdline: *cmdline, Network: *network}
 		for _, p := range disks {
 			req.Disks = append(req.Disks, abs(p))
 		}
@@ -395,21 +405,30 @@ func ago(t time.Time) string {
 }
 
 func createCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	d := newDaemonCmd(ctx, "create", "create [--template ID] [--mem MiB] [--cpus N] [--name NAME] [--env K=V]... [--label K=V]...", stdout, stderr)
+	d := newDaemonCmd(ctx, "create", "create [--template ID] [--mem MiB] [--cpus N] [--name NAME] [--env K=V]... [--label K=V]... [--egress FILE] [--secret NAME]...", stdout, stderr)
 	tpl := d.fs.String("template", "", "the template (default: the tenant's only ready template)")
 	mem := d.fs.Int("mem", 0, "the VMM's memory limit in MiB (default: the template's guest memory)")
 	cpus := d.fs.Int("cpus", 0, "the VMM's CPU limit (default: the template's vCPUs)")
 	name := d.fs.String("name", "", "a name for the sandbox (its \"name\" label), usable instead of its id")
-	var env, labels stringsFlag
+	egress := d.fs.String("egress", "", "the sandbox's egress policy (JSON; needs a --network template)")
+	var env, labels, secrets stringsFlag
 	d.fs.Var(&env, "env", "KEY=VALUE set in every exec (repeatable)")
 	d.fs.Var(&labels, "label", "KEY=VALUE label (repeatable)")
+	d.fs.Var(&secrets, "secret", "a secret of the tenant (warren secrets set) the egress policy's credentials may use (repeatable)")
 	if code := d.parse(args); code != 0 {
 		return code
 	}
 	if d.fs.NArg() != 0 {
 		return d.usageErr()
 	}
-	req := wire.SandboxRequest{Template: *tpl, MemMiB: *mem, CPUs: *cpus, Env: env}
+	req := wire.SandboxRequest{Template: *tpl, MemMiB: *mem, CPUs: *cpus, Env: env, Secrets: secrets}
+	if *egress != "" {
+		b, err := readPolicy(*egress)
+		if err != nil {
+			return d.fail(err)
+		}
+		req.Egress = b
+	}
 	for _, l := range labels {
 		k, v, ok := strings.Cut(l, "=")
 		if !ok || k == "" {
@@ -875,4 +894,126 @@ func sbRollbackCmd(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stdout, "%s rolled back to %s\n", id, d.fs.Arg(1))
 	}
 	return 0
+}
+
+// readPolicy reads an egress policy file (checked by the daemon; here
+// only that it is JSON).
+func readPolicy(path string) (json.RawMessage, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if !json.Valid(b) {
+		return nil, fmt.Errorf("%s: not JSON", path)
+	}
+	return b, nil
+}
+
+// sbEgressCmd is `warren egress [--policy FILE] SANDBOX`, the daemon's
+// spelling of the VM-level `warren egress [--policy FILE] API`.
+func sbEgressCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	d := newDaemonCmd(ctx, "egress", "egress [--policy FILE] SANDBOX\n\nprints the egress policy in force and the counters of a network sandbox;\nwith --policy, replaces the policy first (live, and for its later restores)", stdout, stderr)
+	pol := d.fs.String("policy", "", "replace the sandbox's egress policy with this one (JSON)")
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	if d.fs.NArg() != 1 {
+		return d.usageErr()
+	}
+	id, err := d.resolve(d.fs.Arg(0))
+	if err != nil {
+		return d.fail(err)
+	}
+	var rep *wire.EgressReply
+	if *pol != "" {
+		b, err := readPolicy(*pol)
+		if err != nil {
+			return d.fail(err)
+		}
+		rep, err = d.c.SetEgress(ctx, id, b)
+	} else {
+		rep, err = d.c.Egress(ctx, id)
+	}
+	if err != nil {
+		return d.fail(err)
+	}
+	d.printJSON(rep)
+	return 0
+}
+
+// secretsCmd is `warren secrets [ls]`, `secrets set NAME [FILE|-]` and
+// `secrets rm NAME...`. A value never comes from the command line (it
+// would be in the process list and shell history).
+func secretsCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	sub := "ls"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		sub, args = args[0], args[1:]
+	}
+	switch sub {
+	case "ls", "list":
+		d := newDaemonCmd(ctx, "secrets", "secrets [ls]", stdout, stderr)
+		if code := d.parse(args); code != 0 {
+			return code
+		}
+		if d.fs.NArg() != 0 {
+			return d.usageErr()
+		}
+		l, err := d.c.Secrets(ctx)
+		if err != nil {
+			return d.fail(err)
+		}
+		if *d.asJSON {
+			d.printJSON(wire.SecretList{Names: l})
+			return 0
+		}
+		for _, n := range l {
+			fmt.Fprintln(stdout, n)
+		}
+		return 0
+	case "set":
+		d := newDaemonCmd(ctx, "secrets set", "secrets set NAME [FILE|-]\n\nThe value is FILE's bytes, or standard input's (- or no FILE); one trailing newline is dropped.", stdout, stderr)
+		if code := d.parse(args); code != 0 {
+			return code
+		}
+		if d.fs.NArg() < 1 || d.fs.NArg() > 2 {
+			return d.usageErr()
+		}
+		var v []byte
+		var err error
+		if src := d.fs.Arg(1); src != "" && src != "-" {
+			v, err = os.ReadFile(src)
+		} else if stdin != nil {
+			v, err = io.ReadAll(io.LimitReader(stdin, 1<<20))
+		}
+		if err != nil {
+			return d.fail(err)
+		}
+		if t, ok := bytes.CutSuffix(v, []byte("\n")); ok {
+			v = bytes.TrimSuffix(t, []byte("\r"))
+		}
+		if err := d.c.SetSecret(ctx, d.fs.Arg(0), bytes.NewReader(v)); err != nil {
+			return d.fail(err)
+		}
+		fmt.Fprintln(stdout, d.fs.Arg(0))
+		return 0
+	case "rm", "delete":
+		d := newDaemonCmd(ctx, "secrets rm", "secrets rm NAME...", stdout, stderr)
+		if code := d.parse(args); code != 0 {
+			return code
+		}
+		if d.fs.NArg() == 0 {
+			return d.usageErr()
+		}
+		code := 0
+		for _, n := range d.fs.Args() {
+			if err := d.c.DeleteSecret(ctx, n); err != nil {
+				code = d.fail(err)
+				continue
+			}
+			fmt.Fprintln(stdout, n)
+		}
+		return code
+	}
+	fmt.Fprintf(stderr, "warren secrets: unknown sub-command %q (ls, set, rm)\n", sub)
+	return 2
 }

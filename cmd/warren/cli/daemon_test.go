@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"net"
 	"os"
 	"path/filepath"
@@ -55,6 +56,11 @@ func TestRouting(t *testing.T) {
 		{[]string{"run", "--kernel", "k"}, true},
 		{[]string{"ls"}, false},
 		{[]string{"templates", "create", "--kernel", "k"}, false},
+		{[]string{"templates", "create", "--network", "--kernel", "k"}, false},
+		{[]string{"egress", "/d/api"}, true},
+		{[]string{"egress", "--policy", "p.json", "api.sock"}, true},
+		{[]string{"egress", "--policy", "p.json", "box"}, false},
+		{[]string{"secrets", "set", "NAME", "-"}, false},
 	}
 	for _, c := range cases {
 		_, ok := routeOnly(c.args)
@@ -173,4 +179,64 @@ func TestDaemonVerbs(t *testing.T) {
 	if _, errOut := run(2, "vm", "pause"); !strings.Contains(errOut, "usage: warren pause API") {
 		t.Errorf("vm pause: %q", errOut)
 	}
+}
+
+// The network verbs and flags against a stand-in daemon: secrets (values
+// from a file or stdin only), create --egress --secret, egress.
+func TestDaemonNetworkVerbs(t *testing.T) {
+	stub := clienttest.New(t)
+	t.Setenv("WARREN_HOST", stub.Socket)
+	t.Setenv("WARREN_TENANT", "demo")
+	run := func(want int, stdin string, args ...string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		if code := Main(args, strings.NewReader(stdin), &out, &errb); code != want {
+			t.Fatalf("warren %s: exit %d, want %d: %s%s", strings.Join(args, " "), code, want, out.String(), errb.String())
+		}
+		return out.String()
+	}
+	dir := t.TempDir()
+	valFile := filepath.Join(dir, "val")
+	os.WriteFile(valFile, []byte("from-file\n"), 0o600)
+	run(0, "", "secrets", "set", "A", valFile)
+	run(0, "from-stdin\n", "secrets", "set", "B")
+	run(0, "dash", "secrets", "set", "C", "-")
+	run(2, "", "secrets", "set")
+	run(2, "", "secrets", "set", "A", "value-on-argv", "extra")
+	for name, want := range map[string]string{"A": "from-file", "B": "from-stdin", "C": "dash"} {
+		if v, _ := stub.Secret("demo", name); v != want {
+			t.Errorf("secret %s = %q, want %q", name, v, want)
+		}
+	}
+	if out := run(0, "", "secrets"); out != "A\nB\nC\n" {
+		t.Errorf("secrets: %q", out)
+	}
+	if out := run(0, "", "secrets", "ls", "--json"); strings.Contains(out, "from-") || !strings.Contains(out, `"names"`) {
+		t.Errorf("secrets ls --json: %q", out)
+	}
+	run(0, "", "secrets", "rm", "C")
+	run(1, "", "secrets", "rm", "C")
+	if out := run(0, "", "--tenant", "other", "secrets"); out != "" {
+		t.Errorf("another tenant's secrets: %q", out)
+	}
+
+	tpl := strings.TrimSpace(run(0, "", "templates", "create", "--network", "--kernel", "build/vmlinux"))
+	pol := filepath.Join(dir, "p.json")
+	os.WriteFile(pol, []byte(`{"credentials":[{"secret":"A","hosts":["x.example.com"]}]}`), 0o600)
+	sb := strings.TrimSpace(run(0, "", "create", "--template", tpl, "--name", "net", "--egress", pol, "--secret", "A", "--secret", "B"))
+	out := run(0, "", "ls", "--json")
+	if !strings.Contains(out, `"network": true`) || !strings.Contains(out, `"secrets": [`) || !strings.Contains(out, `"x.example.com"`) {
+		t.Errorf("the sandbox: %s", out)
+	}
+	if out := run(0, "", "egress", "net"); !strings.Contains(out, `"x.example.com"`) || !strings.Contains(out, `"stats"`) {
+		t.Errorf("egress: %q", out)
+	}
+	os.WriteFile(pol, []byte(`{"rules":[{"cidr":"192.0.2.0/24"}]}`), 0o600)
+	if out := run(0, "", "egress", "--policy", pol, sb); !strings.Contains(out, "192.0.2.0/24") {
+		t.Errorf("egress --policy: %q", out)
+	}
+	os.WriteFile(pol, []byte(`not json`), 0o600)
+	run(1, "", "egress", "--policy", pol, sb)
+	run(1, "", "create", "--template", tpl, "--secret", "NOPE")
+	run(2, "", "egress")
 }

@@ -1,7 +1,7 @@
 // Package clienttest is a stand-in for warren-hostd in tests of its
 // clients: an in-memory daemon on a unix socket (or TCP with a token)
 // that speaks the API's shapes (progress streams, exec frames, files,
-// errors, tenants) without any VM. Exec echoes its argv on stdout, says
+// errors, tenants, secrets, egress policies) without any VM. Exec echoes its argv on stdout, says
 // "err" on stderr, and exits with the number given as `exit N`.
 package clienttest
 
@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +35,8 @@ type Stub struct {
 	templates map[string]*store.Template
 	sandboxes map[string]*store.Sandbox
 	files     map[string][]byte
+	secrets   map[string]map[string]string // tenant -> name -> value
+	egress    map[string]json.RawMessage   // sandbox -> policy
 	// Requests records "TENANT METHOD PATH" of every request.
 	Requests []string
 }
@@ -45,7 +48,8 @@ func New(t testing.TB) *Stub {
 		t.Fatal(err)
 	}
 	s := &Stub{Socket: filepath.Join(dir, "hostd.sock"), Token: "0123456789abcdef-token",
-		templates: map[string]*store.Template{}, sandboxes: map[string]*store.Sandbox{}, files: map[string][]byte{}}
+		templates: map[string]*store.Template{}, sandboxes: map[string]*store.Sandbox{}, files: map[string][]byte{},
+		secrets: map[string]map[string]string{}, egress: map[string]json.RawMessage{}}
 	ul, err := net.Listen("unix", s.Socket)
 	if err != nil {
 		t.Fatal(err)
@@ -61,6 +65,14 @@ func New(t testing.TB) *Stub {
 	go ts.Serve(tl)
 	t.Cleanup(func() { us.Close(); ts.Close(); os.RemoveAll(dir) })
 	return s
+}
+
+// Secret returns the value tenant's secret name was given.
+func (s *Stub) Secret(tenant, name string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.secrets[tenant][name]
+	return v, ok
 }
 
 func (s *Stub) id(prefix string) string {
@@ -142,7 +154,7 @@ func (s *Stub) handler() http.Handler {
 			return
 		}
 		s.mu.Lock()
-		t := &store.Template{ID: s.id("tp"), Tenant: tenant, Status: "ready", Kernel: req.Kernel, Initramfs: req.Initramfs, MemMiB: req.MemMiB, CPUs: req.CPUs, Created: time.Now()}
+		t := &store.Template{ID: s.id("tp"), Tenant: tenant, Status: "ready", Kernel: req.Kernel, Initramfs: req.Initramfs, MemMiB: req.MemMiB, CPUs: req.CPUs, Network: req.Network, Created: time.Now()}
 		s.templates[t.ID] = t
 		s.mu.Unlock()
 		long(w, r, []string{"booting the guest", "waiting for the agent", "snapshotting"}, 201, t)
@@ -185,8 +197,27 @@ func (s *Stub) handler() http.Handler {
 			fail(w, 404, fmt.Sprintf("template %q not found", req.Template))
 			return
 		}
-		x := &store.Sandbox{ID: s.id("sb"), Tenant: tenant, Template: t.ID, Status: "running", PID: 4242, MemMiB: req.MemMiB, Env: req.Env, Labels: req.Labels, Created: time.Now()}
+		for _, n := range req.Secrets {
+			if _, ok := s.secrets[tenant][n]; !ok {
+				s.mu.Unlock()
+				fail(w, 400, fmt.Sprintf("secret %q not found", n))
+				return
+			}
+		}
+		if len(req.Egress) > 0 && !t.Network {
+			s.mu.Unlock()
+			fail(w, 400, "egress needs a template built with \"network\": true")
+			return
+		}
+		x := &store.Sandbox{ID: s.id("sb"), Tenant: tenant, Template: t.ID, Status: "running", PID: 4242, MemMiB: req.MemMiB, Env: req.Env, Labels: req.Labels,
+			Network: t.Network, Egress: req.Egress, Secrets: req.Secrets, Created: time.Now()}
 		s.sandboxes[x.ID] = x
+		if x.Network {
+			s.egress[x.ID] = req.Egress
+			if len(req.Egress) == 0 {
+				s.egress[x.ID] = json.RawMessage("{}")
+			}
+		}
 		s.mu.Unlock()
 		long(w, r, []string{"restoring the snapshot", "waiting for the agent"}, 201, x)
 	}))
@@ -332,6 +363,61 @@ func (s *Stub) handler() http.Handler {
 		s.mu.Unlock()
 		long(w, r, []string{"forking"}, 201, wire.ForkResult{Parent: x.ID, PauseMS: 1.5, Children: kids})
 	}))
+	mux.HandleFunc("PUT /v1/secrets/{name}", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		b, _ := io.ReadAll(r.Body)
+		if len(b) == 0 {
+			fail(w, 400, "the value is empty")
+			return
+		}
+		s.mu.Lock()
+		if s.secrets[tenant] == nil {
+			s.secrets[tenant] = map[string]string{}
+		}
+		s.secrets[tenant][r.PathValue("name")] = string(b)
+		s.mu.Unlock()
+		reply(w, 201, wire.Secret{Name: r.PathValue("name")})
+	}))
+	mux.HandleFunc("GET /v1/secrets", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		s.mu.Lock()
+		l := wire.SecretList{Names: []string{}}
+		for n := range s.secrets[tenant] {
+			l.Names = append(l.Names, n)
+		}
+		s.mu.Unlock()
+		sort.Strings(l.Names)
+		reply(w, 200, l)
+	}))
+	mux.HandleFunc("DELETE /v1/secrets/{name}", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		s.mu.Lock()
+		_, ok := s.secrets[tenant][r.PathValue("name")]
+		delete(s.secrets[tenant], r.PathValue("name"))
+		s.mu.Unlock()
+		if !ok {
+			fail(w, 404, "secret not found")
+			return
+		}
+		reply(w, 200, wire.Secret{Name: r.PathValue("name")})
+	}))
+	egress := func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !x.Network {
+			fail(w, 404, "sandbox "+x.ID+" has no network")
+			return
+		}
+		if r.Method == http.MethodPut {
+			b, _ := io.ReadAll(r.Body)
+			if !json.Valid(b) {
+				fail(w, 400, "egress: not JSON")
+				return
+			}
+			s.egress[x.ID] = b
+			x.Egress = b
+		}
+		reply(w, 200, wire.EgressReply{Policy: s.egress[x.ID], Stats: json.RawMessage(`{"passed":0}`), Audit: "egress.jsonl"})
+	}
+	mux.HandleFunc("GET /v1/sandboxes/{id}/egress", sb(egress))
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/egress", sb(egress))
 	mux.HandleFunc("GET /v1/events", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		enc := json.NewEncoder(w)

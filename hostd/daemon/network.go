@@ -1,0 +1,352 @@
+package daemon
+
+// Sandbox networks, egress policies and tenant secrets.
+//
+// A network template's build VMM (`warren run --private-net ...`) has a
+// tap and its egress services (filter, resolver, credential proxy) in a
+// network namespace of its own, with a deny-all policy; its snapshot
+// records them, so every sandbox restored from it gets the same network
+// (the same tap name and addresses, each in its own namespace). On every
+// start of a network sandbox's VMM the daemon writes the sandbox's files
+// and passes them to `warren restore`:
+//
+//	<sandboxdir>/secrets.json   the secrets the sandbox names, current values (0600)
+//	<sandboxdir>/egress.json    its policy, when it has one (0600)
+//	<sandboxdir>/egress.jsonl   the VMM's egress audit log
+//
+// A tenant's secrets live in <state>/tenants/<tenant>/secrets.json (see
+// hostd/store); no answer of the API ever carries a value.
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"unicode/utf8"
+
+	"github.com/warrenvm/warren/ebpf/policy"
+	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/hostd/wire"
+)
+
+// The private network every network VMM has (in its own namespace, so
+// every sandbox has the same).
+const (
+	netTap    = "wt0"
+	netHostIP = "10.200.0.1/24"
+	netGuest  = "10.200.0.2"
+)
+
+// MaxSecretBytes bounds one secret's value.
+const MaxSecretBytes = 64 << 10
+
+// maxSandboxSecrets bounds the secrets file of one sandbox: the credential
+// proxy (hostd/credproxy.FileStore) reads at most 1 MiB.
+const maxSandboxSecrets = 1 << 20
+
+var secretNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Files of a network sandbox, in its directory.
+const (
+	sbSecretsFile = "secrets.json"
+	sbEgressFile  = "egress.json"
+	sbAuditFile   = "egress.jsonl"
+)
+
+// networkArgs returns the `warren run` flags of a network template built
+// in dir, after writing its deny-all policy there.
+func (d *Daemon) networkArgs(dir string) ([]string, error) {
+	pol := filepath.Join(dir, "egress-template.json")
+	if err := store.WriteFileAtomic(pol, []byte("{}\n"), 0o600); err != nil {
+		return nil, err
+	}
+	args := []string{"--private-net", "--tap", netTap, "--host-ip", netHostIP, "--guest-ip", netGuest,
+		"--egress", pol, "--audit", filepath.Join(dir, sbAuditFile)}
+	if d.cfg.EgressHosts != "" {
+		args = append(args, "--hosts", d.cfg.EgressHosts)
+	}
+	if d.cfg.DNSUpstream != "" {
+		args = append(args, "--dns-upstream", d.cfg.DNSUpstream)
+	}
+	if d.cfg.UpstreamCA != "" {
+		args = append(args, "--upstream-ca", d.cfg.UpstreamCA)
+	}
+	return args, nil
+}
+
+// restoreNetArgs writes a network sandbox's files (see the top of this
+// file) and returns its `warren restore` flags; none for a sandbox
+// without network (caller holds s.mu or owns s).
+func (d *Daemon) restoreNetArgs(sb *store.Sandbox) ([]string, error) {
+	if !sb.Network {
+		return nil, nil
+	}
+	dir := d.store.SandboxDir(sb.Tenant, sb.ID)
+	sec := filepath.Join(dir, sbSecretsFile)
+	d.secretsMu.Lock()
+	err := d.writeSandboxSecrets(sb, sec)
+	d.secretsMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"--secrets", sec, "--audit", filepath.Join(dir, sbAuditFile)}
+	if len(sb.Egress) > 0 {
+		pol := filepath.Join(dir, sbEgressFile)
+		if err := store.WriteFileAtomic(pol, append(bytes.Clone(sb.Egress), '\n'), 0o600); err != nil {
+			return nil, err
+		}
+		args = append(args, "--egress", pol)
+	}
+	return args, nil
+}
+
+// writeSandboxSecrets writes to path the current values of the secrets
+// sb names; one the tenant no longer has is left out (caller holds
+// d.secretsMu).
+func (d *Daemon) writeSandboxSecrets(sb *store.Sandbox, path string) error {
+	all, err := d.store.LoadSecrets(sb.Tenant)
+	if err != nil {
+		return err
+	}
+	m := map[string]string{}
+	for _, n := range sb.Secrets {
+		if v, ok := all[n]; ok {
+			m[n] = v
+		} else {
+			d.log.Warn("a secret the sandbox names is gone", "tenant", sb.Tenant, "sandbox", sb.ID, "secret", n)
+		}
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if len(b) > maxSandboxSecrets {
+		return errf(400, "the sandbox's secrets add up to more than %d bytes", maxSandboxSecrets)
+	}
+	return store.WriteFileAtomic(path, b, 0o600)
+}
+
+// refreshSecrets rewrites the secrets file of every network sandbox of
+// tenant that names secret and has a VMM, so that a changed or deleted
+// secret takes effect at its proxy's next request (caller holds
+// d.secretsMu).
+func (d *Daemon) refreshSecrets(tenant, secret string) {
+	for _, s := range d.tenantSandboxes(tenant) {
+		rec := d.snapshotRec(s)
+		if !rec.Network || !slices.Contains(rec.Secrets, secret) {
+			continue
+		}
+		path := filepath.Join(d.store.SandboxDir(tenant, rec.ID), sbSecretsFile)
+		if _, err := os.Stat(path); err != nil {
+			continue // never started: its start writes it
+		}
+		if err := d.writeSandboxSecrets(&rec, path); err != nil {
+			d.log.Error("refresh the sandbox's secrets", "tenant", tenant, "sandbox", rec.ID, "err", err)
+		}
+	}
+}
+
+// checkEgress validates a sandbox's egress policy raw (nil: none) and
+// secrets names against tenant's secrets: every name must exist, and
+// every credential of the policy must name one of names. It returns the
+// policy, compacted.
+func (d *Daemon) checkEgress(tenant string, raw json.RawMessage, names []string) (json.RawMessage, error) {
+	d.secretsMu.Lock()
+	all, err := d.store.LoadSecrets(tenant)
+	d.secretsMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		if _, ok := all[n]; !ok {
+			return nil, errf(400, "secret %q not found (PUT /v1/secrets/%s first)", n, n)
+		}
+	}
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	p, err := policy.Parse(raw)
+	if err != nil {
+		return nil, errf(400, "egress: %v", err)
+	}
+	for _, c := range p.Credentials {
+		if !slices.Contains(names, c.Secret) {
+			return nil, errf(400, "egress: credential secret %q is not among the sandbox's secrets", c.Secret)
+		}
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return nil, errf(400, "egress: %v", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// isNull reports whether raw is absent or JSON null.
+func isNull(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) == 0 || string(t) == "null"
+}
+
+// putSecret is PUT /v1/secrets/{name}: the raw body is the value.
+func (d *Daemon) putSecret(w http.ResponseWriter, r *http.Request, tenant string) {
+	name := r.PathValue("name")
+	if !secretNameRE.MatchString(name) {
+		writeErr(w, errf(400, "bad secret name %q: want [A-Za-z_][A-Za-z0-9_]*", name))
+		return
+	}
+	v, err := io.ReadAll(io.LimitReader(r.Body, MaxSecretBytes+1))
+	if err != nil {
+		writeErr(w, errf(400, "read the value: %v", err))
+		return
+	}
+	switch {
+	case len(v) > MaxSecretBytes:
+		writeErr(w, errf(http.StatusRequestEntityTooLarge, "secret %s: the value is larger than %d bytes", name, MaxSecretBytes))
+		return
+	case len(v) == 0:
+		writeErr(w, errf(400, "secret %s: the value is empty", name))
+		return
+	case !utf8.Valid(v):
+		writeErr(w, errf(400, "secret %s: the value is not UTF-8 text", name))
+		return
+	}
+	d.secretsMu.Lock()
+	defer d.secretsMu.Unlock()
+	m, err := d.store.LoadSecrets(tenant)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	_, existed := m[name]
+	m[name] = string(v)
+	if err := d.store.SaveSecrets(tenant, m); err != nil {
+		writeErr(w, err)
+		return
+	}
+	d.refreshSecrets(tenant, name)
+	d.log.Info("secret set", "tenant", tenant, "secret", name)
+	st := http.StatusCreated
+	if existed {
+		st = http.StatusOK
+	}
+	writeJSON(w, st, wire.Secret{Name: name})
+}
+
+// listSecrets is GET /v1/secrets: names only.
+func (d *Daemon) listSecrets(w http.ResponseWriter, r *http.Request, tenant string) {
+	d.secretsMu.Lock()
+	m, err := d.store.LoadSecrets(tenant)
+	d.secretsMu.Unlock()
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	writeJSON(w, 200, wire.SecretList{Names: names})
+}
+
+// deleteSecret is DELETE /v1/secrets/{name}. The running sandboxes that
+// named it lose it at once (their proxy's next request fails for its
+// credential); a create or policy change naming it is refused from then on.
+func (d *Daemon) deleteSecret(w http.ResponseWriter, r *http.Request, tenant string) {
+	name := r.PathValue("name")
+	d.secretsMu.Lock()
+	defer d.secretsMu.Unlock()
+	m, err := d.store.LoadSecrets(tenant)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if _, ok := m[name]; !ok {
+		writeErr(w, errf(404, "secret %q not found", name))
+		return
+	}
+	delete(m, name)
+	if err := d.store.SaveSecrets(tenant, m); err != nil {
+		writeErr(w, err)
+		return
+	}
+	d.refreshSecrets(tenant, name)
+	d.log.Info("secret deleted", "tenant", tenant, "secret", name)
+	writeJSON(w, 200, wire.Secret{Name: name})
+}
+
+// withNetwork is withSandbox for a sandbox with network (404 otherwise).
+func (d *Daemon) withNetwork(h func(w http.ResponseWriter, r *http.Request, s *sbState)) handlerFunc {
+	return d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
+		if rec := d.snapshotRec(s); !rec.Network {
+			writeErr(w, errf(404, "sandbox %s has no network: its template %s was not built with \"network\": true", rec.ID, rec.Template))
+			return
+		}
+		h(w, r, s)
+	})
+}
+
+// getEgress is GET /v1/sandboxes/{id}/egress: its VMM's policy in force
+// and counters.
+func (d *Daemon) getEgress(w http.ResponseWriter, r *http.Request, s *sbState) {
+	rec := d.snapshotRec(s)
+	if rec.Status != store.Running && rec.Status != store.Paused {
+		writeErr(w, errf(409, "sandbox %s is %s", rec.ID, rec.Status))
+		return
+	}
+	var rep wire.EgressReply
+	if err := vmmCall(r.Context(), rec.API, http.MethodGet, "egress", nil, &rep); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, rep)
+}
+
+// putEgress is PUT /v1/sandboxes/{id}/egress: a new policy, checked as a
+// create's, put in force by the VMM, then recorded so that later
+// restores start with it.
+func (d *Daemon) putEgress(w http.ResponseWriter, r *http.Request, s *sbState) {
+	b, err := io.ReadAll(io.LimitReader(r.Body, 1<<20+1))
+	if err != nil || len(b) > 1<<20 {
+		writeErr(w, errf(400, "bad request body: want a policy of at most 1 MiB"))
+		return
+	}
+	if isNull(b) {
+		writeErr(w, errf(400, "egress: the body must be a policy (JSON object)"))
+		return
+	}
+	rec := d.snapshotRec(s)
+	pol, err := d.checkEgress(rec.Tenant, b, rec.Secrets)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := running(s, true); err != nil {
+		writeErr(w, err)
+		return
+	}
+	var rep wire.EgressReply
+	if err := vmmCall(r.Context(), s.rec.API, http.MethodPut, "egress", pol, &rep); err != nil {
+		writeErr(w, err)
+		return
+	}
+	s.rec.Egress = pol
+	err = d.save(s)
+	if err == nil {
+		path := filepath.Join(d.store.SandboxDir(s.rec.Tenant, s.rec.ID), sbEgressFile)
+		err = store.WriteFileAtomic(path, append(bytes.Clone(pol), '\n'), 0o600)
+	}
+	if err != nil {
+		writeErr(w, fmt.Errorf("the policy is in force, but recording it failed (a restore would start with the previous one): %w", err))
+		return
+	}
+	writeJSON(w, 200, rep)
+}

@@ -1,0 +1,185 @@
+package daemon
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/internal/testtls"
+)
+
+// TestE2ENetwork drives network sandboxes through the daemon with real
+// VMs: a tenant secret, a network template (its VMM's tap and egress
+// services in a namespace of their own), and two sandboxes of it running
+// at once on the same tap name and addresses. The one whose policy scopes
+// the secret to api.test reaches the upstream (on L1's loopback, through
+// the credential proxy) with the real secret while its guest holds only
+// the placeholder; a denied name fails; the other, with the template's
+// deny-all policy, reaches nothing. A live policy change through the API
+// takes effect, one naming a secret outside the sandbox's scope is
+// refused, and the secret appears in no audit log and no API reply.
+func TestE2ENetwork(t *testing.T) {
+	warren, kernel, initrd := e2ePaths(t)
+	if os.Geteuid() != 0 {
+		t.Skip("skipped: needs root (network namespaces, taps, eBPF)")
+	}
+	state, err := os.MkdirTemp("", "hostd-net-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	start := time.Now()
+	step := func(format string, a ...any) {
+		t.Logf("[%5.1fs] %s", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
+	}
+	tok := make([]byte, 16)
+	rand.Read(tok)
+	secret := "sk-live-" + hex.EncodeToString(tok)
+
+	// The upstream API on 127.0.0.1:443 of this (L1's) namespace, where
+	// the VMMs' proxies connect from.
+	caPEM, cert := testtls.Upstream(t, "api.test")
+	upCA := filepath.Join(state, "upstream-ca.pem")
+	os.WriteFile(upCA, caPEM, 0o644)
+	hosts := filepath.Join(state, "hosts")
+	os.WriteFile(hosts, []byte("127.0.0.1 api.test\n"), 0o644)
+	var seenMu sync.Mutex
+	var seen []string
+	upLn, err := tls.Listen("tcp", "127.0.0.1:443", &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Skipf("skipped: cannot listen on 127.0.0.1:443 for the upstream: %v", err)
+	}
+	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seenMu.Lock()
+		seen = append(seen, r.URL.RawQuery)
+		seenMu.Unlock()
+		fmt.Fprintf(w, "upstream saw %s\n", r.URL.RawQuery)
+	})}
+	go up.Serve(upLn)
+	defer up.Close()
+
+	launcher := &ExecLauncher{Warren: warren}
+	if launcher.Prepare, err = JailPrepare("vmm"); err != nil {
+		t.Fatal(err)
+	}
+	td := startDaemon(t, state, launcher, func(c *Config) {
+		c.CgroupRoot = ""
+		c.MonitorInterval = 500 * time.Millisecond
+		c.BootTimeout, c.RestoreTimeout = 4*time.Minute, 2*time.Minute
+		c.EgressHosts, c.UpstreamCA = hosts, upCA
+	})
+	a := td.client(t, "tenant-n")
+	var sbs []store.Sandbox
+	defer func() {
+		for _, sb := range sbs {
+			stopProc(sb.PID, sb.StartTime, time.Second)
+		}
+	}()
+	replies := &bytes.Buffer{} // every API reply, searched for the secret at the end
+	do := func(want int, method, path string, body any) []byte {
+		t.Helper()
+		st, b := a.do(method, path, body)
+		replies.Write(b)
+		if st != want {
+			t.Fatalf("%s %s: %d %s", method, path, st, b)
+		}
+		return b
+	}
+	if st, b := a.do("PUT", "/v1/secrets/API_KEY", []byte(secret)); st/100 != 2 {
+		t.Fatalf("PUT secret: %d %s", st, b)
+	}
+	if b := do(200, "GET", "/v1/secrets", nil); !strings.Contains(string(b), "API_KEY") {
+		t.Fatalf("GET /v1/secrets: %s", b)
+	}
+	if st, b := td.client(t, "tenant-o").do("GET", "/v1/secrets", nil); st != 200 || strings.Contains(string(b), "API_KEY") {
+		t.Fatalf("another tenant's GET /v1/secrets: %d %s", st, b)
+	}
+	var tp store.Template
+	a.ok(201, "POST", "/v1/templates", map[string]any{"kernel": kernel, "initramfs": initrd, "mem_mib": 256, "cpus": 1, "network": true}, &tp)
+	step("network template %s ready in %.0f ms", tp.ID, tp.BuildMS)
+
+	pol := map[string]any{"credentials": []map[string]any{{"secret": "API_KEY", "hosts": []string{"api.test"}}}}
+	var s1, s2 store.Sandbox
+	a.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": pol, "secrets": []string{"API_KEY"}}, &s1)
+	sbs = append(sbs, s1)
+	a.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID}, &s2)
+	sbs = append(sbs, s2)
+	step("sandboxes %s (API_KEY scoped to api.test) and %s (deny all) running at once", s1.ID, s2.ID)
+
+	sh := func(id, cmd string) (string, int) {
+		t.Helper()
+		out, errOut, code, err := a.tryExec(id, "sh", "-c", cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out + errOut, code
+	}
+	ph, _ := sh(s1.ID, `echo -n "$API_KEY"`)
+	if ph == "" || strings.Contains(ph, secret) {
+		t.Fatalf("the guest's $API_KEY is %q", ph)
+	}
+	const fetch = `wget -T 10 -q -O - "https://api.test/v1/echo?key=$API_KEY"`
+	out, code := sh(s1.ID, fetch)
+	if code != 0 || !strings.Contains(out, "upstream saw key="+ph) || strings.Contains(out, secret) {
+		t.Fatalf("%s in %s: exit %d %q", fetch, s1.ID, code, out)
+	}
+	seenMu.Lock()
+	got := strings.Join(seen, " ")
+	seenMu.Unlock()
+	if !strings.Contains(got, "key="+secret) {
+		t.Fatalf("the upstream saw %q, not the secret", got)
+	}
+	step("%s: the guest holds %q; the upstream saw the real secret", s1.ID, ph)
+	if out, code := sh(s1.ID, `wget -T 5 -q -O - http://denied.test/`); code == 0 {
+		t.Fatalf("denied.test got through: %q", out)
+	}
+	if out, code := sh(s2.ID, fetch); code == 0 {
+		t.Fatalf("the deny-all sandbox got through: %q", out)
+	}
+	step("denied.test refused; the deny-all sandbox reaches nothing")
+
+	// Live policy changes through the API.
+	if st, b := a.do("PUT", "/v1/sandboxes/"+s2.ID+"/egress", pol); st != 400 {
+		t.Fatalf("a policy naming a secret outside %s's scope: %d %s", s2.ID, st, b)
+	}
+	do(200, "PUT", "/v1/sandboxes/"+s1.ID+"/egress", map[string]any{})
+	if out, code := sh(s1.ID, fetch); code == 0 {
+		t.Fatalf("after the deny-all update %s got through: %q", s1.ID, out)
+	}
+	if b := do(200, "GET", "/v1/sandboxes/"+s1.ID+"/egress", nil); strings.Contains(string(b), "api.test") {
+		t.Fatalf("GET egress after the update: %s", b)
+	}
+	step("live update to deny-all in force; an out-of-scope policy refused")
+
+	for _, sb := range sbs {
+		do(200, "DELETE", "/v1/sandboxes/"+sb.ID, nil)
+	}
+	do(200, "DELETE", "/v1/templates/"+tp.ID, nil)
+	// The secret is in the tenant's secrets file and the sandboxes'
+	// secrets.json only: no audit log, record or reply has it.
+	var leaks []string
+	filepath.Walk(state, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || fi.IsDir() || fi.Name() == "secrets.json" || fi.Size() > 64<<20 {
+			return nil
+		}
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(secret)) {
+			leaks = append(leaks, p)
+		}
+		return nil
+	})
+	if len(leaks) > 0 || bytes.Contains(replies.Bytes(), []byte(secret)) || strings.Contains(td.audit.String(), secret) {
+		t.Fatalf("the secret leaked: files %v, replies %v, API audit %v", leaks,
+			bytes.Contains(replies.Bytes(), []byte(secret)), strings.Contains(td.audit.String(), secret))
+	}
+	step("deleted; the secret is in no file but secrets.json, no reply, no audit log")
+}
