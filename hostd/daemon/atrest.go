@@ -48,10 +48,15 @@ import (
 // directory is removed. Nothing decrypted stays on a disk, and nothing
 // stays on the tmpfs after the restore.
 //
+// Secrets: the tenant's secrets file is sealed under the same key, and a
+// network sandbox's VMM reads its secrets from a plaintext file in the
+// same working directory, removed when that VMM stops for good (see
+// secrets.go).
+//
 // What stays plaintext: a running sandbox's guest memory (in RAM, in the
-// VMM's memfd), its writable disk overlay while it runs, and the
-// decrypted working copy of a snapshot for the seconds a restore reads
-// it. Not encrypted yet: disk overlays of stopped sandboxes (the daemon's
+// VMM's memfd), its writable disk overlay while it runs, the secrets file
+// of a running network sandbox's VMM (on the tmpfs), and the decrypted
+// working copy of a snapshot for the seconds a restore reads it. Not encrypted yet: disk overlays of stopped sandboxes (the daemon's
 // sandboxes have none today: template disks are read-only and shared)
 // and a fork's transient files (its children's console and log).
 //
@@ -74,9 +79,10 @@ import (
 // Revocation (DELETE /v1/keys): the key is crypto-shredded
 // (crypt.LocalProvider.Revoke) and the tenant's running sandboxes are
 // stopped (a running VMM holds plaintext memory, and a snapshot it takes
-// could not be sealed). From then on creates, resumes from disk, rollbacks
-// and template builds of the tenant fail with the provider's error (HTTP
-// 403), and its snapshot files stay on disk, unreadable.
+// could not be sealed). From then on creates, resumes from disk, rollbacks,
+// template builds and the secrets API of the tenant fail with the
+// provider's error (HTTP 403), and its snapshot and secrets files stay on
+// disk, unreadable.
 type atRest struct {
 	keys *crypt.LocalProvider
 	// work is where decrypted working copies go.

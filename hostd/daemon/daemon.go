@@ -91,11 +91,13 @@ type Config struct {
 	// MemOverheadMiB is added to a sandbox's memory for its VMM's cgroup
 	// limit (default 128).
 	MemOverheadMiB int
-	// Keys, when set, turns on at-rest encryption of the snapshots of
-	// every tenant that has a key there (see atrest.go), the /v1/keys
-	// API, and the Hooks that are unset. DecryptDir is where restores
-	// decrypt their working copies (default STATE/run/decrypted; a tmpfs
-	// such as /run/warren/decrypted keeps them off disks).
+	// Keys, when set, turns on at-rest encryption of the snapshots and
+	// the secrets file of every tenant that has a key there (see
+	// atrest.go and secrets.go), the /v1/keys API, and the Hooks that are
+	// unset. DecryptDir is where restores decrypt their working copies
+	// and where the VMMs of those tenants' network sandboxes read their
+	// secrets (default STATE/run/decrypted; a tmpfs such as
+	// /run/warren/decrypted keeps them off disks).
 	Keys       *crypt.LocalProvider
 	DecryptDir string
 	// Jail, for the default launcher, jails every VMM: "strict" or "vmm"
@@ -132,7 +134,8 @@ type Daemon struct {
 	wg     sync.WaitGroup
 
 	// secretsMu serialises the reads and writes of tenants' secret files
-	// and of sandboxes' secrets.json (network.go).
+	// and of sandboxes' secrets files (network.go, secrets.go); it is
+	// taken after an sbState's mu, never before.
 	secretsMu sync.Mutex
 
 	mu        sync.Mutex
@@ -276,6 +279,7 @@ func New(cfg Config) (*Daemon, error) {
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.adopt()
 	d.sealAll()
+	d.sweepWorkSecrets()
 	d.wg.Add(1)
 	go d.monitor()
 	return d, nil
@@ -323,6 +327,7 @@ func (d *Daemon) adopt() {
 			stopProc(sb.PID, sb.StartTime, StopGrace)
 			sb.Status, sb.Reason, sb.PID, sb.StartTime = store.Failed, "creation interrupted by a daemon restart", 0, 0
 			d.save(s)
+			d.dropSecrets(sb, false)
 		}
 	}
 	// VMMs that no record owns: started by a daemon killed before it
@@ -340,7 +345,8 @@ func (d *Daemon) adopt() {
 	}
 }
 
-// markStopped records that s's VMM is gone (caller holds s.mu or owns s).
+// markStopped records that s's VMM is gone and removes the secrets file
+// it read from the decrypt directory (caller holds s.mu or owns s).
 func (d *Daemon) markStopped(s *sbState, reason string) {
 	sb := s.rec
 	if s.stopRolling != nil {
@@ -349,6 +355,7 @@ func (d *Daemon) markStopped(s *sbState, reason string) {
 	}
 	sb.Status, sb.Reason, sb.PID, sb.StartTime = store.Stopped, reason, 0, 0
 	s.chainOK = false
+	d.dropSecrets(sb, false) // (before the record says stopped)
 	d.save(s)
 	d.log.Warn("sandbox stopped", "tenant", sb.Tenant, "sandbox", sb.ID, "reason", reason)
 	d.events.publish(sb.Tenant, wire.Event{Type: "stopped", Sandbox: sb.ID, Detail: reason})

@@ -39,7 +39,8 @@ func (d *Daemon) tenantDir(tenant string) string {
 }
 
 // sealAll seals what is left in plaintext of every tenant with a key (a
-// crash between a snapshot and its sealing).
+// crash between a snapshot and its sealing, secrets written before the key
+// existed).
 func (d *Daemon) sealAll() {
 	if d.atRest == nil {
 		return
@@ -51,6 +52,12 @@ func (d *Daemon) sealAll() {
 		}
 		if err := d.atRest.sealTenant(e.Name(), d.tenantDir(e.Name())); err != nil {
 			d.log.Error("sealing snapshots", "tenant", e.Name(), "err", err)
+		}
+		d.secretsMu.Lock()
+		err := d.sealSecrets(e.Name())
+		d.secretsMu.Unlock()
+		if err != nil {
+			d.log.Error("sealing secrets", "tenant", e.Name(), "err", err)
 		}
 	}
 }
@@ -82,7 +89,8 @@ func (d *Daemon) keysConfigured(w http.ResponseWriter) bool {
 	return true
 }
 
-// postKey creates the tenant's key and seals its existing snapshots.
+// postKey creates the tenant's key and seals its existing snapshots and
+// secrets file.
 func (d *Daemon) postKey(w http.ResponseWriter, r *http.Request, tenant string) {
 	if !d.keysConfigured(w) {
 		return
@@ -104,13 +112,16 @@ func (d *Daemon) postKey(w http.ResponseWriter, r *http.Request, tenant string) 
 		s.mu.Lock()
 	}
 	err = d.atRest.sealTenant(tenant, d.tenantDir(tenant))
+	d.secretsMu.Lock()
+	err = errors.Join(err, d.sealSecrets(tenant))
+	d.secretsMu.Unlock()
 	for _, s := range sbs {
 		s.chainOK = false
 		s.mu.Unlock()
 	}
 	if err != nil {
 		d.log.Error("sealing snapshots", "tenant", tenant, "err", err)
-		writeErr(w, errf(500, "key created, but sealing the existing snapshots failed: %v", err))
+		writeErr(w, errf(500, "key created, but sealing the existing snapshots or secrets failed: %v", err))
 		return
 	}
 	d.log.Info("encryption key created", "tenant", tenant, "key_id", k.ID())
@@ -137,8 +148,9 @@ func (d *Daemon) getKey(w http.ResponseWriter, r *http.Request, tenant string) {
 }
 
 // deleteKey revokes the tenant's key (crypto-shredding) and stops its
-// running sandboxes: their memory is plaintext, and a snapshot they took
-// could not be sealed any more.
+// running sandboxes: their memory is plaintext, a snapshot they took could
+// not be sealed any more, and their secrets files in the decrypt
+// directory go with them (markStopped).
 func (d *Daemon) deleteKey(w http.ResponseWriter, r *http.Request, tenant string) {
 	if !d.keysConfigured(w) {
 		return

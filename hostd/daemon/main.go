@@ -38,7 +38,7 @@ func Main(args []string, stderr io.Writer) int {
 	stopOnExit := fs.Bool("stop-on-exit", false, "stop every VMM when the daemon exits on a signal")
 	suspendOnExit := fs.Bool("suspend-on-exit", false, "pause every sandbox to disk when the daemon exits on a signal")
 	keys := fs.String("keys", "", "at-rest encryption: tenants' keys in DIR (crypt.LocalProvider; POST /v1/keys makes one); unset: no encryption")
-	decryptDir := fs.String("decrypt-dir", "", "with --keys: where restores decrypt snapshots while the VMM loads them (default: decrypted/ beside --socket, a tmpfs under /run)")
+	decryptDir := fs.String("decrypt-dir", "", "with --keys: where restores decrypt snapshots while the VMM loads them, and where the VMMs of network sandboxes of tenants with a key read their secrets (default: decrypted/ beside --socket, a tmpfs under /run)")
 	jailFlag := fs.String("jail", "vmm", "harden every VMM after its setup (hostd/jail): vmm, strict (forks then fail) or off; ,log logs what the seccomp filter lacks instead of refusing it")
 	egressHosts := fs.String("egress-hosts", "", "network templates: an /etc/hosts-style file of fixed addresses for the sandboxes' resolvers and credential proxies (warren run --hosts)")
 	dnsUpstream := fs.String("dns-upstream", "", "network templates: the DNS server IP:PORT the sandboxes' resolvers ask allowed names of (warren run --dns-upstream; default the host's /etc/resolv.conf)")

@@ -10,12 +10,15 @@ package daemon
 // start of a network sandbox's VMM the daemon writes the sandbox's files
 // and passes them to `warren restore`:
 //
-//	<sandboxdir>/secrets.json   the secrets the sandbox names, current values (0600)
+//	<sandboxdir>/secrets.json   the secrets the sandbox names, current values (0600);
+//	                            for a tenant with a key <decryptdir>/<id>.secrets.json
+//	                            instead (see secrets.go)
 //	<sandboxdir>/egress.json    its policy, when it has one (0600)
 //	<sandboxdir>/egress.jsonl   the VMM's egress audit log
 //
-// A tenant's secrets live in <state>/tenants/<tenant>/secrets.json (see
-// hostd/store); no answer of the API ever carries a value.
+// A tenant's secrets live in <state>/tenants/<tenant>/secrets.json,
+// sealed under its key when it has one (see secrets.go and hostd/store);
+// no answer of the API ever carries a value.
 
 import (
 	"bytes"
@@ -88,9 +91,12 @@ func (d *Daemon) restoreNetArgs(sb *store.Sandbox) ([]string, error) {
 		return nil, nil
 	}
 	dir := d.store.SandboxDir(sb.Tenant, sb.ID)
-	sec := filepath.Join(dir, sbSecretsFile)
+	sec, err := d.sandboxSecretsPath(sb.Tenant, sb.ID)
+	if err != nil {
+		return nil, err
+	}
 	d.secretsMu.Lock()
-	err := d.writeSandboxSecrets(sb, sec)
+	err = d.writeSandboxSecrets(sb, sec)
 	d.secretsMu.Unlock()
 	if err != nil {
 		return nil, err
@@ -110,7 +116,7 @@ func (d *Daemon) restoreNetArgs(sb *store.Sandbox) ([]string, error) {
 // sb names; one the tenant no longer has is left out (caller holds
 // d.secretsMu).
 func (d *Daemon) writeSandboxSecrets(sb *store.Sandbox, path string) error {
-	all, err := d.store.LoadSecrets(sb.Tenant)
+	all, err := d.loadSecrets(sb.Tenant)
 	if err != nil {
 		return err
 	}
@@ -133,21 +139,26 @@ func (d *Daemon) writeSandboxSecrets(sb *store.Sandbox, path string) error {
 }
 
 // refreshSecrets rewrites the secrets file of every network sandbox of
-// tenant that names secret and has a VMM, so that a changed or deleted
-// secret takes effect at its proxy's next request (caller holds
-// d.secretsMu).
+// tenant that names secret and has one (in the decrypt directory or in its
+// own: a VMM reads it), so that a changed or deleted secret takes effect
+// at its proxy's next request; a fork child reads its parent's (caller
+// holds d.secretsMu).
 func (d *Daemon) refreshSecrets(tenant, secret string) {
 	for _, s := range d.tenantSandboxes(tenant) {
 		rec := d.snapshotRec(s)
 		if !rec.Network || !slices.Contains(rec.Secrets, secret) {
 			continue
 		}
-		path := filepath.Join(d.store.SandboxDir(tenant, rec.ID), sbSecretsFile)
-		if _, err := os.Stat(path); err != nil {
-			continue // never started: its start writes it
-		}
-		if err := d.writeSandboxSecrets(&rec, path); err != nil {
-			d.log.Error("refresh the sandbox's secrets", "tenant", tenant, "sandbox", rec.ID, "err", err)
+		for _, path := range []string{d.workSecretsPath(rec.ID), d.diskSecretsPath(tenant, rec.ID)} {
+			if path == "" {
+				continue
+			}
+			if _, err := os.Stat(path); err != nil {
+				continue // not started, or stopped: its start writes it
+			}
+			if err := d.writeSandboxSecrets(&rec, path); err != nil {
+				d.log.Error("refresh the sandbox's secrets", "tenant", tenant, "sandbox", rec.ID, "err", err)
+			}
 		}
 	}
 }
@@ -158,7 +169,7 @@ func (d *Daemon) refreshSecrets(tenant, secret string) {
 // policy, compacted.
 func (d *Daemon) checkEgress(tenant string, raw json.RawMessage, names []string) (json.RawMessage, error) {
 	d.secretsMu.Lock()
-	all, err := d.store.LoadSecrets(tenant)
+	all, err := d.loadSecrets(tenant)
 	d.secretsMu.Unlock()
 	if err != nil {
 		return nil, err
@@ -193,7 +204,9 @@ func isNull(raw json.RawMessage) bool {
 	return len(t) == 0 || string(t) == "null"
 }
 
-// putSecret is PUT /v1/secrets/{name}: the raw body is the value.
+// putSecret is PUT /v1/secrets/{name}: the raw body is the value. The
+// tenant's file is rewritten whole, sealed when the tenant has a key (403
+// once it is revoked).
 func (d *Daemon) putSecret(w http.ResponseWriter, r *http.Request, tenant string) {
 	name := r.PathValue("name")
 	if !secretNameRE.MatchString(name) {
@@ -218,14 +231,14 @@ func (d *Daemon) putSecret(w http.ResponseWriter, r *http.Request, tenant string
 	}
 	d.secretsMu.Lock()
 	defer d.secretsMu.Unlock()
-	m, err := d.store.LoadSecrets(tenant)
+	m, err := d.loadSecrets(tenant)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
 	_, existed := m[name]
 	m[name] = string(v)
-	if err := d.store.SaveSecrets(tenant, m); err != nil {
+	if err := d.saveSecrets(tenant, m); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -238,10 +251,11 @@ func (d *Daemon) putSecret(w http.ResponseWriter, r *http.Request, tenant string
 	writeJSON(w, st, wire.Secret{Name: name})
 }
 
-// listSecrets is GET /v1/secrets: names only.
+// listSecrets is GET /v1/secrets: names only (403 once the tenant's key
+// is revoked).
 func (d *Daemon) listSecrets(w http.ResponseWriter, r *http.Request, tenant string) {
 	d.secretsMu.Lock()
-	m, err := d.store.LoadSecrets(tenant)
+	m, err := d.loadSecrets(tenant)
 	d.secretsMu.Unlock()
 	if err != nil {
 		writeErr(w, err)
@@ -262,7 +276,7 @@ func (d *Daemon) deleteSecret(w http.ResponseWriter, r *http.Request, tenant str
 	name := r.PathValue("name")
 	d.secretsMu.Lock()
 	defer d.secretsMu.Unlock()
-	m, err := d.store.LoadSecrets(tenant)
+	m, err := d.loadSecrets(tenant)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -272,7 +286,7 @@ func (d *Daemon) deleteSecret(w http.ResponseWriter, r *http.Request, tenant str
 		return
 	}
 	delete(m, name)
-	if err := d.store.SaveSecrets(tenant, m); err != nil {
+	if err := d.saveSecrets(tenant, m); err != nil {
 		writeErr(w, err)
 		return
 	}

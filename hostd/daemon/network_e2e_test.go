@@ -148,6 +148,19 @@ func TestE2ENetwork(t *testing.T) {
 	}
 	step("denied.test refused; the deny-all sandbox reaches nothing")
 
+	// A fork child makes its own namespace and inherits the policy.
+	var fr struct{ Children []store.Sandbox }
+	a.ok(201, "POST", "/v1/sandboxes/"+s1.ID+"/fork", map[string]any{"n": 1}, &fr)
+	if len(fr.Children) != 1 || fr.Children[0].Status != store.Running {
+		t.Fatalf("fork: %+v", fr)
+	}
+	kid := fr.Children[0]
+	sbs = append(sbs, kid)
+	if out, code := sh(kid.ID, fetch); code != 0 || !strings.Contains(out, "upstream saw key="+ph) {
+		t.Fatalf("%s in the fork child %s: exit %d %q", fetch, kid.ID, code, out)
+	}
+	step("fork child %s reaches api.test through its own proxy", kid.ID)
+
 	// Live policy changes through the API.
 	if st, b := a.do("PUT", "/v1/sandboxes/"+s2.ID+"/egress", pol); st != 400 {
 		t.Fatalf("a policy naming a secret outside %s's scope: %d %s", s2.ID, st, b)

@@ -289,6 +289,7 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string) error {
 	o.progress("starting the VMM", 10)
 	netArgs, err := d.restoreNetArgs(sb)
 	if err != nil {
+		d.dropSecrets(sb, false)
 		return fmt.Errorf("network: %w", err)
 	}
 	args := []string{"restore", "--lazy", "--api", sb.API, "--vsock", sb.Vsock, "--console", sb.Console}
@@ -303,6 +304,7 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string) error {
 	}
 	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Args: args, Log: sb.Log})
 	if err != nil {
+		d.dropSecrets(sb, false)
 		return fmt.Errorf("start VMM: %w", err)
 	}
 	sb.PID, sb.StartTime, sb.RestoredFrom = p.PID, p.StartTime, snap
@@ -313,6 +315,7 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string) error {
 	if err := d.waitAgent(o, sb.Vsock, p, d.cfg.RestoreTimeout, sb.Log, 30, 95); err != nil {
 		stopProc(p.PID, p.StartTime, StopGrace)
 		sb.PID, sb.StartTime = 0, 0
+		d.dropSecrets(sb, false)
 		return err
 	}
 	sb.Status, sb.Reason = store.Running, ""
@@ -394,6 +397,7 @@ func (d *Daemon) suspendLocked(ctx context.Context, s *sbState, o *op) (any, err
 	}
 	stopProc(sb.PID, sb.StartTime, StopGrace)
 	sb.Status, sb.Reason, sb.PID, sb.StartTime = store.Suspended, "paused to disk at "+snap.Name, 0, 0
+	d.dropSecrets(sb, false)
 	d.save(s)
 	d.obs.ObserveOp("pause_to_disk", time.Since(start), nil)
 	d.events.publish(sb.Tenant, wire.Event{Type: "paused", Sandbox: sb.ID, Detail: "to disk: " + snap.Name})
@@ -617,6 +621,7 @@ func (d *Daemon) deleteSandbox(s *sbState) error {
 	}
 	s.deleted = true
 	stopProc(sb.PID, sb.StartTime, StopGrace)
+	d.dropSecrets(sb, true)
 	if s.cgroup != nil {
 		if err := s.cgroup.Remove(); err != nil {
 			d.log.Warn("cgroup remove", "sandbox", sb.ID, "err", err)

@@ -4,10 +4,12 @@
 // kill -9 of the daemon at any instant leaves either the old or the new
 // record, never a torn one.
 //
-//	ROOT/tenants/<tenant>/secrets.json                   (the tenant's secrets, name to value, mode 0600)
+//	ROOT/tenants/<tenant>/secrets.json                   (the tenant's secrets, name to value, mode 0600;
+//	                                                       sealed by the daemon for a tenant with a key)
 //	ROOT/tenants/<tenant>/templates/<id>/template.json   (+ snap/: the template snapshot)
 //	ROOT/tenants/<tenant>/sandboxes/<id>/sandbox.json    (+ snapshots/, vmm.log, console.log,
-//	                                                       and with network secrets.json, egress.json, egress.jsonl)
+//	                                                       and with network egress.json, egress.jsonl, and
+//	                                                       secrets.json for a tenant without a key)
 //	ROOT/run/<id>.api, <id>.vsock                        (sockets: short paths, < 108 bytes)
 package store
 
@@ -182,11 +184,19 @@ func (s *Store) SandboxDir(tenant, id string) string {
 	return filepath.Join(s.Root, "tenants", tenant, "sandboxes", id)
 }
 
+// SecretsPath is the file of tenant's secrets. LoadSecrets and
+// SaveSecrets read and write it as plaintext JSON; the daemon seals it
+// (hostd/crypt) for a tenant with a key, using ParseSecrets and
+// EncodeSecrets around its own encryption.
+func (s *Store) SecretsPath(tenant string) string {
+	return filepath.Join(s.Root, "tenants", tenant, secretsFile)
+}
+
 // LoadSecrets returns tenant's secrets, name to value (empty when it has
-// none).
+// none), from the plaintext file.
 func (s *Store) LoadSecrets(tenant string) (map[string]string, error) {
 	m := map[string]string{}
-	if _, err := readJSON(filepath.Join(s.Root, "tenants", tenant, secretsFile), &m); err != nil {
+	if _, err := readJSON(s.SecretsPath(tenant), &m); err != nil {
 		return nil, err
 	}
 	if m == nil {
@@ -195,9 +205,32 @@ func (s *Store) LoadSecrets(tenant string) (map[string]string, error) {
 	return m, nil
 }
 
-// SaveSecrets replaces tenant's secrets atomically (mode 0600).
+// SaveSecrets replaces tenant's secrets atomically, in plaintext (mode
+// 0600).
 func (s *Store) SaveSecrets(tenant string, m map[string]string) error {
-	return WriteJSON(filepath.Join(s.Root, "tenants", tenant, secretsFile), m)
+	return WriteJSON(s.SecretsPath(tenant), m)
+}
+
+// ParseSecrets decodes the contents of a secrets file (never nil on
+// success).
+func ParseSecrets(b []byte) (map[string]string, error) {
+	m := map[string]string{}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("store: secrets: %w", err)
+	}
+	if m == nil {
+		m = map[string]string{}
+	}
+	return m, nil
+}
+
+// EncodeSecrets encodes m as SaveSecrets writes it.
+func EncodeSecrets(m map[string]string) ([]byte, error) {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
 }
 
 // SaveTemplate writes t's record atomically.
