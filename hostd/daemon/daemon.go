@@ -133,6 +133,9 @@ type Daemon struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// egressTally backs EgressDenied (egressmetrics.go).
+	egressTally egressTally
+
 	// secretsMu serialises the reads and writes of tenants' secret files
 	// and of sandboxes' secrets files (network.go, secrets.go); it is
 	// taken after an sbState's mu, never before.

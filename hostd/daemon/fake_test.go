@@ -58,7 +58,9 @@ type fakeVM struct {
 	snaps      []string
 	// egress is the policy in force (nil: the VM has no egress): a
 	// network VMM's --egress file, or "{}" (the template's) without one.
-	egress   json.RawMessage
+	egress json.RawMessage
+	// denied is the filter's denied-packet count GET /v1/egress reports.
+	denied   atomic.Uint64
 	closers  []func()
 	launcher *fakeLauncher
 }
@@ -247,7 +249,8 @@ func (vm *fakeVM) serve() error {
 			}
 			vm.egress = put
 		}
-		reply(w, 200, map[string]any{"policy": vm.egress, "stats": map[string]int{"passed": 1}, "audit": "egress.jsonl"})
+		reply(w, 200, map[string]any{"policy": vm.egress, "stats": map[string]any{"passed": 1,
+			"filter": map[string]uint64{"DeniedPackets": vm.denied.Load()}}, "audit": "egress.jsonl"})
 	}
 	mux.HandleFunc("GET /v1/egress", func(w http.ResponseWriter, r *http.Request) { egressReply(w, r, nil) })
 	mux.HandleFunc("PUT /v1/egress", func(w http.ResponseWriter, r *http.Request) {

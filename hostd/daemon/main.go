@@ -119,7 +119,7 @@ func Main(args []string, stderr io.Writer) int {
 		}
 	}
 	var d *Daemon
-	mx := metrics.New(metrics.Sources{LiveSandboxes: func() map[string]int { return d.StatusCounts() }})
+	mx := metrics.New(metrics.Sources{LiveSandboxes: func() map[string]int { return d.StatusCounts() }, EgressDenied: d.EgressDenied})
 	cfg.Observer = mx
 	d, err = New(cfg)
 	if err != nil {

@@ -416,3 +416,35 @@ func TestEgressForwarding(t *testing.T) {
 		t.Errorf("GET egress of a suspended sandbox: %d", st)
 	}
 }
+
+// TestEgressDeniedMetric: warren_egress_denied_packets_total sums the
+// network VMMs' filter counts and stays monotonic when a sandbox gets a
+// new VMM (whose filter counts from zero) and when it is deleted.
+func TestEgressDeniedMetric(t *testing.T) {
+	state := t.TempDir()
+	f := newFakeLauncher(t)
+	td := startDaemon(t, state, f)
+	c := td.client(t, "alice")
+	tp := c.networkTemplate(fakeKernel(t))
+	var a, b store.Sandbox
+	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID}, &a)
+	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID}, &b)
+	c.create(c.template(fakeKernel(t)).ID) // no network: never asked
+	f.vm(a.PID).denied.Store(5)
+	f.vm(b.PID).denied.Store(7)
+	if got := td.EgressDenied(); got != 12 {
+		t.Fatalf("total %v, want 12", got)
+	}
+	// a's VMM is replaced (pause to disk, resume): its new filter starts
+	// at 0 and counts 2 more; the total keeps the old 5.
+	c.ok(200, "POST", "/v1/sandboxes/"+a.ID+"/pause?to_disk=true", nil, nil)
+	c.ok(200, "POST", "/v1/sandboxes/"+a.ID+"/resume", nil, nil)
+	f.vm(c.get(a.ID).PID).denied.Store(2)
+	if got := td.EgressDenied(); got != 14 {
+		t.Fatalf("after a new VMM: total %v, want 14", got)
+	}
+	c.ok(200, "DELETE", "/v1/sandboxes/"+b.ID, nil, nil)
+	if got := td.EgressDenied(); got != 14 {
+		t.Fatalf("after a delete: total %v, want 14", got)
+	}
+}
