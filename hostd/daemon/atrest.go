@@ -56,9 +56,10 @@ import (
 // What stays plaintext: a running sandbox's guest memory (in RAM, in the
 // VMM's memfd), its writable disk overlay while it runs, the secrets file
 // of a running network sandbox's VMM (on the tmpfs), and the decrypted
-// working copy of a snapshot for the seconds a restore reads it. Not encrypted yet: disk overlays of stopped sandboxes (the daemon's
-// sandboxes have none today: template disks are read-only and shared)
-// and a fork's transient files (its children's console and log).
+// working copy of a snapshot for the seconds a restore reads it. Not encrypted yet: a template's
+// writable disk bases and its sandboxes' disk overlays, also while the
+// sandboxes are stopped (see disks.go), and a fork's transient files (its
+// children's console and log).
 //
 // Trade-offs of this (hook) design against reading layers through
 // crypt.Reader inside the VMM (memsnap's openReader exported, the lazy

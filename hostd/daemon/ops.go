@@ -47,7 +47,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	if req.Kernel == "" {
 		return 0, nil, errf(400, "kernel is required")
 	}
-	for _, p := range append([]string{req.Kernel, req.Initramfs}, req.Disks...) {
+	for _, p := range []string{req.Kernel, req.Initramfs} {
 		if p == "" {
 			continue
 		}
@@ -57,6 +57,14 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 		if _, err := os.Stat(p); err != nil {
 			return 0, nil, errf(400, "%v", err)
 		}
+	}
+	var disks []templateDisk
+	for _, v := range req.Disks {
+		td, err := parseTemplateDisk(v)
+		if err != nil {
+			return 0, nil, err
+		}
+		disks = append(disks, td)
 	}
 	if err := d.keyUsable(tenant); err != nil {
 		return 0, nil, err
@@ -97,15 +105,26 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 		d.log.Error("template build failed", "tenant", tenant, "template", t.ID, "err", err)
 		return 0, nil, err
 	}
+	bases, err := cloneTemplateDisks(dir, disks)
+	if err != nil {
+		return fail(fmt.Errorf("clone the template's writable disks: %w", err))
+	}
+	t.DiskBases = bases
 	o.progress("template "+t.ID+": starting the VMM", 5)
 	args := []string{"run", "--kernel", req.Kernel, "--mem", strconv.Itoa(req.MemMiB), "--cpus", strconv.Itoa(req.CPUs),
 		"--vsock", vs, "--api", api, "--console", filepath.Join(dir, "console.log")}
 	if req.Initramfs != "" {
 		args = append(args, "--initramfs", req.Initramfs)
 	}
-	for _, disk := range req.Disks {
-		// Every sandbox of the template shares its disks: read-only.
-		args = append(args, "--disk", strings.TrimSuffix(disk, ",ro")+",ro")
+	for i, td := range disks {
+		if td.readOnly {
+			// Every sandbox of the template shares it, read-only.
+			args = append(args, "--disk", td.path+",ro")
+		} else {
+			// The template's own clone, which the guest may write to
+			// while it boots; frozen once snapshotted (see disks.go).
+			args = append(args, "--disk", t.DiskBases[i])
+		}
 	}
 	if req.Cmdline != "" {
 		args = append(args, "--cmdline", req.Cmdline)
@@ -132,6 +151,14 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	os.MkdirAll(filepath.Dir(snap), 0o700)
 	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Minute)
 	defer cancel()
+	if t.DiskBases != nil {
+		// The guest must not write to its disks between the snapshot
+		// and the VMM's end: the disks would no longer match its memory.
+		// A paused VM stays paused through the snapshot.
+		if err := vmmCall(ctx, api, http.MethodPost, "pause", struct{}{}, nil); err != nil {
+			return fail(fmt.Errorf("pause before the snapshot: %w", err))
+		}
+	}
 	if err := vmmCall(ctx, api, http.MethodPost, "snapshot", map[string]string{"path": snap, "kind": "full"}, nil); err != nil {
 		return fail(fmt.Errorf("snapshot: %w", err))
 	}
@@ -144,6 +171,9 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	stopProc(t.PID, t.StartTime, StopGrace)
 	os.Remove(api)
 	os.Remove(vs)
+	if err := freezeBases(t.DiskBases); err != nil {
+		return fail(err)
+	}
 	t.Status, t.Snapshot, t.PID, t.StartTime = store.TemplateReady, snap, 0, 0
 	t.BuildMS = float64(time.Since(start).Milliseconds())
 	if err := d.saveTemplate(ts); err != nil {
@@ -256,7 +286,12 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 			ts.warm.Unlock()
 		}()
 	}
-	if err := d.startVMM(o, s, tp.Snapshot); err != nil {
+	// Its own copy-on-write view of each of the template's writable disks.
+	diskArgs, err := createOverlays(dir, tp.DiskBases)
+	if err == nil {
+		err = d.startVMM(o, s, tp.Snapshot, diskArgs...)
+	}
+	if err != nil {
 		sb.Status, sb.Reason = store.Failed, err.Error()
 		d.save(s)
 		d.obs.ObserveOp("create", time.Since(start), err)
@@ -270,7 +305,10 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 
 // startVMM restores snap in a new VMM for s, puts it in s's cgroup and
 // waits for its agent; on success s is running (caller holds s.mu).
-func (d *Daemon) startVMM(o *op, s *sbState, snap string) error {
+// diskArgs are the restore's --disk-path arguments: only a restore of the
+// template's snapshot has them (the sandbox's own snapshots record its
+// overlays).
+func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) error {
 	sb := s.rec
 	use := snap
 	if h := d.cfg.Hooks.BeforeRestore; h != nil {
@@ -293,7 +331,7 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string) error {
 		return fmt.Errorf("network: %w", err)
 	}
 	args := []string{"restore", "--lazy", "--api", sb.API, "--vsock", sb.Vsock, "--console", sb.Console}
-	args = append(append(args, netArgs...), use)
+	args = append(append(append(args, netArgs...), diskArgs...), use)
 	if use != snap {
 		// A decrypted working copy is restored eagerly (into the VMM's
 		// memfd) and removed as soon as the VMM has loaded it: a lazy
@@ -610,8 +648,13 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 	return http.StatusCreated, res, nil
 }
 
-// deleteSandbox stops s's VMM and removes everything of it.
+// deleteSandbox stops s's VMM and removes everything of it. A sandbox
+// with writable disks whose fork children are still there is refused
+// (409): the children's disk overlays sit on layers in its directory.
 func (d *Daemon) deleteSandbox(s *sbState) error {
+	if kids := d.diskDependents(s); len(kids) > 0 {
+		return errf(409, "sandbox %s has fork children on its disk layers (%s): delete them first", s.rec.ID, strings.Join(kids, ", "))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sb := s.rec
@@ -665,4 +708,25 @@ func (d *Daemon) deleteTemplate(ts *tplState) error {
 	d.mu.Unlock()
 	d.events.publish(t.Tenant, wire.Event{Type: "template_deleted", Template: t.ID})
 	return nil
+}
+
+// diskDependents returns the ids of s's fork children when s's template
+// has writable disks (each child's overlay has a layer of s's as its
+// base); none otherwise.
+func (d *Daemon) diskDependents(s *sbState) []string {
+	rec := d.snapshotRec(s)
+	d.mu.Lock()
+	ts := d.templates[rec.Template]
+	d.mu.Unlock()
+	if ts == nil || !slices.ContainsFunc(ts.rec.DiskBases, func(p string) bool { return p != "" }) {
+		return nil
+	}
+	var kids []string
+	for _, o := range d.allSandboxes() {
+		if o != s && d.snapshotRec(o).Parent == rec.ID {
+			kids = append(kids, d.snapshotRec(o).ID)
+		}
+	}
+	slices.Sort(kids)
+	return kids
 }

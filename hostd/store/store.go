@@ -65,6 +65,12 @@ type Template struct {
 	Kernel    string   `json:"kernel"`
 	Initramfs string   `json:"initramfs,omitempty"`
 	Disks     []string `json:"disks,omitempty"`
+	// DiskBases are, by index in Disks, the template's own frozen images
+	// of its writable disks (a cow/disk Clone in its directory, made
+	// read-only once the template is snapshotted; each sandbox gets a
+	// cow/disk overlay over it); "" for a disk given with ",ro", which
+	// every sandbox shares read-only. Empty when no disk is writable.
+	DiskBases []string `json:"disk_bases,omitempty"`
 	MemMiB    int      `json:"mem_mib"`
 	CPUs      int      `json:"cpus"`
 	Cmdline   string   `json:"cmdline,omitempty"`

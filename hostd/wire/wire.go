@@ -21,8 +21,10 @@ import (
 
 // TemplateRequest is the body of POST /v1/templates.
 type TemplateRequest struct {
-	// Kernel (a vmlinux or bzImage), Initramfs and Disks (raw images,
-	// attached read-only) are absolute paths on the daemon's host.
+	// Kernel (a vmlinux or bzImage), Initramfs and Disks are absolute
+	// paths on the daemon's host. A disk "PATH,ro" is shared read-only by
+	// every sandbox; a disk "PATH" is writable: the template freezes its
+	// own clone of it and each sandbox writes to an overlay of its own.
 	Kernel    string   `json:"kernel"`
 	Initramfs string   `json:"initramfs,omitempty"`
 	Disks     []string `json:"disks,omitempty"`

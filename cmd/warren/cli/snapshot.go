@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/warrenvm/warren/cow"
@@ -87,6 +90,65 @@ func applyOptions(o *vmOptions, raw json.RawMessage) error {
 	}
 	for _, d := range r.Disks {
 		o.disks = append(o.disks, diskSpec{path: d.Path, readOnly: d.ReadOnly, name: d.Name})
+	}
+	return nil
+}
+
+// diskPaths is `warren restore --disk-path I=PATH` (repeatable): disk I
+// (0-based, in the snapshot's run options) is opened at PATH instead.
+type diskPaths map[int]string
+
+func (d diskPaths) String() string {
+	var s []string
+	for _, i := range slices.Sorted(maps.Keys(d)) {
+		s = append(s, fmt.Sprintf("%d=%s", i, d[i]))
+	}
+	return strings.Join(s, " ")
+}
+
+// Set parses I=PATH.
+func (d diskPaths) Set(v string) error {
+	is, p, ok := strings.Cut(v, "=")
+	i, err := strconv.Atoi(is)
+	if !ok || p == "" || err != nil || i < 0 {
+		return fmt.Errorf("%q is not I=PATH (I: the disk's index in the snapshot, from 0)", v)
+	}
+	if _, dup := d[i]; dup {
+		return fmt.Errorf("disk %d given twice", i)
+	}
+	d[i] = p
+	return nil
+}
+
+// replaceDisks opens disk i of disks at paths[i] instead (typically a
+// cow/disk overlay over the disk's image): the device keeps the name its
+// saved state knows it by (the disk's name, else its path; as a fork
+// child's overlay does) and its read-only flag. Only a writable disk can
+// be replaced, and only by an existing regular file.
+func replaceDisks(disks []diskSpec, paths map[int]string) error {
+	for _, i := range slices.Sorted(maps.Keys(paths)) {
+		if i >= len(disks) {
+			return fmt.Errorf("--disk-path %d=%s: the snapshot has %d disks", i, paths[i], len(disks))
+		}
+		d := &disks[i]
+		if d.readOnly {
+			return fmt.Errorf("--disk-path %d=%s: disk %d (%s) is read-only: only a writable disk can be given its own image", i, paths[i], i, d.path)
+		}
+		p, err := filepath.Abs(paths[i])
+		if err != nil {
+			return fmt.Errorf("--disk-path %d=%s: %w", i, paths[i], err)
+		}
+		fi, err := os.Stat(p)
+		if err == nil && !fi.Mode().IsRegular() {
+			err = fmt.Errorf("%s is not a regular file", p)
+		}
+		if err != nil {
+			return fmt.Errorf("--disk-path %d=%s: %w", i, paths[i], err)
+		}
+		if d.name == "" {
+			d.name = d.path
+		}
+		d.path = p
 	}
 	return nil
 }
@@ -277,6 +339,8 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	eo.policy = fs.String("egress", "", "for a snapshot with egress: the policy in force from the start instead of the snapshot's (JSON; the resolver starts with no allowed addresses)")
 	eo.secrets = fs.String("secrets", "", "for a snapshot with egress: the credential proxy's secrets file (JSON name to value, mode 0600) instead of the snapshot's")
 	eo.audit = fs.String("audit", "", "for a snapshot with egress: the audit log instead of the snapshot's")
+	dp := diskPaths{}
+	fs.Var(dp, "disk-path", "open the snapshot's writable disk I (from 0) at PATH, typically a cow/disk overlay over its image; the device keeps its saved name (`I=PATH`, repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -286,7 +350,7 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if fs.NArg() != 1 {
-		fmt.Fprint(stderr, "usage: warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] [--timing FILE] [--egress FILE] [--secrets FILE] [--audit FILE] DIR/NAME\n")
+		fmt.Fprint(stderr, "usage: warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] [--timing FILE] [--egress FILE] [--secrets FILE] [--audit FILE] [--disk-path I=PATH]... DIR/NAME\n")
 		return 2
 	}
 	fail := func(format string, a ...any) int {
@@ -309,6 +373,10 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return fail("%v", err)
 	}
 	if err := eo.apply(o.egress); err != nil {
+		fmt.Fprintf(stderr, "warren restore: %v\n", err)
+		return 2
+	}
+	if err := replaceDisks(o.disks, dp); err != nil {
 		fmt.Fprintf(stderr, "warren restore: %v\n", err)
 		return 2
 	}

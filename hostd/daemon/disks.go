@@ -1,0 +1,175 @@
+package daemon
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/warrenvm/warren/cow/disk"
+)
+
+// Template disks. A template's disk given as "PATH,ro" is shared: the
+// build VMM and every sandbox attach PATH read-only. A disk given as
+// "PATH" is writable, copy-on-write all the way down:
+//
+//   - before the build, PATH is cloned (cow/disk Clone: a reflink, or an
+//     overlay over PATH where the file system cannot reflink) into the
+//     template's directory as disk<I>.base, and the build VMM attaches
+//     that clone writable (the guest may write to it while it boots; an
+//     overlay clone needs PATH unchanged while the template exists);
+//   - once the template is snapshotted and its VMM stopped, the clone is
+//     the template's frozen base: mode 0400, recorded in
+//     store.Template.DiskBases, never written again;
+//   - each sandbox gets its own cow/disk overlay over that base,
+//     <sandboxdir>/disk<I>.overlay, given to the restore of the template's
+//     snapshot as `warren restore --disk-path I=OVERLAY` (the VMM opens it
+//     under the base's name, the one the snapshot's device state knows).
+//     The sandbox's own snapshots record the overlay, so its later restores
+//     need no flag, and a fork of it freezes the overlay under new ones
+//     beside it (cow.forkDisks), in the sandbox's directory.
+//
+// I is the disk's index in the template's disks, which is also its index
+// in the snapshot's run options.
+
+// templateDisk is one disk of a template request: PATH[,ro|,rw].
+type templateDisk struct {
+	path     string
+	readOnly bool
+}
+
+// parseTemplateDisk parses PATH[,ro|,rw] as `warren run --disk` does.
+func parseTemplateDisk(v string) (templateDisk, error) {
+	parts := strings.Split(v, ",")
+	td := templateDisk{path: parts[0]}
+	for _, opt := range parts[1:] {
+		switch opt {
+		case "ro":
+			td.readOnly = true
+		case "rw":
+			td.readOnly = false
+		default:
+			return td, errf(400, "disk %q: unknown option %q (want ro)", v, opt)
+		}
+	}
+	if !filepath.IsAbs(td.path) {
+		return td, errf(400, "%q: paths must be absolute (they are read by the daemon)", td.path)
+	}
+	if _, err := os.Stat(td.path); err != nil {
+		return td, errf(400, "%v", err)
+	}
+	return td, nil
+}
+
+// baseName is the file name, in the template's directory, of the clone of
+// its writable disk i.
+func baseName(i int) string { return "disk" + strconv.Itoa(i) + ".base" }
+
+// overlayName is the file name, in a sandbox's directory, of its overlay
+// over the template's disk i.
+func overlayName(i int) string { return "disk" + strconv.Itoa(i) + ".overlay" }
+
+// cloneTemplateDisks clones each writable disk into dir and returns, by
+// disk index, the clones' paths ("" for a read-only disk), or nil when no
+// disk is writable. On an error the clones made are removed.
+func cloneTemplateDisks(dir string, disks []templateDisk) (_ []string, err error) {
+	var bases []string
+	defer func() {
+		if err != nil {
+			for _, b := range bases {
+				if b != "" {
+					os.Remove(b)
+				}
+			}
+		}
+	}()
+	writable := false
+	for i, td := range disks {
+		if td.readOnly {
+			bases = append(bases, "")
+			continue
+		}
+		writable = true
+		dst := filepath.Join(dir, baseName(i))
+		if _, err := disk.Clone(td.path, dst); err != nil {
+			return nil, fmt.Errorf("disk %d: %w", i, err)
+		}
+		bases = append(bases, dst)
+	}
+	if !writable {
+		return nil, nil
+	}
+	return bases, nil
+}
+
+// freezeBases makes the template's disk clones read-only on disk: they are
+// the bases of its sandboxes' overlays from now on.
+func freezeBases(bases []string) error {
+	for _, b := range bases {
+		if b == "" {
+			continue
+		}
+		if err := os.Chmod(b, 0o400); err != nil {
+			return fmt.Errorf("freeze disk base: %w", err)
+		}
+	}
+	return nil
+}
+
+// openBase opens a template's frozen base read-only, as cow/disk stacks
+// it: an overlay (with its chain) or a raw image.
+func openBase(path string) (disk.Backing, func() error, error) {
+	ov, err := disk.IsOverlay(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	if ov {
+		o, err := disk.OpenChain(path, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		return o, o.Close, nil
+	}
+	r, err := disk.OpenRaw(path, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, r.Close, nil
+}
+
+// createOverlays makes, in the sandbox directory dir, an overlay over each
+// of the template's disk bases, and returns the `warren restore`
+// arguments that attach them (--disk-path I=OVERLAY); none for a template
+// without writable disks. On an error the overlays made are removed.
+func createOverlays(dir string, bases []string) (_ []string, err error) {
+	var args, made []string
+	defer func() {
+		if err != nil {
+			for _, p := range made {
+				os.Remove(p)
+			}
+		}
+	}()
+	for i, b := range bases {
+		if b == "" {
+			continue
+		}
+		base, closeBase, err := openBase(b)
+		if err != nil {
+			return nil, fmt.Errorf("disk %d: the template's base: %w", i, err)
+		}
+		p := filepath.Join(dir, overlayName(i))
+		o, err := disk.Create(p, base, disk.CreateOptions{BasePath: b})
+		if err == nil {
+			made = append(made, p)
+			err = o.Close()
+		}
+		closeBase()
+		if err != nil {
+			return nil, fmt.Errorf("disk %d: %w", i, err)
+		}
+		args = append(args, "--disk-path", strconv.Itoa(i)+"="+p)
+	}
+	return args, nil
+}
