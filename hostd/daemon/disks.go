@@ -14,11 +14,11 @@ import (
 // build VMM and every sandbox attach PATH read-only. A disk given as
 // "PATH" is writable, copy-on-write all the way down:
 //
-//   - before the build, PATH is cloned (cow/disk Clone: a reflink, or an
-//     overlay over PATH where the file system cannot reflink) into the
-//     template's directory as disk<I>.base, and the build VMM attaches
-//     that clone writable (the guest may write to it while it boots; an
-//     overlay clone needs PATH unchanged while the template exists);
+//   - before the build, PATH is copied (a reflink where the file system
+//     can, else a sparse full copy: copyImage) into the template's
+//     directory as disk<I>.base, and the build VMM attaches that copy
+//     writable (the guest may write to it while it boots); PATH is not
+//     needed after;
 //   - once the template is snapshotted and its VMM stopped, the clone is
 //     the template's frozen base: mode 0400, recorded in
 //     store.Template.DiskBases, never written again;
@@ -28,7 +28,8 @@ import (
 //     under the base's name, the one the snapshot's device state knows).
 //     The sandbox's own snapshots record the overlay, so its later restores
 //     need no flag, and a fork of it freezes the overlay under new ones
-//     beside it (cow.forkDisks), in the sandbox's directory.
+//     beside it (cow.forkDisks), in the sandbox's directory: a sandbox
+//     with fork children cannot be deleted before them (diskDependents).
 //
 // I is the disk's index in the template's disks, which is also its index
 // in the snapshot's run options.
@@ -92,7 +93,7 @@ func cloneTemplateDisks(dir string, disks []templateDisk) (_ []string, err error
 		}
 		writable = true
 		dst := filepath.Join(dir, baseName(i))
-		if _, err := disk.Clone(td.path, dst); err != nil {
+		if err := copyImage(td.path, dst); err != nil {
 			return nil, fmt.Errorf("disk %d: %w", i, err)
 		}
 		bases = append(bases, dst)
@@ -172,4 +173,40 @@ func createOverlays(dir string, bases []string) (_ []string, err error) {
 		args = append(args, "--disk-path", strconv.Itoa(i)+"="+p)
 	}
 	return args, nil
+}
+
+// copyImage makes dst an independent copy of the disk image at src: a
+// reflink where the file system can (instant), else a sparse full copy
+// (disk.Flatten). Never an overlay over src: the template would then
+// change whenever the user's image does.
+func copyImage(src, dst string) error {
+	kind, err := disk.Clone(src, dst)
+	if err != nil {
+		return err
+	}
+	if kind == disk.Reflinked {
+		return nil
+	}
+	os.Remove(dst) // the overlay Clone fell back to
+	ov, err := disk.IsOverlay(src)
+	if err != nil {
+		return err
+	}
+	var b disk.Backing
+	if ov {
+		o, err := disk.OpenChain(src, true)
+		if err != nil {
+			return err
+		}
+		defer o.Close()
+		b = o
+	} else {
+		r, err := disk.OpenRaw(src, false)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		b = r
+	}
+	return disk.Flatten(b, dst)
 }

@@ -69,7 +69,11 @@
 // keyctl/add_key/request_key, userfaultfd, io_uring_*, open_by_handle_at,
 // name_to_handle_at, mknod, clock_settime/settimeofday/adjtimex, acct,
 // quotactl, syslog, iopl/ioperm, personality, seccomp in ProfileStrict,
-// and anything else not in the table.
+// and anything else not in the table. The one exception is
+// Options.NetworkFork under ProfileVMM, for a VMM with a private network
+// and egress whose fork children make their own: unshare(CLONE_NEWNET)
+// exactly, and bpf(2) map creation, program and BTF loads, map freezes,
+// links and program attach/query.
 //
 // # Profiles
 //

@@ -86,6 +86,14 @@ type Options struct {
 	// are updated when the policy changes); set it to have them in
 	// ProfileStrict for a VMM with egress.
 	BPFMaps bool
+	// NetworkFork (ProfileVMM only) allows what a fork child of a VMM with
+	// a private network and egress (`warren run --private-net`) does for
+	// its own network under the filter it inherits: unshare(CLONE_NEWNET)
+	// exactly, and bpf(2) map creation, program and BTF loads, map freezes
+	// and links (its egress filter on its own tap). That VMM keeps
+	// CAP_SYS_ADMIN and CAP_NET_ADMIN for its children already; this is
+	// the widest hole in the allowlist, so it is off unless asked for.
+	NetworkFork bool
 	// Extra rules are appended to the profile's (say, a syscall found
 	// missing with ModeLog, until the table is fixed).
 	Extra []Rule

@@ -178,6 +178,40 @@ func TestFilterSemantics(t *testing.T) {
 	}
 }
 
+// TestNetworkFork: Options.NetworkFork opens, under ProfileVMM only,
+// unshare(CLONE_NEWNET) exactly and the bpf(2) commands a fork child's
+// egress filter needs; nothing else changes.
+func TestNetworkFork(t *testing.T) {
+	const pid = 4242
+	netfork := mustFilter(t, ProfileVMM, Options{NetworkFork: true}, pid).Program
+	strictNF := mustFilter(t, ProfileStrict, Options{NetworkFork: true, BPFMaps: true}, pid).Program
+	cases := []struct {
+		name            string
+		d               seccompData
+		netfork, strict uint32
+	}{
+		{"unshare netns", call(unix.SYS_UNSHARE, unix.CLONE_NEWNET), retAllow, eperm},
+		{"unshare mountns", call(unix.SYS_UNSHARE, unix.CLONE_NEWNS), eperm, eperm},
+		{"unshare netns+userns", call(unix.SYS_UNSHARE, unix.CLONE_NEWNET|unix.CLONE_NEWUSER), eperm, eperm},
+		{"setns", call(unix.SYS_SETNS), eperm, eperm},
+		{"bpf prog load", call(unix.SYS_BPF, unix.BPF_PROG_LOAD), retAllow, eperm},
+		{"bpf map create", call(unix.SYS_BPF, unix.BPF_MAP_CREATE), retAllow, eperm},
+		{"bpf link create", call(unix.SYS_BPF, unix.BPF_LINK_CREATE), retAllow, eperm},
+		{"bpf map update", call(unix.SYS_BPF, unix.BPF_MAP_UPDATE_ELEM), retAllow, retAllow},
+		{"bpf raw tracepoint", call(unix.SYS_BPF, unix.BPF_RAW_TRACEPOINT_OPEN), eperm, eperm},
+		{"bpf prog get by id", call(unix.SYS_BPF, unix.BPF_PROG_GET_FD_BY_ID), eperm, eperm},
+		{"clone userns", call(unix.SYS_CLONE, execClone|unix.CLONE_NEWUSER), eperm, eperm},
+	}
+	for _, c := range cases {
+		if got := run(t, netfork, c.d); got != c.netfork {
+			t.Errorf("vmm+NetworkFork: %s: got %#x, want %#x", c.name, got, c.netfork)
+		}
+		if got := run(t, strictNF, c.d); got != c.strict {
+			t.Errorf("strict+NetworkFork: %s: got %#x, want %#x", c.name, got, c.strict)
+		}
+	}
+}
+
 // longRules is a list far over 255 instructions: 600 made-up syscalls
 // (beyond any real number) and a rule with a 400-value argument set.
 func longRules(base []Rule) []Rule {

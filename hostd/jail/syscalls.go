@@ -260,17 +260,30 @@ func syscallTable(p Profile, opts Options, pid int) []sc {
 	}
 
 	// bpf(2): map operations of the egress filter (hostd/egress SetPolicy,
-	// Stats) and link detach at Close; never BPF_PROG_LOAD/BPF_MAP_CREATE.
+	// Stats) and link detach at Close; with NetworkFork also what loading
+	// and attaching a fork child's own filter takes (cilium/ebpf's feature
+	// probes, BTF, frozen read-only maps, tcx links).
 	if p == ProfileVMM || opts.BPFMaps {
-		t = append(t, allow(p, "bpf", unix.SYS_BPF, in(0,
-			[]string{"BPF_MAP_LOOKUP_ELEM", "BPF_MAP_UPDATE_ELEM", "BPF_MAP_DELETE_ELEM",
-				"BPF_MAP_GET_NEXT_KEY", "BPF_OBJ_GET_INFO_BY_FD", "BPF_MAP_LOOKUP_AND_DELETE_ELEM",
-				"BPF_MAP_LOOKUP_BATCH", "BPF_MAP_LOOKUP_AND_DELETE_BATCH", "BPF_MAP_UPDATE_BATCH",
-				"BPF_MAP_DELETE_BATCH", "BPF_LINK_DETACH"},
-			[]uint32{unix.BPF_MAP_LOOKUP_ELEM, unix.BPF_MAP_UPDATE_ELEM, unix.BPF_MAP_DELETE_ELEM,
-				unix.BPF_MAP_GET_NEXT_KEY, unix.BPF_OBJ_GET_INFO_BY_FD, unix.BPF_MAP_LOOKUP_AND_DELETE_ELEM,
-				unix.BPF_MAP_LOOKUP_BATCH, unix.BPF_MAP_LOOKUP_AND_DELETE_BATCH, unix.BPF_MAP_UPDATE_BATCH,
-				unix.BPF_MAP_DELETE_BATCH, unix.BPF_LINK_DETACH})))
+		names := []string{"BPF_MAP_LOOKUP_ELEM", "BPF_MAP_UPDATE_ELEM", "BPF_MAP_DELETE_ELEM",
+			"BPF_MAP_GET_NEXT_KEY", "BPF_OBJ_GET_INFO_BY_FD", "BPF_MAP_LOOKUP_AND_DELETE_ELEM",
+			"BPF_MAP_LOOKUP_BATCH", "BPF_MAP_LOOKUP_AND_DELETE_BATCH", "BPF_MAP_UPDATE_BATCH",
+			"BPF_MAP_DELETE_BATCH", "BPF_LINK_DETACH"}
+		vals := []uint32{unix.BPF_MAP_LOOKUP_ELEM, unix.BPF_MAP_UPDATE_ELEM, unix.BPF_MAP_DELETE_ELEM,
+			unix.BPF_MAP_GET_NEXT_KEY, unix.BPF_OBJ_GET_INFO_BY_FD, unix.BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+			unix.BPF_MAP_LOOKUP_BATCH, unix.BPF_MAP_LOOKUP_AND_DELETE_BATCH, unix.BPF_MAP_UPDATE_BATCH,
+			unix.BPF_MAP_DELETE_BATCH, unix.BPF_LINK_DETACH}
+		if p == ProfileVMM && opts.NetworkFork {
+			names = append(names, "BPF_MAP_CREATE", "BPF_PROG_LOAD", "BPF_BTF_LOAD", "BPF_MAP_FREEZE",
+				"BPF_LINK_CREATE", "BPF_PROG_QUERY", "BPF_PROG_ATTACH", "BPF_PROG_DETACH")
+			vals = append(vals, unix.BPF_MAP_CREATE, unix.BPF_PROG_LOAD, unix.BPF_BTF_LOAD, unix.BPF_MAP_FREEZE,
+				unix.BPF_LINK_CREATE, unix.BPF_PROG_QUERY, unix.BPF_PROG_ATTACH, unix.BPF_PROG_DETACH)
+		}
+		t = append(t, allow(p, "bpf", unix.SYS_BPF, in(0, names, vals)))
+	}
+	// unshare(CLONE_NEWNET) and nothing else: a private-network fork
+	// child makes its network namespace (NetworkFork).
+	if p == ProfileVMM && opts.NetworkFork {
+		t = append(t, allow(p, "unshare", unix.SYS_UNSHARE, in(0, []string{"CLONE_NEWNET"}, []uint32{unix.CLONE_NEWNET})))
 	}
 	return t
 }

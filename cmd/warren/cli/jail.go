@@ -106,6 +106,9 @@ func jailConfig(j jailSpec, o *vmOptions) jail.Config {
 		// new network namespace (CAP_SYS_ADMIN): capabilities dropped
 		// here would be gone for it too.
 		cfg.KeepCaps = []uintptr{unix.CAP_NET_ADMIN, unix.CAP_SYS_ADMIN}
+		// A private-network fork child makes its namespace (unshare)
+		// and loads its own egress filter under the inherited filter.
+		cfg.Seccomp.NetworkFork = o.privateNet
 	}
 	if ownMountNS() {
 		cfg.Mounts = &jail.MountOptions{}

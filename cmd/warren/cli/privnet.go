@@ -26,10 +26,12 @@ import (
 // the thread, so no other goroutine ever runs in the private namespace by
 // accident.
 
-// newPrivateNetns makes a network namespace with its loopback up and
-// returns a handle to it (the caller closes it when it needs it no more).
-func newPrivateNetns() (netns.NsHandle, error) {
-	var h netns.NsHandle
+// inPrivateNetns makes a network namespace with its loopback up and runs
+// fn on the thread that made it (so nothing needs setns, which the jail
+// refuses a fork child), and returns a handle to it (the caller closes it
+// when it needs it no more).
+func inPrivateNetns(fn func() error) (netns.NsHandle, error) {
+	h := netns.None()
 	err := onLockedThread(func() error {
 		var err error
 		if h, err = netns.New(); err != nil {
@@ -40,11 +42,14 @@ func newPrivateNetns() (netns.NsHandle, error) {
 			err = netlink.LinkSetUp(lo)
 		}
 		if err != nil {
-			h.Close()
 			return fmt.Errorf("private network namespace: loopback: %w", err)
 		}
-		return nil
+		return fn()
 	})
+	if err != nil && h.IsOpen() {
+		h.Close()
+		h = netns.None()
+	}
 	return h, err
 }
 

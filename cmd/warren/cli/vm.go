@@ -277,12 +277,8 @@ func openNet(o vmOptions, d *vmDevices, closers *[]func() error) (*vnet.Device, 
 	if !o.privateNet {
 		return dev, makeNet()
 	}
-	h, err := newPrivateNetns()
+	h, err := inPrivateNetns(makeNet)
 	if err != nil {
-		return nil, err
-	}
-	if err := inNetns(h, makeNet); err != nil {
-		h.Close()
 		return nil, err
 	}
 	d.netns = h
