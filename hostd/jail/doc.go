@@ -73,7 +73,9 @@
 // Options.NetworkFork under ProfileVMM, for a VMM with a private network
 // and egress whose fork children make their own: unshare(CLONE_NEWNET)
 // exactly, and bpf(2) map creation, program and BTF loads, map freezes,
-// links and program attach/query.
+// links and program attach/query. Such a VMM (cmd/warren/cli's jail.go)
+// also keeps CAP_NET_BIND_SERVICE: its children's resolver and proxy bind
+// ports 53, 80 and 443.
 //
 // # Profiles
 //

@@ -107,8 +107,12 @@ func jailConfig(j jailSpec, o *vmOptions) jail.Config {
 		// here would be gone for it too.
 		cfg.KeepCaps = []uintptr{unix.CAP_NET_ADMIN, unix.CAP_SYS_ADMIN}
 		// A private-network fork child makes its namespace (unshare)
-		// and loads its own egress filter under the inherited filter.
+		// and loads its own egress filter under the inherited filter,
+		// and its resolver and proxy bind ports 53, 80 and 443.
 		cfg.Seccomp.NetworkFork = o.privateNet
+		if o.privateNet && o.egress != nil {
+			cfg.KeepCaps = append(cfg.KeepCaps, unix.CAP_NET_BIND_SERVICE)
+		}
 	}
 	if ownMountNS() {
 		cfg.Mounts = &jail.MountOptions{}
