@@ -29,24 +29,8 @@ func TestE2EDisks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	state, err := os.MkdirTemp("", "hostd-disks-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(state)
-	start := time.Now()
-	step := func(format string, a ...any) {
-		t.Logf("[%5.1fs] %s", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
-	}
-	launcher := &ExecLauncher{Warren: warren}
-	if launcher.Prepare, err = JailPrepare("vmm"); err != nil {
-		t.Fatal(err)
-	}
-	td := startDaemon(t, state, launcher, func(c *Config) {
-		c.CgroupRoot = ""
-		c.MonitorInterval = 500 * time.Millisecond
-		c.BootTimeout, c.RestoreTimeout = 4*time.Minute, 2*time.Minute
-	})
+	state, step := e2eState(t, "hostd-disks-")
+	td := startE2EDaemon(t, state, warren, nil)
 	c := td.client(t, "tenant-d")
 	var all []store.Sandbox
 	defer func() {

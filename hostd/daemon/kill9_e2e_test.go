@@ -55,6 +55,42 @@ func e2ePaths(t *testing.T) (warren, kernel, initrd string) {
 	return warren, kernel, initrd
 }
 
+// e2eState makes an end-to-end test's state directory (removed when the
+// test ends) and its step logger, which stamps each line with the time
+// since the start.
+func e2eState(t *testing.T, prefix string) (string, func(format string, a ...any)) {
+	t.Helper()
+	state, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
+	start := time.Now()
+	return state, func(format string, a ...any) {
+		t.Logf("[%5.1fs] %s", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
+	}
+}
+
+// startE2EDaemon starts an in-process daemon on state whose VMMs are the
+// real warren, jailed with the vmm profile, with the timeouts of the
+// nested KVM host; mod adjusts its Config further.
+func startE2EDaemon(t *testing.T, state, warren string, mod func(*Config)) *testDaemon {
+	t.Helper()
+	launcher := &ExecLauncher{Warren: warren}
+	var err error
+	if launcher.Prepare, err = JailPrepare("vmm"); err != nil {
+		t.Fatal(err)
+	}
+	return startDaemon(t, state, launcher, func(c *Config) {
+		c.CgroupRoot = ""
+		c.MonitorInterval = 500 * time.Millisecond
+		c.BootTimeout, c.RestoreTimeout = 4*time.Minute, 2*time.Minute
+		if mod != nil {
+			mod(c)
+		}
+	})
+}
+
 // hostdProc is a warren-hostd process (this test binary in the "hostd"
 // role) serving state on state/hostd.sock.
 type hostdProc struct {
@@ -108,15 +144,7 @@ func TestE2EKill9(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("WARREN_E2E_CREATES")); err == nil && v > 0 {
 		n = v
 	}
-	state, err := os.MkdirTemp("", "hostd-kill9-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(state)
-	start := time.Now()
-	step := func(format string, a ...any) {
-		t.Logf("[%5.1fs] %s", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
-	}
+	state, step := e2eState(t, "hostd-kill9-")
 	hd := startHostd(t, state, warren, 1)
 	defer func() {
 		// Leave no process behind, whatever happened.

@@ -33,15 +33,7 @@ func TestE2ENetwork(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipped: needs root (network namespaces, taps, eBPF)")
 	}
-	state, err := os.MkdirTemp("", "hostd-net-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(state)
-	start := time.Now()
-	step := func(format string, a ...any) {
-		t.Logf("[%5.1fs] %s", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
-	}
+	state, step := e2eState(t, "hostd-net-")
 	tok := make([]byte, 16)
 	rand.Read(tok)
 	secret := "sk-live-" + hex.EncodeToString(tok)
@@ -68,16 +60,7 @@ func TestE2ENetwork(t *testing.T) {
 	go up.Serve(upLn)
 	defer up.Close()
 
-	launcher := &ExecLauncher{Warren: warren}
-	if launcher.Prepare, err = JailPrepare("vmm"); err != nil {
-		t.Fatal(err)
-	}
-	td := startDaemon(t, state, launcher, func(c *Config) {
-		c.CgroupRoot = ""
-		c.MonitorInterval = 500 * time.Millisecond
-		c.BootTimeout, c.RestoreTimeout = 4*time.Minute, 2*time.Minute
-		c.EgressHosts, c.UpstreamCA = hosts, upCA
-	})
+	td := startE2EDaemon(t, state, warren, func(c *Config) { c.EgressHosts, c.UpstreamCA = hosts, upCA })
 	a := td.client(t, "tenant-n")
 	var sbs []store.Sandbox
 	defer func() {

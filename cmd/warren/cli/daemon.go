@@ -305,18 +305,12 @@ func daemonVerb(verb string, args []string, stdin io.Reader, stdout, stderr io.W
 }
 
 func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	sub := "ls"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		sub, args = args[0], args[1:]
-	}
+	sub, args := subcommand(args, "ls")
 	switch sub {
 	case "ls", "list":
 		d := newDaemonCmd(ctx, "templates", "templates [ls]", stdout, stderr)
-		if code := d.parse(args); code != 0 {
+		if code := d.parseNone(args); code != 0 {
 			return code
-		}
-		if d.fs.NArg() != 0 {
-			return d.usageErr()
 		}
 		l, err := d.c.Templates(ctx)
 		if err != nil {
@@ -377,21 +371,7 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return 0
 	case "rm", "delete":
 		d := newDaemonCmd(ctx, "templates rm", "templates rm ID...", stdout, stderr)
-		if code := d.parse(args); code != 0 {
-			return code
-		}
-		if d.fs.NArg() == 0 {
-			return d.usageErr()
-		}
-		code := 0
-		for _, id := range d.fs.Args() {
-			if err := d.c.DeleteTemplate(ctx, id); err != nil {
-				code = d.fail(err)
-				continue
-			}
-			fmt.Fprintln(stdout, id)
-		}
-		return code
+		return d.forEachArg(args, func(id string) (string, error) { return id, d.c.DeleteTemplate(ctx, id) })
 	}
 	fmt.Fprintf(stderr, "warren templates: unknown sub-command %q (ls, create, rm)\n", sub)
 	return 2
@@ -415,11 +395,8 @@ func createCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	d.fs.Var(&env, "env", "KEY=VALUE set in every exec (repeatable)")
 	d.fs.Var(&labels, "label", "KEY=VALUE label (repeatable)")
 	d.fs.Var(&secrets, "secret", "a secret of the tenant (warren secrets set) the egress policy's credentials may use (repeatable)")
-	if code := d.parse(args); code != 0 {
+	if code := d.parseNone(args); code != 0 {
 		return code
-	}
-	if d.fs.NArg() != 0 {
-		return d.usageErr()
 	}
 	req := wire.SandboxRequest{Template: *tpl, MemMiB: *mem, CPUs: *cpus, Env: env, Secrets: secrets}
 	if *egress != "" {
@@ -478,11 +455,8 @@ func createCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 func lsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	d := newDaemonCmd(ctx, "ls", "ls", stdout, stderr)
-	if code := d.parse(args); code != 0 {
+	if code := d.parseNone(args); code != 0 {
 		return code
-	}
-	if d.fs.NArg() != 0 {
-		return d.usageErr()
 	}
 	l, err := d.c.Sandboxes(ctx)
 	if err != nil {
@@ -517,6 +491,19 @@ func lsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func rmCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	d := newDaemonCmd(ctx, "rm", "rm SANDBOX...", stdout, stderr)
+	return d.forEachArg(args, func(ref string) (string, error) {
+		id, err := d.resolve(ref)
+		if err == nil {
+			err = d.c.Delete(ctx, id)
+		}
+		return id, err
+	})
+}
+
+// forEachArg parses args, wants at least one operand, and runs do on each
+// in turn: what do returns is printed, an error reported (the others still
+// run; the exit code is then 1). For the verbs that delete by name.
+func (d *daemonCmd) forEachArg(args []string, do func(arg string) (string, error)) int {
 	if code := d.parse(args); code != 0 {
 		return code
 	}
@@ -524,27 +511,21 @@ func rmCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return d.usageErr()
 	}
 	code := 0
-	for _, ref := range d.fs.Args() {
-		id, err := d.resolve(ref)
-		if err == nil {
-			err = d.c.Delete(ctx, id)
-		}
+	for _, a := range d.fs.Args() {
+		out, err := do(a)
 		if err != nil {
 			code = d.fail(err)
 			continue
 		}
-		fmt.Fprintln(stdout, id)
+		fmt.Fprintln(d.stdout, out)
 	}
 	return code
 }
 
 func eventsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	d := newDaemonCmd(ctx, "events", "events", stdout, stderr)
-	if code := d.parse(args); code != 0 {
+	if code := d.parseNone(args); code != 0 {
 		return code
-	}
-	if d.fs.NArg() != 0 {
-		return d.usageErr()
 	}
 	enc := json.NewEncoder(stdout)
 	err := d.c.Events(ctx, func(e wire.Event) bool {
@@ -945,18 +926,12 @@ func sbEgressCmd(ctx context.Context, args []string, stdout, stderr io.Writer) i
 // `secrets rm NAME...`. A value never comes from the command line (it
 // would be in the process list and shell history).
 func secretsCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	sub := "ls"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		sub, args = args[0], args[1:]
-	}
+	sub, args := subcommand(args, "ls")
 	switch sub {
 	case "ls", "list":
 		d := newDaemonCmd(ctx, "secrets", "secrets [ls]", stdout, stderr)
-		if code := d.parse(args); code != 0 {
+		if code := d.parseNone(args); code != 0 {
 			return code
-		}
-		if d.fs.NArg() != 0 {
-			return d.usageErr()
 		}
 		l, err := d.c.Secrets(ctx)
 		if err != nil {
@@ -998,22 +973,28 @@ func secretsCmd(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		return 0
 	case "rm", "delete":
 		d := newDaemonCmd(ctx, "secrets rm", "secrets rm NAME...", stdout, stderr)
-		if code := d.parse(args); code != 0 {
-			return code
-		}
-		if d.fs.NArg() == 0 {
-			return d.usageErr()
-		}
-		code := 0
-		for _, n := range d.fs.Args() {
-			if err := d.c.DeleteSecret(ctx, n); err != nil {
-				code = d.fail(err)
-				continue
-			}
-			fmt.Fprintln(stdout, n)
-		}
-		return code
+		return d.forEachArg(args, func(n string) (string, error) { return n, d.c.DeleteSecret(ctx, n) })
 	}
 	fmt.Fprintf(stderr, "warren secrets: unknown sub-command %q (ls, set, rm)\n", sub)
 	return 2
+}
+
+// parseNone parses args for a verb that takes no operands.
+func (d *daemonCmd) parseNone(args []string) int {
+	if code := d.parse(args); code != 0 {
+		return code
+	}
+	if d.fs.NArg() != 0 {
+		return d.usageErr()
+	}
+	return 0
+}
+
+// subcommand splits a verb's sub-command (`templates ls`, `secrets set`)
+// off args; def when args start with a flag or are empty.
+func subcommand(args []string, def string) (string, []string) {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		return args[0], args[1:]
+	}
+	return def, args
 }
