@@ -226,19 +226,30 @@ func copyIn(ctx context.Context, hostPath string, dst agentclient.Target, stdin 
 func copyOut(ctx context.Context, src agentclient.Target, hostPath string, stdout io.Writer) error {
 	c := agentclient.New(src.VM)
 	defer c.Close()
+	return writeHostCopy(hostPath, src.Path, stdout, func(w io.Writer) (os.FileMode, error) {
+		return c.ReadFile(ctx, src.Path, w)
+	})
+}
+
+// writeHostCopy is the host side of copying a guest file out (warren cp,
+// VM-level and daemon): read(w) writes the guest file guestPath into w
+// and returns its mode. To "-" it goes to stdout; otherwise into a
+// temporary file renamed into place only when complete, with the guest
+// file's permission bits, and into a host directory under its base name.
+func writeHostCopy(hostPath, guestPath string, stdout io.Writer, read func(io.Writer) (os.FileMode, error)) error {
 	if hostPath == "-" {
-		_, err := c.ReadFile(ctx, src.Path, stdout)
+		_, err := read(stdout)
 		return err
 	}
 	if fi, err := os.Stat(hostPath); err == nil && fi.IsDir() {
-		hostPath = filepath.Join(hostPath, path.Base(src.Path))
+		hostPath = filepath.Join(hostPath, path.Base(guestPath))
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(hostPath), "."+filepath.Base(hostPath)+".warren-cp-*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	mode, err := c.ReadFile(ctx, src.Path, tmp)
+	mode, err := read(tmp)
 	if err == nil {
 		err = tmp.Chmod(mode.Perm())
 	}

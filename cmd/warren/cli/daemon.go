@@ -665,29 +665,9 @@ func (d *daemonCmd) copyOut(src sbTarget, hostPath string, stdout io.Writer) err
 	if err != nil {
 		return err
 	}
-	if hostPath == "-" {
-		_, err := d.c.ReadFile(d.ctx, id, src.path, stdout)
-		return err
-	}
-	if fi, err := os.Stat(hostPath); err == nil && fi.IsDir() {
-		hostPath = filepath.Join(hostPath, path.Base(src.path))
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(hostPath), "."+filepath.Base(hostPath)+".warren-cp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	mode, err := d.c.ReadFile(d.ctx, id, src.path, tmp)
-	if err == nil {
-		err = tmp.Chmod(mode.Perm())
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), hostPath)
+	return writeHostCopy(hostPath, src.path, stdout, func(w io.Writer) (os.FileMode, error) {
+		return d.c.ReadFile(d.ctx, id, src.path, w)
+	})
 }
 
 // sandboxLine prints a sandbox's id and status, or its JSON.
