@@ -24,12 +24,21 @@
 // each QEMU is stopped after (not timed).
 //
 //	go run ./bench/hostd [--runs 50] [--concurrency 1,16] [--json out.json] [--png build/bench-hostd.png]
+//	go run ./bench/hostd --merge a.json,b.json[,...] [--json merged.json] [--png build/bench-hostd.png]
 //
 // It prints one table with p50/p90/p99 per level, SPACE's figures and the
 // QEMU peer's side by side with the ratios warren/SPACE and warren/qemu,
 // writes the samples with --json, and draws the latency distribution
 // (one CDF per level and system, SPACE's p50 and p90 as reference lines)
-// to --png (after each level too, with the table so far). Needs /dev/kvm
+// to --png (after each level too, with the table so far). The --json file
+// is also a checkpoint: rewritten (temporary file and rename) after every
+// recorded run, with the level in progress so far ("complete": false), so
+// a host that freezes mid-level (the nested KVM host has, after 10-30
+// creates) leaves every run recorded before. --merge combines such files
+// (complete or not, same --mem) of separate invocations: samples and
+// failures per system and level concatenated, levels by clients
+// ascending, walls summed; it prints the table, writes --png and --json
+// (with "merged_from") and needs no /dev/kvm. Running needs /dev/kvm
 // (and root for the daemon's cgroups; without them it runs the VMMs
 // unlimited). In the nested KVM host, L1 stalled twice (after 7 and
 // after 21 creates, once with the daemon's state on L1's tmpfs /tmp, once
@@ -100,7 +109,21 @@ func main() {
 	flag.DurationVar(&c.createTimeout, "create-timeout", 2*time.Minute, "limit for one create (or QEMU restore); past it the run counts as failed")
 	flag.StringVar(&c.jsonOut, "json", "", "also write the results as JSON here")
 	flag.StringVar(&c.pngOut, "png", "build/bench-hostd.png", `plot of the latency distribution ("" for none)`)
+	merge := flag.String("merge", "", "merge these --json files (comma-separated; complete or checkpoints) of separate invocations into one table, --png and --json, and exit (no /dev/kvm needed)")
 	flag.Parse()
+	if *merge != "" {
+		var files []string
+		for _, f := range strings.Split(*merge, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				files = append(files, f)
+			}
+		}
+		if err := mergeResults(os.Stdout, files, c); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/hostd:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var err error
 	if c.levels, err = parseLevels(*levels); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/hostd:", err)
@@ -146,6 +169,7 @@ type levelResult struct {
 	Samples  []time.Duration
 	Failures []string
 	Wall     time.Duration // the recorded runs, first start to last end (deletes/stops included)
+	Partial  bool          // a level in progress (a checkpoint), or merged with one
 }
 
 func run(ctx context.Context, c config) error {
@@ -222,16 +246,22 @@ func run(ctx context.Context, c config) error {
 		qemuNote = "qemu peer not run (--qemu=false, or no qemu-system-x86_64 / /dev/vhost-vsock)"
 	}
 
-	var warrenRes, qemuRes []levelResult
+	rs := &results{c: c, withQEMU: peer != nil, qemuNote: qemuNote,
+		extra: map[string]any{"template": map[string]any{"id": tpl.ID, "build_ms": tpl.BuildMS}}}
+	if peer != nil {
+		rs.extra["qemu_migration_file_bytes"] = peer.fileBytes
+	}
 	// report prints the table and writes the plot and the JSON: after each
 	// level (so far: the nested KVM host has been seen to stall under
 	// restore-heavy load, which would lose everything) and at the end.
+	// Within a level, drive's checkpoints (rs.checkpoint) keep the JSON
+	// up to date after every recorded run.
 	report := func(final bool) error {
 		fmt.Println()
 		if !final {
 			fmt.Print("so far: ")
 		}
-		printTable(os.Stdout, c, warrenRes, qemuRes)
+		printTable(os.Stdout, c, rs.warren, rs.qemu)
 		if qemuNote != "" {
 			fmt.Println(qemuNote)
 		}
@@ -239,7 +269,7 @@ func run(ctx context.Context, c config) error {
 			fmt.Println("(in the nested KVM host: every figure is emulated; compare the ratio to qemu, not the absolute times)")
 		}
 		if c.pngOut != "" {
-			if err := writePNG(c.pngOut, latencyPlot(c, warrenRes, qemuRes)); err != nil {
+			if err := writePNG(c.pngOut, latencyPlot(c, rs.warren, rs.qemu)); err != nil {
 				return err
 			}
 			fmt.Printf("plot: %s\n", c.pngOut)
@@ -247,25 +277,7 @@ func run(ctx context.Context, c config) error {
 		if c.jsonOut == "" {
 			return nil
 		}
-		out := map[string]any{
-			"benchmark": "hostd", "what": "POST /v1/sandboxes {template} to its 201 answer (guest agent answering)",
-			"kernel": c.kernel, "initramfs": c.initramfs, "mem_mib": c.memMiB, "runs": c.runs, "complete": final,
-			"template":        map[string]any{"id": tpl.ID, "build_ms": tpl.BuildMS},
-			"space":           map[string]any{"name": spaceName, "p50_ms": ms(spaceP50), "p90_ms": ms(spaceP90)},
-			"warren":          levelsJSON("warren-hostd create", warrenRes),
-			"nested_kvm_host": nested,
-		}
-		if nested {
-			out["host_note"] = "inside the nested KVM host everything is emulated: compare the ratios to qemu, " +
-				"not absolute figures (nor the ratios to SPACE's published figures)"
-		}
-		if peer != nil {
-			out["qemu"] = levelsJSON("qemu -incoming restore", qemuRes)
-			out["qemu_migration_file_bytes"] = peer.fileBytes
-		} else {
-			out["qemu_note"] = qemuNote
-		}
-		return stats.WriteJSON(c.jsonOut, out)
+		return rs.writeJSON(final)
 	}
 	for li, n := range c.levels {
 		fmt.Printf("\n== %d concurrent client(s): warren-hostd creates\n", n)
@@ -284,14 +296,15 @@ func run(ctx context.Context, c config) error {
 				cancel()
 			}
 			return lat, err
-		})
-		warrenRes = append(warrenRes, r)
+		}, rs.checkpoint("warren"))
+		rs.warren = append(rs.warren, r)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if peer != nil {
 			fmt.Printf("\n== %d concurrent client(s): qemu -incoming restores\n", n)
-			qemuRes = append(qemuRes, drive(ctx, "qemu", n, c.runs, peer.restore))
+			q := drive(ctx, "qemu", n, c.runs, peer.restore, rs.checkpoint("qemu"))
+			rs.qemu = append(rs.qemu, q)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -325,8 +338,10 @@ func termAndWait(pid int, limit time.Duration) {
 
 // drive runs once: one unrecorded warm-up run, then runs recorded runs
 // shared by clients concurrent workers, each taking the next run until
-// all are taken.
-func drive(ctx context.Context, name string, clients, runs int, once func(context.Context) (time.Duration, error)) levelResult {
+// all are taken. After each recorded run (ok or failed) it calls
+// onSample, if not nil, with the level so far (Wall: up to now), under
+// its lock: one call at a time, and the slices must not be kept.
+func drive(ctx context.Context, name string, clients, runs int, once func(context.Context) (time.Duration, error), onSample func(partial levelResult)) levelResult {
 	r := levelResult{Clients: clients}
 	if lat, err := once(ctx); err != nil {
 		fmt.Printf("c=%-3d warm-up  %-6s FAILED: %s\n", clients, name, oneLine(err))
@@ -355,6 +370,11 @@ func drive(ctx context.Context, name string, clients, runs int, once func(contex
 				} else {
 					r.Samples = append(r.Samples, lat)
 					fmt.Printf("c=%-3d run %3d/%d %-6s %10s\n", clients, i, runs, name, stats.Significant(lat))
+				}
+				if onSample != nil {
+					p := r
+					p.Wall = time.Since(start)
+					onSample(p)
 				}
 				mu.Unlock()
 			}
@@ -396,40 +416,57 @@ func spaceAt(p float64) time.Duration {
 }
 
 // printTable prints the one table: per level, p50/p90/p99 of warren-hostd,
-// SPACE's published figures and the QEMU peer's, with the ratios.
+// SPACE's published figures and the QEMU peer's, with the ratios. The run
+// counts are the data's (samples and failures), not --runs: a level cut
+// short (a checkpoint) or a merge of several invocations has others.
 func printTable(w io.Writer, c config, ws, qs []levelResult) {
-	fmt.Fprintf(w, "create from template, POST /v1/sandboxes to its 201 (guest agent answering), %d runs per level after one unrecorded, guest %d MiB:\n", c.runs, c.memMiB)
+	fmt.Fprintf(w, "create from template, POST /v1/sandboxes to its 201 (guest agent answering), after one unrecorded run per level, guest %d MiB\n", c.memMiB)
+	fmt.Fprintf(w, "runs: %s:\n", runCounts(ws, qs))
 	fmt.Fprintf(w, "%-7s %-4s %12s %18s %13s %12s %12s\n", "clients", "", "warren-hostd", spaceName, "warren/SPACE", "qemu", "warren/qemu")
-	for li, wr := range ws {
-		var qr *levelResult
-		if li < len(qs) {
-			qr = &qs[li]
-		}
+	for _, n := range levelClients(ws, qs) {
+		wr, qr := byClients(ws, n), byClients(qs, n)
 		for pi, p := range percentiles {
 			lvl := ""
 			if pi == 0 {
-				lvl = strconv.Itoa(wr.Clients)
+				lvl = strconv.Itoa(n)
 			}
-			a := stats.Percentile(wr.Samples, p)
-			sp, spr := "-", "-"
+			av, sp, spr, qv, qrt := "-", "-", "-", "-", "-"
+			var a time.Duration
+			if wr != nil && len(wr.Samples) > 0 {
+				a = stats.Percentile(wr.Samples, p)
+				av = stats.Significant(a).String()
+			}
 			if s := spaceAt(p); s != 0 {
-				sp, spr = stats.Significant(s).String(), fmt.Sprintf("%.2f", stats.Ratio(a, s))
+				sp = stats.Significant(s).String()
+				if a != 0 {
+					spr = fmt.Sprintf("%.2f", stats.Ratio(a, s))
+				}
 			}
-			qv, qrt := "-", "-"
 			if qr != nil && len(qr.Samples) > 0 {
 				b := stats.Percentile(qr.Samples, p)
-				qv, qrt = stats.Significant(b).String(), fmt.Sprintf("%.2f", stats.Ratio(a, b))
+				qv = stats.Significant(b).String()
+				if a != 0 {
+					qrt = fmt.Sprintf("%.2f", stats.Ratio(a, b))
+				}
 			}
-			fmt.Fprintf(w, "%-7s p%-3.0f %12s %18s %13s %12s %12s\n", lvl, p, stats.Significant(a), sp, spr, qv, qrt)
+			fmt.Fprintf(w, "%-7s p%-3.0f %12s %18s %13s %12s %12s\n", lvl, p, av, sp, spr, qv, qrt)
 		}
 	}
-	for li, wr := range ws {
-		line := fmt.Sprintf("clients %d: warren %d ok, %d failed, %.2f creates/s (with deletes)", wr.Clients, len(wr.Samples), len(wr.Failures), perSecond(wr))
-		if li < len(qs) {
-			qr := qs[li]
-			line += fmt.Sprintf("; qemu %d ok, %d failed, %.2f restores/s (with stops)", len(qr.Samples), len(qr.Failures), perSecond(qr))
+	incomplete := func(r *levelResult) string {
+		if r.Partial {
+			return " (level incomplete)"
 		}
-		fmt.Fprintln(w, line)
+		return ""
+	}
+	for _, n := range levelClients(ws, qs) {
+		var parts []string
+		if wr := byClients(ws, n); wr != nil {
+			parts = append(parts, fmt.Sprintf("warren %d ok, %d failed%s%s", len(wr.Samples), len(wr.Failures), rate(*wr, "creates/s (with deletes)"), incomplete(wr)))
+		}
+		if qr := byClients(qs, n); qr != nil {
+			parts = append(parts, fmt.Sprintf("qemu %d ok, %d failed%s%s", len(qr.Samples), len(qr.Failures), rate(*qr, "restores/s (with stops)"), incomplete(qr)))
+		}
+		fmt.Fprintf(w, "clients %d: %s\n", n, strings.Join(parts, "; "))
 	}
 	for _, set := range []struct {
 		name string
@@ -437,7 +474,7 @@ func printTable(w io.Writer, c config, ws, qs []levelResult) {
 	}{{"warren", ws}, {"qemu", qs}} {
 		for _, r := range set.rs {
 			if len(r.Failures) > 0 {
-				fmt.Fprintf(w, "FAILED %s, %d clients: %d of %d runs (not in the figures); first: %s\n", set.name, r.Clients, len(r.Failures), c.runs, r.Failures[0])
+				fmt.Fprintf(w, "FAILED %s, %s: %d of %d runs (not in the figures); first: %s\n", set.name, clientsLabel(r.Clients), len(r.Failures), len(r.Samples)+len(r.Failures), r.Failures[0])
 			}
 		}
 	}
@@ -448,6 +485,64 @@ func printTable(w io.Writer, c config, ws, qs []levelResult) {
 	fmt.Fprintln(w, "start to the agent's first answer over AF_VSOCK (its stop not timed). Ratios are warren/peer.")
 }
 
+// runCounts is the table's "runs:" line: the runs (ok and failed) of each
+// level and system, e.g. "warren 1 client 50, 16 clients 50; qemu 1
+// client 50, 16 clients 50".
+func runCounts(ws, qs []levelResult) string {
+	var sys []string
+	for _, set := range []struct {
+		name string
+		rs   []levelResult
+	}{{"warren", ws}, {"qemu", qs}} {
+		if len(set.rs) == 0 {
+			continue
+		}
+		var lv []string
+		for _, r := range set.rs {
+			lv = append(lv, fmt.Sprintf("%s %d", clientsLabel(r.Clients), len(r.Samples)+len(r.Failures)))
+		}
+		sys = append(sys, set.name+" "+strings.Join(lv, ", "))
+	}
+	if len(sys) == 0 {
+		return "none"
+	}
+	return strings.Join(sys, "; ")
+}
+
+// levelClients is the levels of ws and qs, in ws's order, then any that
+// only qs has.
+func levelClients(ws, qs []levelResult) []int {
+	var out []int
+	seen := map[int]bool{}
+	for _, set := range [][]levelResult{ws, qs} {
+		for _, r := range set {
+			if !seen[r.Clients] {
+				seen[r.Clients] = true
+				out = append(out, r.Clients)
+			}
+		}
+	}
+	return out
+}
+
+// byClients is rs's level of n clients, nil if none.
+func byClients(rs []levelResult, n int) *levelResult {
+	for i := range rs {
+		if rs[i].Clients == n {
+			return &rs[i]
+		}
+	}
+	return nil
+}
+
+// rate is ", N unit" of r's runs per second of its wall ("" without one).
+func rate(r levelResult, unit string) string {
+	if r.Wall <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %.2f %s", perSecond(r), unit)
+}
+
 func perSecond(r levelResult) float64 {
 	if r.Wall <= 0 {
 		return 0
@@ -455,23 +550,23 @@ func perSecond(r levelResult) float64 {
 	return float64(len(r.Samples)+len(r.Failures)) / r.Wall.Seconds()
 }
 
-// levelsJSON is one system's levels for --json.
-func levelsJSON(name string, rs []levelResult) []map[string]any {
-	var out []map[string]any
-	for _, r := range rs {
-		out = append(out, map[string]any{
-			"clients": r.Clients, "summary": stats.Summarise(fmt.Sprintf("%s, %d clients", name, r.Clients), r.Samples),
-			"failures": r.Failures, "wall_s": r.Wall.Seconds(), "per_s": perSecond(r),
-		})
-	}
-	return out
-}
-
 // latencyPlot is the PNG: one CDF per level and system (warren solid, qemu
 // dashed, one colour per level), SPACE's p50 and p90 as reference lines.
 func latencyPlot(c config, ws, qs []levelResult) plot {
+	lo, hi := -1, 0 // the fewest and most runs of any level and system
+	for _, r := range append(append([]levelResult(nil), ws...), qs...) {
+		n := len(r.Samples) + len(r.Failures)
+		if lo < 0 || n < lo {
+			lo = n
+		}
+		hi = max(hi, n)
+	}
+	runs := fmt.Sprintf("%d runs per level", max(lo, 0))
+	if lo != hi {
+		runs = fmt.Sprintf("%d-%d runs per level", lo, hi)
+	}
 	p := plot{
-		Title:  fmt.Sprintf("warren-hostd create from template: latency CDF, %d runs per level, guest %d MiB", c.runs, c.memMiB),
+		Title:  fmt.Sprintf("warren-hostd create from template: latency CDF, %s, guest %d MiB", runs, c.memMiB),
 		XLabel: "latency (request to 201; qemu: process start to agent answer)",
 		Refs:   []refLine{{spaceP50, "SPACE p50"}, {spaceP90, "SPACE p90"}},
 	}
@@ -482,7 +577,17 @@ func latencyPlot(c config, ws, qs []levelResult) plot {
 	for i, r := range ws {
 		p.Series = append(p.Series, series{Label: fmt.Sprintf("warren-hostd, %s", clientsLabel(r.Clients)), Samples: r.Samples, Color: colour(i)})
 	}
-	for i, r := range qs {
+	extra := len(ws)
+	for _, r := range qs { // in its level's colour
+		i := -1
+		for wi, wr := range ws {
+			if wr.Clients == r.Clients {
+				i = wi
+			}
+		}
+		if i < 0 { // a level only qemu has (a merge): the next colour
+			i, extra = extra, extra+1
+		}
 		p.Series = append(p.Series, series{Label: fmt.Sprintf("qemu -incoming, %s", clientsLabel(r.Clients)), Samples: r.Samples, Color: colour(i), Dashed: true})
 	}
 	return p

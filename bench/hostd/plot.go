@@ -8,6 +8,7 @@ import (
 	"image/png"
 	"math"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"time"
@@ -371,6 +372,9 @@ func render(p plot) *image.RGBA {
 
 // writePNG renders p to path.
 func writePNG(path string, p plot) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
 	f, err := os.Create(path)
 	if err != nil {
 		return err

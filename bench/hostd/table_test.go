@@ -53,7 +53,11 @@ func TestPrintTable(t *testing.T) {
 		"        p99         200ms                  -             -        100ms         2.00",
 		// no qemu at 16 clients.
 		"16      p50         300ms               60ms          5.00            -            -",
-		"FAILED warren, 16 clients: 1 of 10 runs",
+		// the counts are the data's, not --runs.
+		"runs: warren 1 client 10, 16 clients 4; qemu 1 client 10:",
+		"FAILED warren, 16 clients: 1 of 4 runs",
+		// qemu's level has no wall: no rate.
+		"clients 1: warren 10 ok, 0 failed, 10.00 creates/s (with deletes); qemu 10 ok, 0 failed\n",
 		"clients 16: warren 3 ok, 1 failed, 4.00 creates/s",
 	} {
 		if !strings.Contains(out, want) {
