@@ -43,6 +43,14 @@ func startHostd(ctx context.Context, c config, work, data string) (*hostd, error
 	defer logf.Close()
 	args := []string{"--state", state, "--socket", d.sock, "--warren", c.warren,
 		"--cgroup-root", c.cgroupRoot, "--stop-on-exit"}
+	if c.encrypted {
+		keys := filepath.Join(work, "keys")
+		if err := os.Mkdir(keys, 0o700); err != nil {
+			return nil, err
+		}
+		// Decrypted copies on work's file system (a tmpfs in the nested host).
+		args = append(args, "--keys", keys, "--decrypt-dir", filepath.Join(work, "decrypted"))
+	}
 	d.cmd = exec.Command(c.hostd, append(args, strings.Fields(c.hostdFlags)...)...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	// Its own process group: a terminal's ^C reaches us, and we stop it.

@@ -12,7 +12,10 @@
 // as NDJSON and printed), then for each level of --concurrency runs one
 // unrecorded create and --runs recorded ones, with that many clients,
 // each looping: create (timed), then DELETE /v1/sandboxes/{id} (not
-// timed). Every request carries X-Warren-Tenant: bench. The daemon is
+// timed). Every request carries X-Warren-Tenant: bench. With --encrypted
+// the daemon runs with --keys and the tenant gets a key first, so the
+// figures are those of a tenant whose snapshots and disks are sealed at
+// rest. The daemon is
 // stopped (SIGTERM, with --stop-on-exit) at the end.
 //
 // The measured peer, with --qemu (on by default when qemu-system-x86_64
@@ -84,7 +87,7 @@ type config struct {
 	cgroupRoot, hostdFlags, dataDir        string
 	memMiB, runs, qemuCID                  int
 	levels                                 []int
-	useQEMU, nested, termFirst             bool
+	useQEMU, nested, termFirst, encrypted  bool
 	timeout, createTimeout                 time.Duration
 	jsonOut, pngOut                        string
 }
@@ -100,6 +103,7 @@ func main() {
 	flag.StringVar(&c.hostdFlags, "hostd-flags", "", `more warren-hostd flags, space-separated (e.g. "--jail off")`)
 	flag.StringVar(&c.dataDir, "dir", "", "directory for the daemon's state (templates' snapshots) and QEMU's migration file, in a fresh subdirectory removed at the end (default: the temporary directory; sockets always go there). In the nested KVM host the Makefile gives one on the shared directory")
 	flag.BoolVar(&c.termFirst, "term-before-delete", os.Getenv("WARREN_KVMHOST") == "1", "SIGTERM each sandbox's VMM and wait (up to 20 s) for it to exit before its DELETE (default on in the nested KVM host, where the daemon's 3 s grace before SIGKILL is too short and SIGKILLed VMMs have stalled L1)")
+	flag.BoolVar(&c.encrypted, "encrypted", false, "the tenant has an encryption key (warren-hostd --keys; POST /v1/keys before the template): its snapshots and disks are sealed at rest, and creates restore the template's decrypted copy")
 	flag.IntVar(&c.memMiB, "mem", 256, "guest memory of the template (and of QEMU's guest), MiB")
 	flag.IntVar(&c.runs, "runs", 50, "recorded creates per concurrency level (and QEMU restores)")
 	flag.IntVar(&c.qemuCID, "qemu-cid", 100, "first vsock CID of the QEMU guests (each restore takes the next)")
@@ -214,6 +218,12 @@ func run(ctx context.Context, c config) error {
 	defer d.stop()
 	a := newAPI(d.sock, "bench")
 	defer a.close()
+	if c.encrypted {
+		if err := a.call(ctx, "POST", "/v1/keys", nil, 201, nil); err != nil {
+			return d.withLog(fmt.Errorf("create the tenant's key: %w", err))
+		}
+		fmt.Println("tenant bench has an encryption key: its snapshots are sealed at rest")
+	}
 
 	fmt.Printf("warren-hostd serving on %s; building a template (%s, %s, %d MiB)\n", d.sock, c.kernel, c.initramfs, c.memMiB)
 	t0 := time.Now()
@@ -420,7 +430,11 @@ func spaceAt(p float64) time.Duration {
 // counts are the data's (samples and failures), not --runs: a level cut
 // short (a checkpoint) or a merge of several invocations has others.
 func printTable(w io.Writer, c config, ws, qs []levelResult) {
-	fmt.Fprintf(w, "create from template, POST /v1/sandboxes to its 201 (guest agent answering), after one unrecorded run per level, guest %d MiB\n", c.memMiB)
+	enc := ""
+	if c.encrypted {
+		enc = ", tenant with an encryption key (snapshots sealed at rest)"
+	}
+	fmt.Fprintf(w, "create from template, POST /v1/sandboxes to its 201 (guest agent answering), after one unrecorded run per level, guest %d MiB%s\n", c.memMiB, enc)
 	fmt.Fprintf(w, "runs: %s:\n", runCounts(ws, qs))
 	fmt.Fprintf(w, "%-7s %-4s %12s %18s %13s %12s %12s\n", "clients", "", "warren-hostd", spaceName, "warren/SPACE", "qemu", "warren/qemu")
 	for _, n := range levelClients(ws, qs) {

@@ -15,6 +15,7 @@ type resultsFile struct {
 	Benchmark string      `json:"benchmark"`
 	MemMiB    int         `json:"mem_mib"`
 	Nested    bool        `json:"nested_kvm_host"`
+	Encrypted bool        `json:"encrypted"`
 	Complete  bool        `json:"complete"`
 	Warren    []levelJSON `json:"warren"`
 	QEMU      []levelJSON `json:"qemu"`
@@ -55,7 +56,9 @@ func mergeResults(w io.Writer, files []string, c config) error {
 			return fmt.Errorf("%s: no mem_mib", f)
 		}
 		if i == 0 {
-			c.memMiB, c.nested = doc.MemMiB, doc.Nested
+			c.memMiB, c.nested, c.encrypted = doc.MemMiB, doc.Nested, doc.Encrypted
+		} else if doc.Encrypted != c.encrypted {
+			return fmt.Errorf("%s: encrypted %v, %s's %v: runs of a tenant with and without a key do not merge", f, doc.Encrypted, files[0], c.encrypted)
 		} else if doc.MemMiB != c.memMiB {
 			return fmt.Errorf("%s: guest of %d MiB, %s's of %d MiB: runs of different guests do not merge", f, doc.MemMiB, files[0], c.memMiB)
 		} else if doc.Nested != c.nested {

@@ -64,6 +64,7 @@ func (rs *results) doc(ws, qs []levelResult, complete bool) map[string]any {
 		"space":           map[string]any{"name": spaceName, "p50_ms": ms(spaceP50), "p90_ms": ms(spaceP90)},
 		"warren":          levelsJSON("warren-hostd create", ws),
 		"nested_kvm_host": c.nested,
+		"encrypted":       c.encrypted,
 	}
 	if c.kernel != "" {
 		out["kernel"], out["initramfs"] = c.kernel, c.initramfs

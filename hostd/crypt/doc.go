@@ -119,10 +119,12 @@
 // the temporary file of the atomic write, then encrypt them: EncryptFile
 // (temporary file, fsync, rename, directory fsync; dst is never a half
 // file) or NewWriter over the temporary file for streaming. For a
-// snapshot that is the vmsnap state file and each memsnap layer file; for
-// a disk, the cow/disk overlay once it is frozen (forked or the sandbox
-// stopped) — a live, writable overlay is rewritten in place and stays
-// plaintext on the host while the sandbox runs.
+// snapshot that is the vmsnap state file and each memsnap layer file. A
+// disk image or cow/disk overlay is mostly holes, so it is sealed with
+// EncryptSparseFile (its data extents packed, see sparse.go) once no VMM
+// has it open, and DecryptSparseFile restores it, holes and all, before
+// one does: a live, writable overlay is rewritten in place and stays
+// plaintext on the host while its sandbox runs.
 //
 // To restore, OpenReader each file for the tenant (this is where a revoked
 // key stops the restore, with the message above). A lazy restore reads

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/memsnap"
@@ -53,29 +54,34 @@ import (
 // same working directory, removed when that VMM stops for good (see
 // secrets.go).
 //
+// Disks: the tenant's disk files (templates' frozen bases, sandboxes'
+// overlays and fork layers) are sealed whenever no VMM needs them and
+// unsealed in place before a VMM that needs them starts (diskseal.go).
+//
 // What stays plaintext: a running sandbox's guest memory (in RAM, in the
-// VMM's memfd), its writable disk overlay while it runs, the secrets file
-// of a running network sandbox's VMM (on the tmpfs), and the decrypted
-// working copy of a snapshot for the seconds a restore reads it. Not encrypted yet: a template's
-// writable disk bases and its sandboxes' disk overlays, also while the
-// sandboxes are stopped (see disks.go), and a fork's transient files (its
-// children's console and log).
+// VMM's memfd), the disk files its VMM may open while it runs (its chain:
+// its template's base, its overlay, its fork ancestors' layers), the
+// secrets file of a running network sandbox's VMM (on the tmpfs), the
+// decrypted working copy of a snapshot for the seconds a restore reads
+// it, and a fork's transient files (its children's console and log).
 //
 // Trade-offs of this (hook) design against reading layers through
 // crypt.Reader inside the VMM (memsnap's openReader exported, the lazy
-// restore's page faults served by ReadAt): the VMM needs no key and no
-// change, but a restore of an encrypted snapshot decrypts the whole chain
-// first (~3 GB/s per core) and is eager (it reads all of guest memory
-// before the guest runs, where a lazy restore maps a flattened file
-// copy-on-write; a lazy one here would leave that flattened plaintext on
-// the tmpfs, mapped and unreclaimable, for the VMM's life, outside its
-// cgroup's reach), and a template's flattened .wraw cache is not shared
-// by its sandboxes any more. And incremental snapshots are taken full for
-// a tenant with a key: the VMM opens its previous layer by path to chain
-// the next one on it, and that file is now ciphertext (with full
+// restore's page faults served by ReadAt from a userfaultfd handler): the
+// VMM needs no key and no change, but a restore of an encrypted snapshot
+// decrypts the whole chain first (~3 GB/s per core). Creates stay lazy:
+// they restore the template's lasting decrypted copy (Template copies,
+// below), whose flattened .wraw all its sandboxes share, at the price of
+// that plaintext copy on the tmpfs while the template exists. A
+// sandbox's own snapshots (resume from disk, rollback) are restored
+// eagerly: a lazy restore would keep a flattened plaintext file per
+// sandbox on the tmpfs, mapped and unreclaimable, for the VMM's life,
+// outside its cgroup's reach. And incremental snapshots are taken full
+// for a tenant with a key: the VMM opens its previous layer by path to
+// chain the next one on it, and that file is now ciphertext (with full
 // snapshots pre-copied, a full snapshot's pause is as short as an
 // incremental one's; they cost more disk). Reading through crypt.Reader
-// in the VMM would remove all three costs; it is the next step.
+// in the VMM would remove the last two costs.
 //
 // Revocation (DELETE /v1/keys): the key is crypto-shredded
 // (crypt.LocalProvider.Revoke) and the tenant's running sandboxes are
@@ -88,6 +94,73 @@ type atRest struct {
 	keys *crypt.LocalProvider
 	// work is where decrypted working copies go.
 	work string
+	// templateOf returns the template whose snapshot path is, if it is
+	// one (the daemon's store layout); nil: none is.
+	templateOf func(path string) (tenant, id string, ok bool)
+	// tplMu serialises the making of template copies.
+	tplMu sync.Mutex
+}
+
+// Template copies. Creates restore a template's snapshot, the hot path:
+// for a tenant with a key, its decrypted copy is made once, in
+// WORK/tpl.TENANT.ID (mode 0700), and kept while the template exists, so
+// that each create restores it lazily (`warren restore --lazy`, as for a
+// tenant without a key): the first flattens the chain into the copy's
+// .wraw (zero pages as holes), and every later one maps that file
+// copy-on-write, sharing its page cache with the template's other
+// sandboxes. The copy is plaintext on the tmpfs (RAM, never a disk, as the
+// running guests' memory is); it is removed when the template is deleted,
+// when the tenant's key is revoked (BeforeRestore asks the provider before
+// every use, so a key revoked elsewhere stops creates too) and when the
+// daemon starts. A sandbox's own snapshots (resume, rollback) are restored
+// eagerly from a working copy made for that restore and removed after it.
+const tplCopyPrefix = "tpl."
+
+// templateCopyDir is the directory of tenant's template id's copy.
+func (e *atRest) templateCopyDir(tenant, id string) string {
+	return filepath.Join(e.work, tplCopyPrefix+tenant+"."+id)
+}
+
+// dropTemplateCopies removes tenant's template copies: template id's, or
+// all of them when id is "".
+func (e *atRest) dropTemplateCopies(tenant, id string) {
+	if id != "" {
+		os.RemoveAll(e.templateCopyDir(tenant, id))
+		return
+	}
+	dirs, _ := filepath.Glob(filepath.Join(e.work, tplCopyPrefix+tenant+".*"))
+	for _, d := range dirs {
+		os.RemoveAll(d)
+	}
+}
+
+// templateCopy returns the snapshot path in the copy of template id's
+// snapshot dir/name, making the copy if there is none.
+func (e *atRest) templateCopy(tenant, id, dir, name string) (string, error) {
+	final := e.templateCopyDir(tenant, id)
+	use := filepath.Join(final, name)
+	if _, err := os.Stat(use + vmsnap.StateExt); err == nil {
+		return use, nil
+	}
+	e.tplMu.Lock()
+	defer e.tplMu.Unlock()
+	if _, err := os.Stat(use + vmsnap.StateExt); err == nil {
+		return use, nil
+	}
+	tmp, err := os.MkdirTemp(e.work, ".tpl-tmp-")
+	if err != nil {
+		return "", err
+	}
+	if err := e.materialize(tenant, dir, tmp, name); err != nil {
+		os.RemoveAll(tmp)
+		return "", err
+	}
+	os.RemoveAll(final) // an incomplete one
+	if err := os.Rename(tmp, final); err != nil {
+		os.RemoveAll(tmp)
+		return "", err
+	}
+	return use, nil
 }
 
 // workDirRE matches the working directories BeforeRestore makes.
@@ -176,7 +249,9 @@ func sealFile(path string, key crypt.Key) error {
 
 // BeforeRestore returns the snapshot path the VMM is to restore for
 // tenant's snapshot path, and what to call once the VMM has loaded it. A
-// snapshot in plaintext is restored where it is.
+// snapshot in plaintext is restored where it is; a template's, from its
+// lasting copy (done is nil: see Template copies); any other, from a
+// working copy that done removes.
 func (e *atRest) BeforeRestore(tenant, path string) (string, func(), error) {
 	dir, name, state, err := vmsnap.Paths(path)
 	if err != nil {
@@ -195,6 +270,12 @@ func (e *atRest) BeforeRestore(tenant, path string) (string, func(), error) {
 	}
 	if err := os.MkdirAll(e.work, 0o700); err != nil {
 		return "", nil, err
+	}
+	if e.templateOf != nil {
+		if t, id, ok := e.templateOf(path); ok && t == tenant {
+			use, err := e.templateCopy(tenant, id, dir, name)
+			return use, nil, err
+		}
 	}
 	work, err := os.MkdirTemp(e.work, tenant+"-")
 	if err != nil {

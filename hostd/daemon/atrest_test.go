@@ -270,19 +270,35 @@ func TestKeysAPI(t *testing.T) {
 
 	tp := a.template(fakeKernel(t))
 	sealedAll(t, filepath.Dir(tp.Snapshot))
+	// A create restores the template's lasting decrypted copy, lazily.
+	decrypted := filepath.Join(td.cfg.DecryptDir)
+	lazy := func() bool {
+		fl.mu.Lock()
+		defer fl.mu.Unlock()
+		return slices.Contains(fl.lastArgs, "--lazy")
+	}
 	sb := a.create(tp.ID)
-	if fl.restored() == "" || strings.HasPrefix(fl.restored(), state) {
-		t.Fatalf("the VMM restored %q, want a decrypted copy outside the state directory", fl.restored())
+	tplCopy := filepath.Dir(fl.restored())
+	if fl.restored() == "" || strings.HasPrefix(fl.restored(), state) || filepath.Dir(tplCopy) != decrypted {
+		t.Fatalf("the VMM restored %q, want a decrypted copy in %s", fl.restored(), decrypted)
 	}
-	fl.mu.Lock()
-	lazy := slices.Contains(fl.lastArgs, "--lazy")
-	fl.mu.Unlock()
-	if lazy {
-		t.Fatal("a decrypted copy was restored lazily")
+	if !lazy() {
+		t.Fatal("a create from the template's copy was not lazy")
 	}
-	if _, err := os.Stat(filepath.Dir(fl.restored())); !os.IsNotExist(err) {
-		t.Fatalf("decrypted copy left after the restore: %v", err)
+	if _, err := os.Stat(tplCopy); err != nil {
+		t.Fatalf("the template's copy is gone after a create: %v", err)
 	}
+	// It is made once: a second create uses it as it is.
+	stamp := filepath.Join(tplCopy, "stamp")
+	os.WriteFile(stamp, nil, 0o600)
+	sbX := a.create(tp.ID)
+	if filepath.Dir(fl.restored()) != tplCopy {
+		t.Fatalf("second create restored %q, want the copy in %s", fl.restored(), tplCopy)
+	}
+	if _, err := os.Stat(stamp); err != nil {
+		t.Fatal("the template's copy was made again")
+	}
+	a.ok(200, "DELETE", "/v1/sandboxes/"+sbX.ID, nil, nil)
 	var snap store.Snapshot
 	a.ok(201, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", map[string]any{"name": "s1"}, &snap)
 	a.ok(201, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", map[string]any{"name": "s2", "incremental": true}, &snap)
@@ -297,6 +313,14 @@ func TestKeysAPI(t *testing.T) {
 	a.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/resume", nil, &rec)
 	if rec.Status != store.Running {
 		t.Fatalf("resume: %+v", rec)
+	}
+	// A sandbox's own snapshot: an eager restore from a working copy,
+	// removed once the VMM has it.
+	if lazy() || filepath.Dir(fl.restored()) == tplCopy || strings.HasPrefix(fl.restored(), state) {
+		t.Fatalf("resume from disk restored %q (lazy %v), want an eager working copy", fl.restored(), lazy())
+	}
+	if _, err := os.Stat(filepath.Dir(fl.restored())); !os.IsNotExist(err) {
+		t.Fatalf("working copy left after the resume: %v", err)
 	}
 	// A second sandbox, suspended when the key goes.
 	sb2 := a.create(tp.ID)
@@ -327,6 +351,9 @@ func TestKeysAPI(t *testing.T) {
 		if st != 403 || !strings.Contains(string(out), "tenant acme: key revoked at") || !strings.Contains(string(out), "can no longer be read") {
 			t.Fatalf("%s %s after revoke: %d %s", c.method, c.path, st, out)
 		}
+	}
+	if _, err := os.Stat(tplCopy); !os.IsNotExist(err) {
+		t.Fatalf("the template's decrypted copy outlived the revocation: %v", err)
 	}
 	// The files are still there, and unreadable.
 	sealedAll(t, filepath.Dir(snap.Path))
@@ -362,4 +389,46 @@ func TestKeyCreatedSealsExisting(t *testing.T) {
 	a.ok(201, "POST", "/v1/keys", nil, nil)
 	sealedAll(t, filepath.Dir(tp.Snapshot))
 	a.create(tp.ID)
+}
+
+// TestTemplateCopyLifetime: a template's decrypted copy is made by its
+// first create, swept when the daemon starts (remade by the next
+// create), and removed with the template.
+func TestTemplateCopyLifetime(t *testing.T) {
+	fl := newFakeLauncher(t)
+	keys := newProvider(t)
+	state, decrypted := t.TempDir(), filepath.Join(t.TempDir(), "decrypted")
+	cfg := func(c *Config) {
+		c.Keys = keys
+		c.DecryptDir = decrypted
+	}
+	td := startDaemon(t, state, fl, cfg)
+	a := td.client(t, "acme")
+	a.ok(201, "POST", "/v1/keys", nil, nil)
+	tp := a.template(fakeKernel(t))
+	cp := td.atRest.templateCopyDir("acme", tp.ID)
+	if _, err := os.Stat(cp); !os.IsNotExist(err) {
+		t.Fatalf("a copy before any create: %v", err)
+	}
+	sb := a.create(tp.ID)
+	a.ok(200, "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
+	if _, err := os.Stat(cp); err != nil {
+		t.Fatalf("no copy after a create: %v", err)
+	}
+	td.Close()
+	<-td.done
+	td = startDaemon(t, state, fl, cfg)
+	a = td.client(t, "acme")
+	if _, err := os.Stat(cp); !os.IsNotExist(err) {
+		t.Fatalf("the copy survived a daemon start: %v", err)
+	}
+	sb = a.create(tp.ID)
+	if filepath.Dir(fl.restored()) != cp {
+		t.Fatalf("create after the restart restored %q", fl.restored())
+	}
+	a.ok(200, "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
+	a.ok(200, "DELETE", "/v1/templates/"+tp.ID, nil, nil)
+	if _, err := os.Stat(cp); !os.IsNotExist(err) {
+		t.Fatalf("the copy outlived its template: %v", err)
+	}
 }

@@ -24,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,7 +48,9 @@ type Hooks struct {
 	// to, the snapshot DIR/NAME (and the chain under it): decryption plugs
 	// in here. It returns the snapshot path the VMM is to read (path, or
 	// a decrypted working copy) and, optionally, done, which the daemon
-	// calls once the VMM has loaded it (or failed to).
+	// calls once the VMM has loaded it (or failed to). A copy with no
+	// done lasts (a template's: atrest.go) and is restored lazily; one
+	// with done is restored eagerly.
 	BeforeRestore func(tenant, path string) (use string, done func(), err error)
 	// (The VMM jail plugs into the Launcher: ExecLauncher.Prepare.)
 }
@@ -128,6 +131,8 @@ type Daemon struct {
 	events   *bus
 	audit    *auditLog
 	atRest   *atRest
+	// disks seals tenants' idle disk files (diskseal.go).
+	disks diskSeal
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -249,7 +254,7 @@ func New(cfg Config) (*Daemon, error) {
 		if cfg.DecryptDir == "" {
 			cfg.DecryptDir = filepath.Join(st.RunDir(), "decrypted")
 		}
-		d.atRest = &atRest{keys: cfg.Keys, work: cfg.DecryptDir}
+		d.atRest = &atRest{keys: cfg.Keys, work: cfg.DecryptDir, templateOf: d.templateOfSnapshot}
 		if d.cfg.Hooks.SnapshotWritten == nil {
 			d.cfg.Hooks.SnapshotWritten = d.atRest.SnapshotWritten
 		}
@@ -260,7 +265,7 @@ func New(cfg Config) (*Daemon, error) {
 		// what BeforeRestore makes: TENANT-NNN directories).
 		if ents, err := os.ReadDir(cfg.DecryptDir); err == nil {
 			for _, e := range ents {
-				if e.IsDir() && workDirRE.MatchString(e.Name()) {
+				if e.IsDir() && (workDirRE.MatchString(e.Name()) || strings.HasPrefix(e.Name(), tplCopyPrefix) || strings.HasPrefix(e.Name(), ".tpl-tmp-")) {
 					os.RemoveAll(filepath.Join(cfg.DecryptDir, e.Name()))
 				}
 			}
@@ -279,6 +284,7 @@ func New(cfg Config) (*Daemon, error) {
 			d.log.Info("cgroups", "version", d.cg.Version)
 		}
 	}
+	d.disks.pins = map[string]int{}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.adopt()
 	d.sealAll()
@@ -286,6 +292,18 @@ func New(cfg Config) (*Daemon, error) {
 	d.wg.Add(1)
 	go d.monitor()
 	return d, nil
+}
+
+// templateOfSnapshot returns the template whose snapshot path is.
+func (d *Daemon) templateOfSnapshot(path string) (tenant, id string, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, ts := range d.templates {
+		if t := ts.view.Load(); t != nil && t.Snapshot == path {
+			return t.Tenant, t.ID, true
+		}
+	}
+	return "", "", false
 }
 
 // adopt loads the records and settles each against the processes found.
@@ -386,6 +404,7 @@ func (d *Daemon) monitor() {
 					reason += ": " + t
 				}
 				d.markStopped(s, reason)
+				d.sealIdleDisks(sb.Tenant)
 			}
 			s.mu.Unlock()
 		}

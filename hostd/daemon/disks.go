@@ -33,6 +33,9 @@ import (
 //
 // I is the disk's index in the template's disks, which is also its index
 // in the snapshot's run options.
+//
+// For a tenant with an encryption key, the base, the overlays and the
+// fork layers are sealed on disk whenever no VMM needs them (diskseal.go).
 
 // templateDisk is one disk of a template request: PATH[,ro|,rw].
 type templateDisk struct {

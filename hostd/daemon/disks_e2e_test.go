@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/warrenvm/warren/cow/disk"
+	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
 )
 
@@ -18,7 +20,12 @@ import (
 // original bytes; a sandbox's writes survive a pause to disk and resume;
 // a fork child starts from its parent's disk and writes apart from it;
 // the parent cannot be deleted while the child stands on its layers.
-// WARREN_TESTDISK names the image (make testdisk).
+// It runs for a tenant without a key and for one with a key, whose disk
+// files must besides be sealed (hostd/crypt) whenever no VMM needs them:
+// the template's base after the build and once its last sandbox is gone,
+// a sandbox's overlay once it is paused to disk, with none of its bytes
+// in plaintext in its directory. WARREN_TESTDISK names the image (make
+// testdisk).
 func TestE2EDisks(t *testing.T) {
 	warren, kernel, initrd := e2ePaths(t)
 	img := os.Getenv("WARREN_TESTDISK")
@@ -30,17 +37,51 @@ func TestE2EDisks(t *testing.T) {
 		t.Fatal(err)
 	}
 	state, step := e2eState(t, "hostd-disks-")
-	td := startE2EDaemon(t, state, warren, nil)
-	c := td.client(t, "tenant-d")
+	keys := &crypt.LocalProvider{Dir: filepath.Join(state, "keys")}
+	if err := os.Mkdir(keys.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	td := startE2EDaemon(t, state, warren, func(c *Config) { c.Keys = keys })
+	for _, keyed := range []bool{false, true} {
+		name := map[bool]string{false: "plain", true: "sealed"}[keyed]
+		t.Run(name, func(t *testing.T) {
+			tenant := "tenant-d-" + name
+			c := td.client(t, tenant)
+			if keyed {
+				c.ok(201, "POST", "/v1/keys", nil, nil)
+			}
+			diskScenario(t, c, state, tenant, kernel, initrd, img, orig, keyed, step)
+		})
+	}
+}
+
+// diskScenario is TestE2EDisks for one tenant.
+func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img string, orig []byte, keyed bool, step func(string, ...any)) {
 	var all []store.Sandbox
 	defer func() {
 		for _, sb := range all { // leave no VMM behind, whatever happened
 			stopProc(sb.PID, sb.StartTime, time.Second)
 		}
 	}()
+	// sealed checks, for a tenant with a key, that each path is sealed
+	// (want) or plaintext (!want).
+	sealed := func(want bool, what string, paths ...string) {
+		t.Helper()
+		if !keyed {
+			return
+		}
+		for _, p := range paths {
+			if ok, err := isSealed(p); err != nil || ok != want {
+				t.Fatalf("%s: %s sealed %v (%v), want %v", what, filepath.Base(p), ok, err, want)
+			}
+		}
+	}
+	sbDir := func(id string) string { return filepath.Join(state, "tenants", tenant, "sandboxes", id) }
 	var tp store.Template
 	c.ok(201, "POST", "/v1/templates", map[string]any{"kernel": kernel, "initramfs": initrd, "mem_mib": 256, "cpus": 1, "disks": []string{img}}, &tp)
 	step("template %s with a writable disk ready in %.0f ms (base %s)", tp.ID, tp.BuildMS, tp.DiskBases[0])
+	base := tp.DiskBases[0]
+	sealed(true, "after the build", base)
 
 	// head reads the first 16 bytes of the sandbox's /dev/vda.
 	head := func(id string) string {
@@ -68,12 +109,19 @@ func TestE2EDisks(t *testing.T) {
 	if got := head(b.ID); got != "BBBB-sandbox-two" {
 		t.Fatalf("%s reads %q", b.ID, got)
 	}
-	if got, err := readImageHead(tp.DiskBases[0], 16); err != nil || !bytes.Equal(got, orig) {
+	sealed(false, "while sandboxes run", base, filepath.Join(sbDir(a.ID), "disk0.overlay"))
+	if got, err := readImageHead(base, 16); err != nil || !bytes.Equal(got, orig) {
 		t.Fatalf("the template's base changed: %q %v", got, err)
 	}
 	step("%s and %s each read their own bytes; the template's base is unchanged", a.ID, b.ID)
 
 	c.ok(200, "POST", "/v1/sandboxes/"+a.ID+"/pause?to_disk=true", nil, nil)
+	sealed(true, "paused to disk", filepath.Join(sbDir(a.ID), "disk0.overlay"))
+	sealed(false, "another sandbox runs on it", base)
+	if keyed {
+		noNeedle(t, sbDir(a.ID), []byte("AAAA-sandbox-one"))
+		step("%s paused to disk: its overlay is sealed and none of its files holds its bytes; the base stays plaintext for %s", a.ID, b.ID)
+	}
 	var ra store.Sandbox
 	c.ok(200, "POST", "/v1/sandboxes/"+a.ID+"/resume", nil, &ra)
 	all = append(all, ra)
@@ -100,9 +148,26 @@ func TestE2EDisks(t *testing.T) {
 		t.Fatalf("delete of the parent with a child: %d %s", st, body)
 	}
 	step("fork child %s starts from the parent's disk and writes apart; the parent's delete waits for it", kid.ID)
-	for _, id := range []string{kid.ID, a.ID, b.ID} {
-		c.ok(200, "DELETE", "/v1/sandboxes/"+id, nil, nil)
+	c.ok(200, "DELETE", "/v1/sandboxes/"+kid.ID, nil, nil)
+	c.ok(200, "DELETE", "/v1/sandboxes/"+b.ID, nil, nil)
+	c.ok(200, "POST", "/v1/sandboxes/"+a.ID+"/pause?to_disk=true", nil, nil)
+	if keyed {
+		layers, _ := filepath.Glob(filepath.Join(sbDir(a.ID), "disk*"))
+		if len(layers) < 2 {
+			t.Fatalf("after a fork, %s's directory holds disk files %q", a.ID, layers)
+		}
+		sealed(true, "no VMM left", append(layers, base)...)
+		noNeedle(t, filepath.Join(state, "tenants", tenant), []byte("AAAA-sandbox-one"))
+		noNeedle(t, filepath.Join(state, "tenants", tenant), []byte("CCCC-fork-child!"))
+		step("no VMM of %s left: its base and %d disk layers are sealed", tenant, len(layers))
 	}
+	c.ok(200, "POST", "/v1/sandboxes/"+a.ID+"/resume", nil, &ra)
+	all = append(all, ra)
+	if got := head(a.ID); got != "AAAA-sandbox-one" {
+		t.Fatalf("after a second pause to disk and resume %s reads %q", a.ID, got)
+	}
+	c.ok(200, "DELETE", "/v1/sandboxes/"+a.ID, nil, nil)
+	sealed(true, "all sandboxes deleted", base)
 	c.ok(200, "DELETE", "/v1/templates/"+tp.ID, nil, nil)
 	step("deleted")
 }

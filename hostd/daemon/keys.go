@@ -53,6 +53,7 @@ func (d *Daemon) sealAll() {
 		if err := d.atRest.sealTenant(e.Name(), d.tenantDir(e.Name())); err != nil {
 			d.log.Error("sealing snapshots", "tenant", e.Name(), "err", err)
 		}
+		d.sealIdleDisks(e.Name())
 		d.secretsMu.Lock()
 		err := d.sealSecrets(e.Name())
 		d.secretsMu.Unlock()
@@ -112,6 +113,7 @@ func (d *Daemon) postKey(w http.ResponseWriter, r *http.Request, tenant string) 
 		s.mu.Lock()
 	}
 	err = d.atRest.sealTenant(tenant, d.tenantDir(tenant))
+	d.sealIdleDisks(tenant)
 	d.secretsMu.Lock()
 	err = errors.Join(err, d.sealSecrets(tenant))
 	d.secretsMu.Unlock()
@@ -155,6 +157,9 @@ func (d *Daemon) deleteKey(w http.ResponseWriter, r *http.Request, tenant string
 	if !d.keysConfigured(w) {
 		return
 	}
+	// The key as it was: the disks of the VMMs stopped below are sealed
+	// with it once they are idle (diskseal.go), then it is dropped.
+	key, _, _ := d.atRest.key(tenant)
 	if err := d.atRest.keys.Revoke(tenant); err != nil {
 		if errors.Is(err, crypt.ErrNoKey) {
 			writeErr(w, errf(404, "tenant %s has no encryption key", tenant))
@@ -177,6 +182,8 @@ func (d *Daemon) deleteKey(w http.ResponseWriter, r *http.Request, tenant string
 		}
 		s.mu.Unlock()
 	}
+	d.sealIdleDisksWith(tenant, key)
+	d.atRest.dropTemplateCopies(tenant, "")
 	d.log.Warn("encryption key revoked", "tenant", tenant, "stopped", len(stopped))
 	d.events.publish(tenant, wire.Event{Type: "key_revoked", Detail: "key revoked"})
 	writeJSON(w, 200, KeyInfo{Tenant: tenant, Revoked: true, Stopped: stopped})

@@ -179,6 +179,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	if err := d.saveTemplate(ts); err != nil {
 		return fail(err)
 	}
+	d.sealIdleDisks(tenant) // its frozen disk bases
 	d.obs.ObserveOp("template_build", time.Since(start), nil)
 	d.events.publish(tenant, wire.Event{Type: "template_ready", Template: t.ID})
 	d.log.Info("template ready", "tenant", tenant, "template", t.ID, "ms", t.BuildMS)
@@ -286,8 +287,16 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 			ts.warm.Unlock()
 		}()
 	}
-	// Its own copy-on-write view of each of the template's writable disks.
-	diskArgs, err := createOverlays(dir, tp.DiskBases)
+	// Its own copy-on-write view of each of the template's writable disks
+	// (over bases that are plaintext while it starts: diskseal.go).
+	release, err := d.acquireDisks(*sb)
+	var diskArgs []string
+	if err == nil {
+		defer release()
+		diskArgs, err = createOverlays(dir, tp.DiskBases)
+	} else {
+		err = cryptStatus(fmt.Errorf("disks: %w", err))
+	}
 	if err == nil {
 		err = d.startVMM(o, s, tp.Snapshot, diskArgs...)
 	}
@@ -310,17 +319,22 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 // overlays).
 func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) error {
 	sb := s.rec
-	use := snap
+	use, lasting := snap, false
 	if h := d.cfg.Hooks.BeforeRestore; h != nil {
 		p, done, err := h(sb.Tenant, snap)
 		if err != nil {
 			return cryptStatus(fmt.Errorf("restore hook: %w", err))
 		}
-		use = p
+		use, lasting = p, done == nil
 		if done != nil {
 			defer done()
 		}
 	}
+	release, err := d.acquireDisks(*sb)
+	if err != nil {
+		return cryptStatus(fmt.Errorf("disks: %w", err))
+	}
+	defer release()
 	os.Remove(sb.API)
 	os.Remove(sb.Vsock)
 	s.agent.Close() // connections to a previous VMM
@@ -332,12 +346,14 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 	}
 	args := []string{"restore", "--lazy", "--api", sb.API, "--vsock", sb.Vsock, "--console", sb.Console}
 	args = append(append(append(args, netArgs...), diskArgs...), use)
-	if use != snap {
+	if use != snap && !lasting {
 		// A decrypted working copy is restored eagerly (into the VMM's
 		// memfd) and removed as soon as the VMM has loaded it: a lazy
 		// restore would flatten it into a .wraw on the working copy's
 		// tmpfs and keep that mapped, plaintext and unreclaimable, for
-		// the VMM's life (see atrest.go).
+		// the VMM's life. A template's lasting copy is restored lazily:
+		// its .wraw is shared by all the template's sandboxes (see
+		// atrest.go).
 		args = slices.Delete(args, 1, 2)
 	}
 	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Args: args, Log: sb.Log})
@@ -437,6 +453,7 @@ func (d *Daemon) suspendLocked(ctx context.Context, s *sbState, o *op) (any, err
 	sb.Status, sb.Reason, sb.PID, sb.StartTime = store.Suspended, "paused to disk at "+snap.Name, 0, 0
 	d.dropSecrets(sb, false)
 	d.save(s)
+	d.sealIdleDisks(sb.Tenant)
 	d.obs.ObserveOp("pause_to_disk", time.Since(start), nil)
 	d.events.publish(sb.Tenant, wire.Event{Type: "paused", Sandbox: sb.ID, Detail: "to disk: " + snap.Name})
 	return copyRec(sb), nil
@@ -683,6 +700,7 @@ func (d *Daemon) deleteSandbox(s *sbState) error {
 	d.mu.Lock()
 	delete(d.sandboxes, sb.ID)
 	d.mu.Unlock()
+	d.sealIdleDisks(sb.Tenant) // its ancestors' and template's disks may be idle now
 	d.events.publish(sb.Tenant, wire.Event{Type: "deleted", Sandbox: sb.ID})
 	d.log.Info("sandbox deleted", "tenant", sb.Tenant, "sandbox", sb.ID)
 	return nil
@@ -702,6 +720,9 @@ func (d *Daemon) deleteTemplate(ts *tplState) error {
 	}
 	if err := d.store.RemoveTemplate(t.Tenant, t.ID); err != nil {
 		return err
+	}
+	if d.atRest != nil {
+		d.atRest.dropTemplateCopies(t.Tenant, t.ID)
 	}
 	d.mu.Lock()
 	delete(d.templates, t.ID)
