@@ -88,6 +88,7 @@ type config struct {
 	memMiB, runs, qemuCID                  int
 	levels                                 []int
 	useQEMU, nested, termFirst, encrypted  bool
+	qemuFirst                              bool
 	timeout, createTimeout                 time.Duration
 	jsonOut, pngOut                        string
 }
@@ -103,6 +104,7 @@ func main() {
 	flag.StringVar(&c.hostdFlags, "hostd-flags", "", `more warren-hostd flags, space-separated (e.g. "--jail off")`)
 	flag.StringVar(&c.dataDir, "dir", "", "directory for the daemon's state (templates' snapshots) and QEMU's migration file, in a fresh subdirectory removed at the end (default: the temporary directory; sockets always go there). In the nested KVM host the Makefile gives one on the shared directory")
 	flag.BoolVar(&c.termFirst, "term-before-delete", os.Getenv("WARREN_KVMHOST") == "1", "SIGTERM each sandbox's VMM and wait (up to 20 s) for it to exit before its DELETE (default on in the nested KVM host, where the daemon's 3 s grace before SIGKILL is too short and SIGKILLed VMMs have stalled L1)")
+	flag.BoolVar(&c.qemuFirst, "qemu-first", false, "at each level, run the QEMU peer before warren-hostd (to top up the peer's runs when the host froze in an earlier invocation: --merge joins them)")
 	flag.BoolVar(&c.encrypted, "encrypted", false, "the tenant has an encryption key (warren-hostd --keys; POST /v1/keys before the template): its snapshots and disks are sealed at rest, and creates restore the template's decrypted copy")
 	flag.IntVar(&c.memMiB, "mem", 256, "guest memory of the template (and of QEMU's guest), MiB")
 	flag.IntVar(&c.runs, "runs", 50, "recorded creates per concurrency level (and QEMU restores)")
@@ -290,6 +292,20 @@ func run(ctx context.Context, c config) error {
 		return rs.writeJSON(final)
 	}
 	for li, n := range c.levels {
+		runQEMU := func() error {
+			if peer == nil {
+				return nil
+			}
+			fmt.Printf("\n== %d concurrent client(s): qemu -incoming restores\n", n)
+			q := drive(ctx, "qemu", n, c.runs, peer.restore, rs.checkpoint("qemu"))
+			rs.qemu = append(rs.qemu, q)
+			return ctx.Err()
+		}
+		if c.qemuFirst {
+			if err := runQEMU(); err != nil {
+				return err
+			}
+		}
 		fmt.Printf("\n== %d concurrent client(s): warren-hostd creates\n", n)
 		r := drive(ctx, "warren", n, c.runs, func(ctx context.Context) (time.Duration, error) {
 			cctx, cancel := context.WithTimeout(ctx, c.createTimeout)
@@ -311,12 +327,9 @@ func run(ctx context.Context, c config) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if peer != nil {
-			fmt.Printf("\n== %d concurrent client(s): qemu -incoming restores\n", n)
-			q := drive(ctx, "qemu", n, c.runs, peer.restore, rs.checkpoint("qemu"))
-			rs.qemu = append(rs.qemu, q)
-			if ctx.Err() != nil {
-				return ctx.Err()
+		if !c.qemuFirst {
+			if err := runQEMU(); err != nil {
+				return err
 			}
 		}
 		if li < len(c.levels)-1 {
