@@ -505,6 +505,31 @@ func (c *Client) DeleteSecret(ctx context.Context, name string) error {
 	return c.call(ctx, http.MethodDelete, "/v1/secrets/"+url.PathEscape(name), nil, nil)
 }
 
+// Key returns the tenant's encryption key's ID, or that it is revoked
+// (an *Error with status 404 when it has none, 501 when the daemon runs
+// without --keys).
+func (c *Client) Key(ctx context.Context) (wire.KeyInfo, error) {
+	var k wire.KeyInfo
+	err := c.call(ctx, http.MethodGet, "/v1/keys", nil, &k)
+	return k, err
+}
+
+// CreateKey creates the tenant's encryption key: its snapshots and idle
+// disks are sealed under it from now on.
+func (c *Client) CreateKey(ctx context.Context) (wire.KeyInfo, error) {
+	var k wire.KeyInfo
+	err := c.call(ctx, http.MethodPost, "/v1/keys", nil, &k)
+	return k, err
+}
+
+// RevokeKey revokes the tenant's key (crypto-shredding: its snapshots and
+// disks can no longer be read) and stops its running sandboxes.
+func (c *Client) RevokeKey(ctx context.Context) (wire.KeyInfo, error) {
+	var k wire.KeyInfo
+	err := c.call(ctx, http.MethodDelete, "/v1/keys", nil, &k)
+	return k, err
+}
+
 // Events streams the tenant's lifecycle events to fn until ctx ends, fn
 // returns false or the daemon ends the stream.
 func (c *Client) Events(ctx context.Context, fn func(wire.Event) bool) error {

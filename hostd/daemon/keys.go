@@ -75,12 +75,7 @@ func (d *Daemon) tenantSandboxes(tenant string) []*sbState {
 }
 
 // KeyInfo is the answer of the /v1/keys calls.
-type KeyInfo struct {
-	Tenant  string   `json:"tenant"`
-	KeyID   string   `json:"key_id,omitempty"`
-	Revoked bool     `json:"revoked,omitempty"`
-	Stopped []string `json:"stopped,omitempty"`
-}
+type KeyInfo = wire.KeyInfo
 
 func (d *Daemon) keysConfigured(w http.ResponseWriter) bool {
 	if d.atRest == nil {

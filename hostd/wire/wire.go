@@ -65,6 +65,16 @@ type Secret struct {
 	Name string `json:"name"`
 }
 
+// KeyInfo is the answer of the /v1/keys calls: the tenant's key ID (a
+// fingerprint, never the key), or that its key is revoked; after a
+// revocation, the sandboxes it stopped.
+type KeyInfo struct {
+	Tenant  string   `json:"tenant"`
+	KeyID   string   `json:"key_id,omitempty"`
+	Revoked bool     `json:"revoked,omitempty"`
+	Stopped []string `json:"stopped,omitempty"`
+}
+
 // SecretList is the answer of GET /v1/secrets.
 type SecretList struct {
 	// Names are the tenant's secrets, sorted, never null.

@@ -46,6 +46,10 @@ Sandboxes, through the host daemon (warren-hostd):
   egress    [--policy FILE] SANDBOX   a network sandbox's egress policy and counters; --policy replaces it
   secrets                   list the tenant's secrets (names); secrets set NAME [FILE|-] (value from
                             FILE or stdin, one trailing newline dropped); secrets rm NAME...
+  keys                      the tenant's encryption key (warren-hostd --keys): its ID, or "revoked";
+                            keys create (seals the tenant's snapshots and idle disks under a new key);
+                            keys revoke --yes (crypto-shreds it: stops the tenant's sandboxes, and its
+                            snapshots and disks can no longer be read)
   events                    stream lifecycle events
 
   Every daemon verb takes --host (default $WARREN_HOST, else /run/warren/hostd.sock:
@@ -61,7 +65,7 @@ with a / or ending in .sock, .api or .vsock).
 `
 
 // daemonVerbs are the verbs that only exist against the daemon.
-var daemonVerbs = map[string]bool{"templates": true, "create": true, "ls": true, "rm": true, "events": true, "secrets": true}
+var daemonVerbs = map[string]bool{"templates": true, "create": true, "ls": true, "rm": true, "events": true, "secrets": true, "keys": true}
 
 // sharedVerbs are the verbs of both the daemon and the VM level.
 var sharedVerbs = map[string]bool{"exec": true, "cp": true, "pause": true, "resume": true, "snapshot": true, "fork": true, "rollback": true, "egress": true}
@@ -283,6 +287,8 @@ func daemonVerb(verb string, args []string, stdin io.Reader, stdout, stderr io.W
 		return eventsCmd(ctx, args, stdout, stderr)
 	case "secrets":
 		return secretsCmd(ctx, args, stdin, stdout, stderr)
+	case "keys":
+		return keysCmd(ctx, args, stdout, stderr)
 	case "egress":
 		return sbEgressCmd(ctx, args, stdout, stderr)
 	case "exec":
@@ -957,6 +963,56 @@ func secretsCmd(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	}
 	fmt.Fprintf(stderr, "warren secrets: unknown sub-command %q (ls, set, rm)\n", sub)
 	return 2
+}
+
+// keysCmd is `warren keys [show]`, `keys create` and `keys revoke --yes`.
+func keysCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	sub, args := subcommand(args, "show")
+	var d *daemonCmd
+	var yes *bool
+	switch sub {
+	case "show", "create":
+		d = newDaemonCmd(ctx, "keys "+sub, "keys "+sub, stdout, stderr)
+	case "revoke":
+		d = newDaemonCmd(ctx, "keys revoke", "keys revoke --yes\n\nRevoking crypto-shreds the tenant's key: its running sandboxes are stopped, and its\nsnapshots and disks can never be read again.", stdout, stderr)
+		yes = d.fs.Bool("yes", false, "confirm: the tenant's snapshots and disks become unreadable for good")
+	default:
+		fmt.Fprintf(stderr, "warren keys: unknown sub-command %q (show, create, revoke)\n", sub)
+		return 2
+	}
+	if code := d.parseNone(args); code != 0 {
+		return code
+	}
+	var k wire.KeyInfo
+	var err error
+	switch sub {
+	case "show":
+		k, err = d.c.Key(ctx)
+	case "create":
+		k, err = d.c.CreateKey(ctx)
+	case "revoke":
+		if !*yes {
+			fmt.Fprintln(stderr, "warren keys revoke: the tenant's snapshots and disks would become unreadable for good; add --yes")
+			return 2
+		}
+		k, err = d.c.RevokeKey(ctx)
+	}
+	if err != nil {
+		return d.fail(err)
+	}
+	if *d.asJSON {
+		d.printJSON(k)
+		return 0
+	}
+	switch {
+	case k.Revoked && sub == "revoke":
+		fmt.Fprintf(stdout, "revoked; sandboxes stopped: %d %s\n", len(k.Stopped), strings.Join(k.Stopped, " "))
+	case k.Revoked:
+		fmt.Fprintln(stdout, "revoked")
+	default:
+		fmt.Fprintln(stdout, k.KeyID)
+	}
+	return 0
 }
 
 // parseNone parses args for a verb that takes no operands.

@@ -61,6 +61,7 @@ func TestRouting(t *testing.T) {
 		{[]string{"egress", "--policy", "p.json", "api.sock"}, true},
 		{[]string{"egress", "--policy", "p.json", "box"}, false},
 		{[]string{"secrets", "set", "NAME", "-"}, false},
+		{[]string{"keys", "revoke", "--yes"}, false},
 	}
 	for _, c := range cases {
 		_, ok := routeOnly(c.args)
@@ -239,4 +240,51 @@ func TestDaemonNetworkVerbs(t *testing.T) {
 	run(1, "", "egress", "--policy", pol, sb)
 	run(1, "", "create", "--template", tpl, "--secret", "NOPE")
 	run(2, "", "egress")
+}
+
+// warren keys against a stand-in daemon: show, create, revoke (only with
+// --yes), per tenant.
+func TestDaemonKeys(t *testing.T) {
+	stub := clienttest.New(t)
+	t.Setenv("WARREN_HOST", stub.Socket)
+	t.Setenv("WARREN_TENANT", "demo")
+	run := func(want int, args ...string) (string, string) {
+		t.Helper()
+		var out, errb bytes.Buffer
+		if code := Main(args, nil, &out, &errb); code != want {
+			t.Fatalf("warren %s: exit %d, want %d: %s%s", strings.Join(args, " "), code, want, out.String(), errb.String())
+		}
+		return out.String(), errb.String()
+	}
+	if _, errOut := run(1, "keys"); !strings.Contains(errOut, "no encryption key") {
+		t.Errorf("keys before create: %q", errOut)
+	}
+	id, _ := run(0, "keys", "create")
+	if !strings.HasPrefix(id, "wk1-") {
+		t.Fatalf("keys create: %q", id)
+	}
+	if out, _ := run(0, "keys"); out != id {
+		t.Errorf("keys: %q, want %q", out, id)
+	}
+	if out, _ := run(0, "keys", "show", "--json"); !strings.Contains(out, `"key_id"`) || !strings.Contains(out, `"tenant": "demo"`) {
+		t.Errorf("keys show --json: %q", out)
+	}
+	run(1, "keys", "create")
+	run(1, "--tenant", "other", "keys")
+	tpl := strings.TrimSpace(mustRun(t, "templates", "create", "--kernel", "build/vmlinux"))
+	sb := strings.TrimSpace(mustRun(t, "create", "--template", tpl))
+	if _, errOut := run(2, "keys", "revoke"); !strings.Contains(errOut, "--yes") {
+		t.Errorf("keys revoke without --yes: %q", errOut)
+	}
+	if out, _ := run(0, "keys"); out != id {
+		t.Errorf("a revoke without --yes revoked: %q", out)
+	}
+	if out, _ := run(0, "keys", "revoke", "--yes"); out != "revoked; sandboxes stopped: 1 "+sb+"\n" {
+		t.Errorf("keys revoke --yes: %q", out)
+	}
+	if out, _ := run(0, "keys"); out != "revoked\n" {
+		t.Errorf("keys after revoke: %q", out)
+	}
+	run(2, "keys", "rotate")
+	run(2, "keys", "show", "extra")
 }

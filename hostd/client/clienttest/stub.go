@@ -1,7 +1,7 @@
 // Package clienttest is a stand-in for warren-hostd in tests of its
 // clients: an in-memory daemon on a unix socket (or TCP with a token)
 // that speaks the API's shapes (progress streams, exec frames, files,
-// errors, tenants, secrets, egress policies) without any VM. Exec echoes its argv on stdout, says
+// errors, tenants, secrets, egress policies, encryption keys) without any VM. Exec echoes its argv on stdout, says
 // "err" on stderr, and exits with the number given as `exit N`.
 package clienttest
 
@@ -37,6 +37,7 @@ type Stub struct {
 	files     map[string][]byte
 	secrets   map[string]map[string]string // tenant -> name -> value
 	egress    map[string]json.RawMessage   // sandbox -> policy
+	keys      map[string]*wire.KeyInfo     // tenant -> its key
 	// Requests records "TENANT METHOD PATH" of every request.
 	Requests []string
 }
@@ -49,7 +50,7 @@ func New(t testing.TB) *Stub {
 	}
 	s := &Stub{Socket: filepath.Join(dir, "hostd.sock"), Token: "0123456789abcdef-token",
 		templates: map[string]*store.Template{}, sandboxes: map[string]*store.Sandbox{}, files: map[string][]byte{},
-		secrets: map[string]map[string]string{}, egress: map[string]json.RawMessage{}}
+		secrets: map[string]map[string]string{}, egress: map[string]json.RawMessage{}, keys: map[string]*wire.KeyInfo{}}
 	ul, err := net.Listen("unix", s.Socket)
 	if err != nil {
 		t.Fatal(err)
@@ -362,6 +363,45 @@ func (s *Stub) handler() http.Handler {
 		}
 		s.mu.Unlock()
 		long(w, r, []string{"forking"}, 201, wire.ForkResult{Parent: x.ID, PauseMS: 1.5, Children: kids})
+	}))
+	mux.HandleFunc("GET /v1/keys", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		s.mu.Lock()
+		k := s.keys[tenant]
+		s.mu.Unlock()
+		if k == nil {
+			fail(w, 404, "tenant "+tenant+" has no encryption key")
+			return
+		}
+		reply(w, 200, k)
+	}))
+	mux.HandleFunc("POST /v1/keys", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.keys[tenant] != nil {
+			fail(w, 409, "tenant "+tenant+" has a key")
+			return
+		}
+		s.keys[tenant] = &wire.KeyInfo{Tenant: tenant, KeyID: "wk1-" + s.id("k")}
+		reply(w, 201, s.keys[tenant])
+	}))
+	mux.HandleFunc("DELETE /v1/keys", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		k := s.keys[tenant]
+		if k == nil || k.Revoked {
+			fail(w, 404, "tenant "+tenant+" has no encryption key")
+			return
+		}
+		*k = wire.KeyInfo{Tenant: tenant, Revoked: true}
+		out := *k
+		for id, sb := range s.sandboxes {
+			if sb.Tenant == tenant && sb.Status == store.Running {
+				sb.Status = store.Stopped
+				out.Stopped = append(out.Stopped, id)
+			}
+		}
+		sort.Strings(out.Stopped)
+		reply(w, 200, out)
 	}))
 	mux.HandleFunc("PUT /v1/secrets/{name}", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
 		b, _ := io.ReadAll(r.Body)
