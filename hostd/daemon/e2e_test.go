@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -99,6 +100,15 @@ func TestE2E(t *testing.T) {
 	sb := a.create(tp.ID)
 	all = append(all, sb)
 	step("sandbox %s running (pid %d, cgroup %v)", sb.ID, sb.PID, sb.Cgroup)
+	if jailProfile != "off" {
+		// A jailed VMM without a network has a network namespace of its own.
+		self, err1 := os.Readlink("/proc/self/ns/net")
+		vmm, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", sb.PID))
+		if err1 != nil || err2 != nil || self == vmm {
+			t.Fatalf("the VMM's network namespace %q (%v), the daemon's %q (%v): want its own", vmm, err2, self, err1)
+		}
+		step("the VMM runs in a network namespace of its own (%s; the daemon's %s)", vmm, self)
+	}
 	if out, _, code := a.exec(sb.ID, "sh", "-c", "echo hi"); out != "hi\n" || code != 0 {
 		t.Fatalf("exec: %q %d", out, code)
 	}

@@ -136,7 +136,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 		}
 		args = append(args, na...)
 	}
-	p, err := d.launcher.Start(LaunchSpec{Tenant: tenant, ID: t.ID, Kind: "template", Args: args, Log: filepath.Join(dir, "vmm.log")})
+	p, err := d.launcher.Start(LaunchSpec{Tenant: tenant, ID: t.ID, Kind: "template", Args: args, Log: filepath.Join(dir, "vmm.log"), Network: req.Network})
 	if err != nil {
 		return fail(fmt.Errorf("start VMM: %w", err))
 	}
@@ -356,7 +356,7 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 		// atrest.go).
 		args = slices.Delete(args, 1, 2)
 	}
-	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Args: args, Log: sb.Log})
+	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Args: args, Log: sb.Log, Network: sb.Network})
 	if err != nil {
 		d.dropSecrets(sb, false)
 		return fmt.Errorf("start VMM: %w", err)

@@ -23,6 +23,11 @@ type LaunchSpec struct {
 	Args []string
 	// Log receives the process's stdout and stderr.
 	Log string
+	// Network says the VMM has a network (a network template's build or
+	// sandbox): it makes its own network namespace for its tap and needs
+	// the host's for its upstream connections. Any other VMM is started
+	// in a new, empty network namespace when jailed.
+	Network bool
 }
 
 // Proc is a started VMM process.

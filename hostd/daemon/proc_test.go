@@ -55,3 +55,29 @@ func TestExecLauncher(t *testing.T) {
 		t.Errorf("log: %q", b)
 	}
 }
+
+// TestJailPrepareNetNS: a jailed VMM without a network gets a new network
+// namespace; a network VMM (which makes its own for its tap and needs the
+// host's for its upstream) does not; neither gets a pid namespace.
+func TestJailPrepareNetNS(t *testing.T) {
+	prep, err := JailPrepare("vmm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, network := range []bool{false, true} {
+		cmd := newCmd("/bin/warren", "restore", "snap")
+		if err := prep(cmd, LaunchSpec{Kind: "sandbox", Args: []string{"restore", "snap"}, Network: network}); err != nil {
+			t.Fatal(err)
+		}
+		fl := cmd.SysProcAttr.Cloneflags
+		if got := fl&unix.CLONE_NEWNET != 0; got == network {
+			t.Errorf("network %v: CLONE_NEWNET %v", network, got)
+		}
+		if fl&unix.CLONE_NEWNS == 0 || fl&unix.CLONE_NEWPID != 0 {
+			t.Errorf("network %v: clone flags %#x", network, fl)
+		}
+		if want := []string{"/bin/warren", "restore", "--jail", "vmm", "snap"}; strings.Join(cmd.Args, " ") != strings.Join(want, " ") {
+			t.Errorf("args %q", cmd.Args)
+		}
+	}
+}

@@ -130,9 +130,10 @@
 // VMM it starts (daemon.JailPrepare) and starts them with SysProcAttr's
 // mount, ipc and uts namespaces but, deliberately, NoPidNS (fork children
 // must outlive their parent, and the daemon supervises them by the PIDs
-// the parent reports), no network namespace (egress taps live in the
-// host's) and no Pdeathsig (VMMs outlive the daemon, which re-adopts
-// them).
+// the parent reports), a new, empty network namespace for a VMM without a
+// network but not for a network one (it makes its own for its tap and
+// egress services and keeps the host's for upstream connections) and no
+// Pdeathsig (VMMs outlive the daemon, which re-adopts them).
 //
 // Run for real (hostd/daemon's e2e test in the nested KVM host, every VMM
 // under ProfileVMM, ModeLog then ModeErrno: template build, restore, exec,
