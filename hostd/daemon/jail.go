@@ -21,11 +21,16 @@ import (
 // The daemon's VMMs serve the fork API (POST /v1/sandboxes/{id}/fork), so
 // the default is "vmm": under "strict" a fork fails with EPERM.
 //
+// And a new pid namespace per VMM family: the VMM runs under `warren
+// jail-init` (jail.RunInit), the namespace's pid 1, which mounts the
+// namespace's /proc and reaps; the VMM's fork children live in the same
+// namespace and outlive the VMM (the init stays while any does). The
+// launcher returns the VMM's PID in the daemon's namespace (the init's
+// child, which the init reports through SCM_CREDENTIALS: jail.ReceivePID),
+// and the fork children's PIDs the VMM reports (its namespace's) are
+// translated with jail.HostPID.
+//
 // Not used, deliberately:
-//   - a pid namespace: a VMM would be its pid 1, and its fork children,
-//     which must outlive it and which the daemon supervises by the PIDs
-//     the VMM reports, would die with it and have PIDs the daemon cannot
-//     see;
 //   - a network namespace for a network sandbox's VMM: it makes its own
 //     (`warren run --private-net`: its tap and egress services live
 //     there) and keeps the host's for its upstream connections;
@@ -41,10 +46,11 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 		if len(cmd.Args) < 2 {
 			return fmt.Errorf("jail: no subcommand in %q", cmd.Args)
 		}
-		// warren SUBCOMMAND --jail PROFILE ARGS...
-		args := append([]string{cmd.Args[0], cmd.Args[1], "--jail", profile}, cmd.Args[2:]...)
-		cmd.Args = args
-		attr := jail.SysProcAttr(jail.NSOptions{NoPidNS: true, NetNS: !spec.Network})
+		// warren jail-init --report-fd 3 -- warren SUBCOMMAND --jail PROFILE ARGS...
+		// (ExecLauncher passes the report socket as fd 3.)
+		args := []string{cmd.Args[0], jail.InitVerb, "--report-fd", "3", "--", cmd.Path, cmd.Args[1], "--jail", profile}
+		cmd.Args = append(args, cmd.Args[2:]...)
+		attr := jail.SysProcAttr(jail.NSOptions{NetNS: !spec.Network})
 		attr.Pdeathsig = 0
 		cmd.SysProcAttr = attr
 		return nil

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/hostd/store"
 )
 
@@ -28,6 +29,13 @@ func TestMain(m *testing.M) {
 	case "hostd":
 		os.Exit(Main(os.Args[1:], os.Stderr))
 	case "sleep":
+		time.Sleep(2 * time.Minute)
+		os.Exit(0)
+	case "warren": // a stand-in warren: jail-init, and a VMM that sleeps
+		if len(os.Args) > 5 && os.Args[1] == jail.InitVerb { // jail-init --report-fd N -- ...
+			fd, _ := strconv.Atoi(os.Args[3])
+			os.Exit(jail.RunInit(os.Args[5:], fd))
+		}
 		time.Sleep(2 * time.Minute)
 		os.Exit(0)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/warrenvm/warren/hostd/agentclient"
 	"github.com/warrenvm/warren/hostd/cgroup"
+	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
 )
@@ -626,6 +627,14 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 	var kids []store.Sandbox
 	var errs []string
 	for _, ch := range rep.Children {
+		// A jailed VMM reports its children's PIDs in its own pid
+		// namespace: the daemon supervises them by their PIDs in its own.
+		pid, err := jail.HostPID(parent.PID, ch.PID)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("child %d: its pid %d: %v", ch.Index, ch.PID, err))
+			continue
+		}
+		ch.PID = pid
 		id := newID("sb")
 		dir := d.store.SandboxDir(parent.Tenant, id)
 		os.MkdirAll(dir, 0o700)

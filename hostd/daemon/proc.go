@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/warrenvm/warren/hostd/jail"
 )
 
 // LaunchSpec is one VMM process to start: `warren ARGS...`.
@@ -71,15 +73,39 @@ func (l *ExecLauncher) Start(spec LaunchSpec) (Proc, error) {
 			return Proc{}, fmt.Errorf("prepare VMM: %w", err)
 		}
 	}
-	if err := cmd.Start(); err != nil {
+	// Under a pid namespace's init (JailPrepare), the VMM is the init's
+	// child, whose PID the init reports on fd 3.
+	var report *os.File
+	if len(cmd.Args) > 1 && cmd.Args[1] == jail.InitVerb {
+		var child *os.File
+		if report, child, err = jail.InitReport(); err != nil {
+			return Proc{}, err
+		}
+		defer report.Close()
+		cmd.ExtraFiles = []*os.File{child}
+	}
+	err = cmd.Start()
+	if report != nil {
+		// Only the init holds the other end now: its end gives EOF.
+		cmd.ExtraFiles[0].Close()
+	}
+	if err != nil {
 		return Proc{}, err
 	}
 	go cmd.Wait()
-	st, err := procStartTime(cmd.Process.Pid)
-	if err != nil {
-		return Proc{}, fmt.Errorf("VMM pid %d: %w", cmd.Process.Pid, err)
+	pid := cmd.Process.Pid
+	if report != nil {
+		// (32 inits starting at once in the nested KVM host took over 10 s)
+		if pid, err = jail.ReceivePID(report, 2*time.Minute); err != nil {
+			cmd.Process.Kill() // the init: its namespace goes with it
+			return Proc{}, fmt.Errorf("VMM under %s (pid %d): %w", jail.InitVerb, cmd.Process.Pid, err)
+		}
 	}
-	return Proc{PID: cmd.Process.Pid, StartTime: st}, nil
+	st, err := procStartTime(pid)
+	if err != nil {
+		return Proc{}, fmt.Errorf("VMM pid %d: %w", pid, err)
+	}
+	return Proc{PID: pid, StartTime: st}, nil
 }
 
 // procStat returns the state letter and start time of pid from

@@ -1,14 +1,19 @@
 package daemon
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenvm/warren/hostd/jail"
 )
 
 // TestExecLauncher: the VMM runs in a session of its own (a kill of the
@@ -56,9 +61,10 @@ func TestExecLauncher(t *testing.T) {
 	}
 }
 
-// TestJailPrepareNetNS: a jailed VMM without a network gets a new network
-// namespace; a network VMM (which makes its own for its tap and needs the
-// host's for its upstream) does not; neither gets a pid namespace.
+// TestJailPrepareNetNS: a jailed VMM runs under `warren jail-init` in new
+// mount, pid, ipc and uts namespaces; without a network it also gets a new
+// network namespace, and a network VMM (which makes its own for its tap
+// and needs the host's for its upstream) does not.
 func TestJailPrepareNetNS(t *testing.T) {
 	prep, err := JailPrepare("vmm")
 	if err != nil {
@@ -73,11 +79,75 @@ func TestJailPrepareNetNS(t *testing.T) {
 		if got := fl&unix.CLONE_NEWNET != 0; got == network {
 			t.Errorf("network %v: CLONE_NEWNET %v", network, got)
 		}
-		if fl&unix.CLONE_NEWNS == 0 || fl&unix.CLONE_NEWPID != 0 {
+		if fl&unix.CLONE_NEWNS == 0 || fl&unix.CLONE_NEWPID == 0 {
 			t.Errorf("network %v: clone flags %#x", network, fl)
 		}
-		if want := []string{"/bin/warren", "restore", "--jail", "vmm", "snap"}; strings.Join(cmd.Args, " ") != strings.Join(want, " ") {
+		if want := []string{"/bin/warren", jail.InitVerb, "--report-fd", "3", "--", "/bin/warren", "restore", "--jail", "vmm", "snap"}; strings.Join(cmd.Args, " ") != strings.Join(want, " ") {
 			t.Errorf("args %q", cmd.Args)
 		}
 	}
+}
+
+// TestExecLauncherJailed: with the jail, the launcher returns the VMM's
+// PID in the daemon's namespace (the child of the pid namespace's init),
+// the VMM is in a pid namespace of its own, and the init ends with it.
+func TestExecLauncherJailed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (new namespaces)")
+	}
+	prep, err := JailPrepare("vmm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(roleEnv, "warren")
+	l := &ExecLauncher{Warren: os.Args[0], Prepare: prep}
+	p, err := l.Start(LaunchSpec{ID: "sb-000000000001", Args: []string{"restore", "snap"}, Log: filepath.Join(t.TempDir(), "vmm.log")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Kill(p.PID, unix.SIGKILL)
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
+	argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+	if len(argv) < 2 || argv[1] != "restore" {
+		t.Fatalf("the launcher's PID %d runs %q, want the VMM", p.PID, argv)
+	}
+	self, _ := os.Readlink("/proc/self/ns/pid")
+	vmm, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", p.PID))
+	if self == vmm {
+		t.Fatalf("the VMM is in the daemon's pid namespace (%s)", vmm)
+	}
+	stb, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID))
+	var nsPID int
+	for _, l := range strings.Split(string(stb), "\n") {
+		if v, ok := strings.CutPrefix(l, "NSpid:"); ok {
+			f := strings.Fields(v)
+			nsPID, _ = strconv.Atoi(f[len(f)-1])
+		}
+	}
+	if got, err := jail.HostPID(p.PID, nsPID); err != nil || got != p.PID || nsPID == p.PID {
+		t.Errorf("HostPID(%d, %d) = %d, %v; want %d", p.PID, nsPID, got, err, p.PID)
+	}
+	st, _, _ := procStat(p.PID)
+	ppid := ppidOf(t, p.PID)
+	b, _ = os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", ppid))
+	if !strings.Contains(string(b), jail.InitVerb) {
+		t.Errorf("the VMM's parent %d runs %q (state %c)", ppid, b, st)
+	}
+	unix.Kill(p.PID, unix.SIGKILL)
+	waitFor(t, 5*time.Second, "the init to end with its VMM", func() bool {
+		_, err := os.Stat(fmt.Sprintf("/proc/%d", ppid))
+		return os.IsNotExist(err)
+	})
+}
+
+// ppidOf returns pid's parent.
+func ppidOf(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	n, _ := strconv.Atoi(f[1])
+	return n
 }

@@ -128,12 +128,14 @@
 // PrepareMounts: it shares its parent's, already private, mount
 // namespace). warren-hostd --jail (default vmm) adds the flag to every
 // VMM it starts (daemon.JailPrepare) and starts them with SysProcAttr's
-// mount, ipc and uts namespaces but, deliberately, NoPidNS (fork children
-// must outlive their parent, and the daemon supervises them by the PIDs
-// the parent reports), a new, empty network namespace for a VMM without a
-// network but not for a network one (it makes its own for its tap and
-// egress services and keeps the host's for upstream connections) and no
-// Pdeathsig (VMMs outlive the daemon, which re-adopts them).
+// mount, pid, ipc and uts namespaces, under RunInit (`warren jail-init`)
+// as the pid namespace's init (fork children must outlive their parent:
+// they live on in the namespace while its init does, and the daemon finds
+// their PIDs in its own namespace with HostPID), a new, empty network
+// namespace for a VMM without a network but not for a network one (it
+// makes its own for its tap and egress services and keeps the host's for
+// upstream connections) and no Pdeathsig (VMMs outlive the daemon, which
+// re-adopts them).
 //
 // Run for real (hostd/daemon's e2e test in the nested KVM host, every VMM
 // under ProfileVMM, ModeLog then ModeErrno: template build, restore, exec,

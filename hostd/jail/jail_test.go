@@ -62,6 +62,13 @@ var helpers = map[string]func(h *helper){
 }
 
 func TestMain(m *testing.M) {
+	if args := os.Getenv(initArgsEnv); args != "" {
+		fd := -1
+		if os.Getenv(initReportEnv) != "" {
+			fd = 3
+		}
+		os.Exit(RunInit(strings.Split(args, "\x1f"), fd))
+	}
 	if name := os.Getenv(helperEnv); name != "" {
 		fn, ok := helpers[name]
 		if !ok {

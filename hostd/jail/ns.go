@@ -16,9 +16,10 @@ type NSOptions struct {
 	// host); its tap must then exist before, or be created by the VMM
 	// before it drops CAP_NET_ADMIN.
 	NetNS bool
-	// NoPidNS keeps the VMM in the daemon's pid namespace (by default it
-	// is pid 1 of a new one: it cannot see or signal other processes, and
-	// its children die with it).
+	// NoPidNS keeps the process in the caller's pid namespace. By default
+	// it is pid 1 of a new one: it cannot see or signal other processes,
+	// and when it ends everything else in the namespace is killed, so the
+	// daemon starts RunInit there, with the VMM as its child.
 	NoPidNS bool
 }
 

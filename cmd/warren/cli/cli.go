@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/vmm"
 )
 
@@ -70,6 +71,16 @@ func vmMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return forkCmd(args[1:], stdout, stderr)
 	case "fork-child":
 		return forkChildCmd(args[1:], stdout, stderr)
+	case jail.InitVerb:
+		// pid 1 of a jailed VMM's pid namespace (warren-hostd --jail):
+		// jail-init [--report-fd N] -- COMMAND...
+		fs := flag.NewFlagSet("warren "+jail.InitVerb, flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		fd := fs.Int("report-fd", -1, "unix socket to report the command's pid on (SCM_CREDENTIALS)")
+		if err := fs.Parse(args[1:]); err != nil {
+			return 2
+		}
+		return jail.RunInit(fs.Args(), *fd)
 	case "flatten":
 		return flattenCmd(args[1:], stdout, stderr)
 	case "rollback":
