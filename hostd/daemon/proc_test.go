@@ -106,8 +106,14 @@ func TestExecLauncherJailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Kill(p.PID, unix.SIGKILL)
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
-	argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+	// The init reports the VMM as soon as its exec succeeded: its
+	// command line can read empty for a moment after that.
+	var argv []string
+	waitFor(t, 5*time.Second, "the VMM's command line", func() bool {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
+		argv = strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		return len(argv) > 1
+	})
 	if len(argv) < 2 || argv[1] != "restore" {
 		t.Fatalf("the launcher's PID %d runs %q, want the VMM", p.PID, argv)
 	}
@@ -129,7 +135,7 @@ func TestExecLauncherJailed(t *testing.T) {
 	}
 	st, _, _ := procStat(p.PID)
 	ppid := ppidOf(t, p.PID)
-	b, _ = os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", ppid))
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", ppid))
 	if !strings.Contains(string(b), jail.InitVerb) {
 		t.Errorf("the VMM's parent %d runs %q (state %c)", ppid, b, st)
 	}
