@@ -97,7 +97,8 @@ func (d *Daemon) diskNeeds(rec store.Sandbox, recs map[string]store.Sandbox) []s
 }
 
 // acquireDisks makes the disk files rec's VMM needs plaintext and keeps
-// them so until release is called; release then seals what is idle. A
+// them so until release is called; the last release for rec then seals
+// what is idle. A
 // tenant without a key: nothing to do. A revoked key: its error.
 func (d *Daemon) acquireDisks(rec store.Sandbox) (release func(), err error) {
 	if d.atRest == nil {
@@ -131,11 +132,17 @@ func (d *Daemon) acquireDisks(rec store.Sandbox) (release func(), err error) {
 	return func() {
 		once.Do(func() {
 			d.disks.mu.Lock()
-			if d.disks.pins[rec.ID]--; d.disks.pins[rec.ID] <= 0 {
+			d.disks.pins[rec.ID]--
+			last := d.disks.pins[rec.ID] <= 0
+			if last {
 				delete(d.disks.pins, rec.ID)
 			}
 			d.disks.mu.Unlock()
-			d.sealIdleDisks(rec.Tenant)
+			// A nested acquisition (a create's, around its startVMM's)
+			// leaves the sweep to the outermost release.
+			if last {
+				d.sealIdleDisks(rec.Tenant)
+			}
 		})
 	}, nil
 }
