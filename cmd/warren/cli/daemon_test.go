@@ -250,11 +250,11 @@ func TestDaemonKeys(t *testing.T) {
 	t.Setenv("WARREN_TENANT", "demo")
 	run := func(want int, args ...string) (string, string) {
 		t.Helper()
-		var out, errb bytes.Buffer
-		if code := Main(args, nil, &out, &errb); code != want {
-			t.Fatalf("warren %s: exit %d, want %d: %s%s", strings.Join(args, " "), code, want, out.String(), errb.String())
+		code, out, errOut := cli(t, nil, args...)
+		if code != want {
+			t.Fatalf("warren %s: exit %d, want %d: %s%s", strings.Join(args, " "), code, want, out, errOut)
 		}
-		return out.String(), errb.String()
+		return out, errOut
 	}
 	if _, errOut := run(1, "keys"); !strings.Contains(errOut, "no encryption key") {
 		t.Errorf("keys before create: %q", errOut)
