@@ -17,9 +17,12 @@
 # (1200) seconds; a normal run takes 350-400.
 #
 # Test verdicts are strict: a package that fails is run once more (only its
-# failed and not yet run tests; the emulated host has shown L2 guests
-# triple-faulting at boot, which never repeated), and a second failure fails
-# the build. The first failure stays in the log.
+# failed and not yet run tests), and a second failure fails the build. The
+# one exception: the emulated host makes about one L2 guest start in a
+# hundred triple-fault (KVM_EXIT_SHUTDOWN, seen with every version of the
+# VMM, and in CI twice in one package), so an attempt whose log shows a
+# triple fault does not count toward those two, at most twice per package
+# (so a package runs at most four times). Every failure stays in the log.
 #
 # Inside L1 this same file runs as `sh .ci/test-kvm.sh --inner` (busybox ash);
 # its progress lives in STATE_DIR, which is under the shared directory, so it
@@ -53,6 +56,16 @@ if [ "${1:-}" = --inner ]; then
 			if [ "$rc" = 0 ]; then
 				touch "$STATE/$key.done"
 				break
+			fi
+			# A guest's triple fault (the emulated SVM's flake) is excused at
+			# most twice per package; any other failure counts at once.
+			if grep -q 'triple fault (KVM_EXIT_SHUTDOWN)' "$log"; then
+				shutdowns=$(($(cat "$STATE/$key.shutdowns" 2>/dev/null || echo 0) + 1))
+				echo "$shutdowns" >"$STATE/$key.shutdowns"
+				if [ "$shutdowns" -le 2 ]; then
+					echo "=== FLAKY? package $p: a guest triple-faulted (the nested host's known flake, excused $shutdowns of 2 times); running its failed and remaining tests again"
+					continue
+				fi
 			fi
 			fails=$(($(cat "$STATE/$key.fails" 2>/dev/null || echo 0) + 1))
 			echo "$fails" >"$STATE/$key.fails"

@@ -35,6 +35,9 @@ var uptimeLine = regexp.MustCompile(`(?m)(\d+\.\d+) \d+\.\d+\r?$`)
 
 var linuxReady = regexp.MustCompile(`(?m)^warren-init: ready uptime=`)
 
+// shellPrompt is the debug shell's first prompt after the ready line.
+var shellPrompt = regexp.MustCompile(`(?s)warren-init: ready uptime=.*\$ `)
+
 // TestLinuxSaveRestore boots the project's kernel with two vCPUs to its
 // debug shell, saves it, restores it into a new VM and checks that the
 // shell still answers over the serial console (timer, UART and interrupt
@@ -90,9 +93,11 @@ func TestLinuxSaveRestore(t *testing.T) {
 		}
 	}
 	waitLong("the ready line", 4*time.Minute, func() bool { return linuxReady.MatchString(con.String()) })
-	time.Sleep(time.Second) // let the shell start
+	// The shell (gosh) prints its prompt once it reads the console; a fixed
+	// wait for it raced its start on a slow host.
+	waitLong("the shell's prompt", 2*time.Minute, func() bool { return shellPrompt.MatchString(con.String()) })
 	vm.SerialInput([]byte("echo $((6*7))a\n"))
-	waitLong("the shell before the save", time.Minute, func() bool { return strings.Contains(con.String(), "42a") })
+	waitLong("the shell before the save", 2*time.Minute, func() bool { return strings.Contains(con.String(), "42a") })
 
 	t.Logf("Pause took %v", pause(t, vm))
 	st, err := vm.SaveState()
