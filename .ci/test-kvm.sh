@@ -7,11 +7,12 @@
 # The emulated nested host (QEMU TCG running kvm_amd) sometimes dies or
 # freezes under the tests' load: a kernel-stack overflow in L1's KVM, a
 # soft lockup, a silent stall (.ci/kvmhost/README.md). None of that is a test
-# verdict, so when L1 fails (run.sh exits 125, or 124 on a timeout or when
-# the console has been silent for --idle-timeout) this script boots a fresh
+# verdict, so when L1 fails (run.sh exits 125, or 124 on a timeout, when
+# L1's heartbeat stopped (--frozen-timeout) or when the console has been
+# silent for --idle-timeout) this script boots a fresh
 # L1 and resumes where the last one stopped: packages that passed are not
 # run again, and inside a package the top-level tests that passed are
-# skipped (-test.skip). It boots at most $MAX_BOOTS (4) L1s, all within
+# skipped (-test.skip). It boots at most $MAX_BOOTS (8) L1s, all within
 # $BUDGET (2700) seconds: each boot's timeout is cut to what is left, and
 # none starts with less than 300 s left. One boot gets at most $BOOT_TIMEOUT
 # (1200) seconds; a normal run takes 350-400.
@@ -92,7 +93,7 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
 	shift
 done
 [ "${1:-}" = -- ] && shift
-MAX_BOOTS=${MAX_BOOTS:-4}
+MAX_BOOTS=${MAX_BOOTS:-8}
 BUDGET=${BUDGET:-2700}
 BOOT_TIMEOUT=${BOOT_TIMEOUT:-1200}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

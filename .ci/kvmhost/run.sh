@@ -2,7 +2,7 @@
 # run.sh - run a command inside an L1 Linux guest that has a real /dev/kvm,
 # on a host that has none. See .ci/kvmhost/README.md.
 #
-# usage: run.sh [--mem MiB] [--cpus N] [--timeout SECONDS] [--idle-timeout SECONDS] [--env NAME=VALUE]... [--host-root] DIR -- CMD...
+# usage: run.sh [--mem MiB] [--cpus N] [--timeout SECONDS] [--idle-timeout SECONDS] [--frozen-timeout SECONDS] [--env NAME=VALUE]... [--host-root] DIR -- CMD...
 #
 # Boots Debian 12's own kernel under QEMU TCG (software emulation, which
 # implements AMD SVM for its guest), loads kvm + kvm_amd there, mounts DIR
@@ -17,6 +17,12 @@
 # --idle-timeout N: also stop L1 (exit 124) when CMD has printed nothing for
 # N seconds: L1's stalls under TCG are silent (README.md). 0, the default,
 # never does.
+#
+# --frozen-timeout N: L1 writes a heartbeat to a second serial port every 5 s
+# while CMD runs; stop L1 (exit 124) when neither the heartbeat nor CMD's
+# output has come for N seconds. Unlike --idle-timeout this tells a frozen
+# L1 (both vCPUs stuck, the stalls in README.md) from a command that is only
+# quiet, so N can be short. 0, the default, never does.
 #
 # --host-root: run CMD chrooted into the host's own root file system (shared
 # read-only over 9p), so host tools (qemu, ip, mkfs, go) are there; L1's
@@ -42,6 +48,7 @@ MEM=4096
 CPUS=2
 TIMEOUT=3600
 IDLE_TIMEOUT=0
+FROZEN_TIMEOUT=0
 ENVS=()
 HOST_ROOT=0
 CPU_MODEL=${WARREN_KVMHOST_CPU:-max,-la57}
@@ -70,6 +77,7 @@ while [[ $# -gt 0 ]]; do
 	--cpus) CPUS=${2:?}; shift 2 ;;
 	--timeout) TIMEOUT=${2:?}; shift 2 ;;
 	--idle-timeout) IDLE_TIMEOUT=${2:?}; shift 2 ;;
+	--frozen-timeout) FROZEN_TIMEOUT=${2:?}; shift 2 ;;
 	--host-root) HOST_ROOT=1; shift ;;
 	--env)
 		[[ ${2:-} == [A-Za-z_]*=* ]] || usage "--env wants NAME=VALUE, got '${2:-}'"
@@ -85,8 +93,8 @@ DIR=$(readlink -f "$1") || die "bad DIR '$1'"
 [[ -d $DIR ]] || die "DIR '$1' is not a directory"
 shift 2
 CMD="$*"
-[[ $MEM =~ ^[0-9]+$ && $CPUS =~ ^[0-9]+$ && $TIMEOUT =~ ^[0-9]+$ && $IDLE_TIMEOUT =~ ^[0-9]+$ ]] ||
-	usage "--mem, --cpus, --timeout and --idle-timeout take plain integers"
+[[ $MEM =~ ^[0-9]+$ && $CPUS =~ ^[0-9]+$ && $TIMEOUT =~ ^[0-9]+$ && $IDLE_TIMEOUT =~ ^[0-9]+$ && $FROZEN_TIMEOUT =~ ^[0-9]+$ ]] ||
+	usage "--mem, --cpus, --timeout, --idle-timeout and --frozen-timeout take plain integers"
 
 # ---------------------------------------------------------------- host tools
 need_pkgs=()
@@ -319,6 +327,10 @@ export WARREN_KVMHOST=1 WARREN_KVMHOST_DIR="$MOUNTPOINT"
 [ -f /warren/env ] && . /warren/env
 [ "$DEBUG" = 1 ] || dmesg -n 1
 set +x
+if [ "$HEARTBEAT" = 1 ]; then
+	# The host watches ttyS1 (a file) grow: it stops only if L1 freezes.
+	(while :; do echo . >/dev/ttyS1; sleep 5; done) </dev/null >/dev/null 2>&1 &
+fi
 echo "WARREN-KVMHOST-READY-$NONCE $(cut -d' ' -f1 /proc/uptime)"
 if [ "$HOST_ROOT" = 1 ]; then
 	# Run CMD in the host's own userland (read-only over 9p), with L1's
@@ -378,6 +390,7 @@ mkdir -p "$TMP/r/warren"
 	echo "KVM_PARAMS=$(q "${WARREN_KVMHOST_KVM_PARAMS:-}")"
 	echo "DEBUG=$(q "$DEBUG")"
 	echo "HOST_ROOT=$HOST_ROOT"
+	echo "HEARTBEAT=$((FROZEN_TIMEOUT > 0 ? 1 : 0))"
 } >"$TMP/r/warren/config"
 printf '%s\n' "$CMD" >"$TMP/r/warren/cmd"
 if [[ ${#ENVS[@]} -gt 0 ]]; then
@@ -403,6 +416,10 @@ qemu=(qemu-system-x86_64
 	-kernel "$KERNEL" -initrd "$TMP/initrd" -append "$append"
 	-virtfs "local,path=$DIR,mount_tag=work,security_model=none,id=work"
 )
+if ((FROZEN_TIMEOUT > 0)); then
+	: >"$TMP/alive"
+	qemu+=(-serial "file:$TMP/alive") # L1's ttyS1: the heartbeat
+fi
 if [[ $HOST_ROOT == 1 ]]; then
 	qemu+=(-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,id=hostroot")
 fi
@@ -448,6 +465,7 @@ handle_line() {
 		;;
 	*"WARREN-KVMHOST-READY-$NONCE"*)
 		echo "$(elapsed) ${line##* }" >"$ready_file"
+		last_alive=$SECONDS
 		log "L1 up after $(elapsed)s (L1 uptime ${line##* }s); running: $CMD"
 		;;
 	*)
@@ -468,6 +486,7 @@ handle_line() {
 # stopped as a timeout (124). A slice that ends mid-line is kept in $partial.
 partial=
 last_output=$SECONDS
+last_alive=$SECONDS alive_size=0
 while :; do
 	chunk=
 	st=0
@@ -475,7 +494,7 @@ while :; do
 	if ((st == 0)); then
 		handle_line "$partial$chunk"
 		partial=
-		last_output=$SECONDS
+		last_output=$SECONDS last_alive=$SECONDS
 		continue
 	fi
 	if ((st > 128)); then
@@ -489,6 +508,16 @@ while :; do
 			touch "$TMP/idle"
 			kill "$QPID" 2>/dev/null || true
 			last_output=$SECONDS
+		fi
+		if ((FROZEN_TIMEOUT > 0)) && [[ -f $ready_file && ! -f $rc_file && ! -f $TMP/frozen ]]; then
+			size=$(stat -c %s "$TMP/alive" 2>/dev/null || echo 0)
+			if [[ $size != "$alive_size" || -n $chunk ]]; then
+				alive_size=$size last_alive=$SECONDS
+			elif ((SECONDS - last_alive >= FROZEN_TIMEOUT)); then
+				log "error: no heartbeat and no output from L1 for ${FROZEN_TIMEOUT}s: L1 is frozen; stopping it"
+				touch "$TMP/frozen"
+				kill "$QPID" 2>/dev/null || true
+			fi
 		fi
 		continue
 	fi
@@ -512,6 +541,10 @@ fi
 [[ -f $ready_file ]] || show_boot_log
 if [[ -f $TMP/idle ]]; then
 	log "error: stopped after ${IDLE_TIMEOUT}s without output; total $(elapsed)s"
+	exit 124
+fi
+if [[ -f $TMP/frozen ]]; then
+	log "error: stopped a frozen L1 (no heartbeat for ${FROZEN_TIMEOUT}s); total $(elapsed)s"
 	exit 124
 fi
 if [[ $qrc == 124 || $qrc == 137 ]]; then
