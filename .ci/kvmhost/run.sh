@@ -456,12 +456,16 @@ handle_line() {
 		;;
 	*"watchdog: BUG: soft lockup"*)
 		# L1 has locked up (seen rarely under TCG; not the command's
-		# doing): stop now rather than at the timeout, as a harness failure.
+		# doing): stop soon rather than at the timeout, as a harness
+		# failure, after 5 s more of its console for the stuck CPU's
+		# backtrace, which follows this line.
 		printf '%s\n' "$line"
-		log "error: L1 kernel reports a soft lockup; stopping it"
-		echo "$HARNESS_FAIL" >"$rc_file"
-		touch "$TMP/lockup"
-		kill "$QPID" 2>/dev/null || true
+		if [[ ! -f $TMP/lockup ]]; then
+			log "error: L1 kernel reports a soft lockup; stopping it in 5 s"
+			echo "$HARNESS_FAIL" >"$rc_file"
+			touch "$TMP/lockup"
+			lockup_at=$SECONDS
+		fi
 		;;
 	*"WARREN-KVMHOST-READY-$NONCE"*)
 		echo "$(elapsed) ${line##* }" >"$ready_file"
@@ -472,7 +476,7 @@ handle_line() {
 		# Until the command starts, L1's console (firmware, kernel, init)
 		# is kept aside and shown only if something goes wrong; so is the
 		# power-off chatter after it ended.
-		if [[ $DEBUG == 1 || (-f $ready_file && ! -f $rc_file) ]]; then
+		if [[ $DEBUG == 1 || (-f $ready_file && ! -f $rc_file) || -f $TMP/lockup ]]; then
 			printf '%s\n' "$line"
 		else
 			printf '[+%ss] %s\n' "$(elapsed)" "$line" >>"$boot_log"
@@ -486,8 +490,12 @@ handle_line() {
 # stopped as a timeout (124). A slice that ends mid-line is kept in $partial.
 partial=
 last_output=$SECONDS
-last_alive=$SECONDS alive_size=0
+last_alive=$SECONDS alive_size=0 lockup_at=
 while :; do
+	if [[ -n $lockup_at ]] && ((SECONDS - lockup_at >= 5)); then
+		kill "$QPID" 2>/dev/null || true
+		lockup_at=
+	fi
 	chunk=
 	st=0
 	IFS= read -r -t 5 chunk || st=$?
