@@ -1,0 +1,97 @@
+//go:build linux
+
+package etc
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// ErrTooLarge is wrapped by ReadFile's refusal of a file over its bound.
+var ErrTooLarge = errors.New("file too large")
+
+// ReadFile reads the regular file at path, at most max bytes of it: a
+// larger file is an error wrapping ErrTooLarge, and anything but a regular
+// file (a FIFO, a device, a directory) is refused before it is read. The
+// file is opened non-blocking, so a FIFO in its place cannot stall the
+// caller. A missing file is an error wrapping fs.ErrNotExist.
+func ReadFile(path string, max int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+	}
+	if fi.Size() > max {
+		return nil, fmt.Errorf("%s: %d bytes, more than %d: %w", path, fi.Size(), max, ErrTooLarge)
+	}
+	// The size may change under us: read one byte more than allowed to
+	// notice a file that grew.
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s: more than %d bytes: %w", path, max, ErrTooLarge)
+	}
+	return b, nil
+}
+
+// WriteFile replaces path with data, with permission bits perm, so that a
+// crash at any point leaves either the old file or the whole new one: a
+// temporary file in the same directory, fsync, rename over path, fsync of
+// the directory. A symlink at path is replaced, not followed. The
+// directory must exist.
+func WriteFile(path string, data []byte, perm fs.FileMode) error {
+	return WriteFileFrom(path, bytes.NewReader(data), perm)
+}
+
+// WriteFileFrom is WriteFile with the contents copied from r.
+func WriteFileFrom(path string, r io.Reader, perm fs.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".warren-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	fail := func(err error) error {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		return fail(err)
+	}
+	if err := f.Chmod(perm); err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
