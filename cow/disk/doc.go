@@ -39,13 +39,28 @@
 // base path. A virtio-blk device on the disk is quiesced around it and
 // given the parent's overlay with blk.Device.SwapBackend.
 //
-// # On-disk format (version 1)
+// # Snapshots, merging and rebasing
+//
+// A VM's snapshot freezes each writable disk the same way, with no child
+// (Fork with n = 0): the frozen top is the snapshot's disk state, and the
+// VM goes on in a new overlay over it. So each snapshot adds a layer to
+// the running disk's chain. Merge keeps the chain short: it copies the
+// blocks a run of frozen layers holds (only those) into one new overlay
+// over the layer under the run, and Rebase moves the running top onto
+// that overlay, which reads the same by construction. Owned finds the run
+// a VM may merge: the overlays from the top down that live in its own
+// directory, stopping at the first layer elsewhere (a template's base, a
+// fork parent's layer), which others share. A frozen layer is never
+// changed again, header included: only a live top is rebased.
+//
+// # On-disk format (version 2)
 //
 // One file, little-endian throughout:
 //
-//	offset 0           header, HeaderSize (4096) bytes:
+//	offset 0           header region, HeaderSize (4096) bytes: two slots
+//	                   of SlotSize (2048) bytes, each:
 //	   0  [8]byte  magic "WRNCOWD1"
-//	   8  uint32   format version (1); magic and version never move
+//	   8  uint32   format version (2); magic and version never move
 //	  12  uint32   header size (4096)
 //	  16  uint32   block size, a power of two in [4 KiB, 16 MiB]
 //	  20  uint32   flags, 0 (none defined)
@@ -55,17 +70,28 @@
 //	  48  uint64   data offset: bitmap end rounded up to the block size
 //	  56  uint64   base size
 //	  64  [32]byte base digest (Identity)
-//	  96  uint16   length n of the base path (at most MaxBasePath)
-//	  98  [n]byte  base path, as given to Create (relative paths are
-//	               relative to the overlay's directory)
-//	98+n  uint32   CRC-32C of bytes [0, 98+n)
-//	               then zeros up to 4096
+//	  96  uint64   generation, from 1
+//	 104  uint16   length n of the base path (at most MaxBasePath)
+//	 106  [n]byte  base path, as given to Create or Rebase (relative
+//	               paths are relative to the overlay's directory)
+//	106+n uint32   CRC-32C of the slot's bytes [0, 106+n)
+//	               then zeros up to the slot's end
 //	bitmap offset      the allocation bitmap: bit i%64 of little-endian
 //	                   uint64 word i/64 is block i; bits past the last
 //	                   block are zero
 //	data offset        block i at data offset + i*block size; the file is
 //	                   data offset + virtual size long, and unallocated
 //	                   blocks are holes
+//
+// The header is the valid slot with the higher generation; Create writes
+// slot 0 (generation 1) and leaves slot 1 zero (empty). Rebase writes the
+// other slot with the next generation, so a torn write leaves the old one
+// in force. Both valid slots must describe the same disk (block size and
+// sizes); equal generations are corrupt.
+//
+// Version 1 (still read, never written) had one header over the whole
+// region, laid out as a slot without the generation: the path length at
+// 96, the path at 98, its CRC after it, zeros up to 4096.
 //
 // Open refuses a file without the magic (ErrNotOverlay), another version
 // (ErrVersion), a header or bitmap that does not check out (ErrCorrupt), and
@@ -98,15 +124,19 @@
 //   - a torn bitmap write is harmless: every bit, old or new, has durable
 //     data, and bits are only set.
 //
-// The header is written once, by Create.
+// The header is written by Create, and by Rebase only into the slot not
+// in force (see above): a crash during a Rebase leaves an overlay that
+// opens over the old base or the new one, which read the same.
 //
 // # Concurrency
 //
 // ReadAt, WriteAt, Discard, Size, Allocated and Sync may be called from
-// any number of goroutines at once. Concurrent writes to distinct bytes of
+// any number of goroutines at once, and with a Rebase (reads of the base
+// hold a lock that Rebase takes exclusively to swap it). Concurrent writes to distinct bytes of
 // one block both survive (copy-up of a block is serialised by a lock
 // striped over blocks, and a block's bit is set only after its copied-up
 // data is in the file); concurrent access to the same bytes has the
 // semantics of pread/pwrite on a raw file. Metrics are atomic counters.
-// Close must not race with anything else.
+// Close and Rebase must not race with each other, nor Close with anything
+// else.
 package disk

@@ -15,10 +15,13 @@ import (
 const (
 	// Magic opens every overlay file.
 	Magic = "WRNCOWD1"
-	// Version is the format version this build reads and writes.
-	Version = 1
+	// Version is the format version this build writes; it reads
+	// versions 1 and 2 (see the package documentation).
+	Version = 2
 	// HeaderSize is the size of the header region; the bitmap follows it.
 	HeaderSize = 4096
+	// SlotSize is the size of each of a version 2 header's two slots.
+	SlotSize = HeaderSize / 2
 	// DefaultBlockSize is the allocation unit when Create is given none.
 	DefaultBlockSize = 64 << 10
 	// MinBlockSize and MaxBlockSize bound the block size (a power of two).
@@ -27,22 +30,29 @@ const (
 	// MaxVirtualSize bounds the disk size (1 PiB), which keeps all offset
 	// arithmetic far from overflow.
 	MaxVirtualSize = 1 << 50
-	// MaxBasePath is the longest base path the header holds.
-	MaxBasePath = HeaderSize - fixedLen - 4
+	// MaxBasePath is the longest base path a header this build writes
+	// holds (a version 1 header, read only, held up to maxBasePathV1).
+	MaxBasePath = SlotSize - fixedLen - 4
 	// identityWindow is how much of each end of the base Identity hashes.
 	identityWindow = 1 << 20
 	// bitmapPage is the unit in which the bitmap is padded and written.
 	bitmapPage = 4096
 )
 
-// fixedLen is the length of the fixed header fields, up to the base path.
-const fixedLen = 98
+// The fixed header fields' length, up to the base path: 98 bytes in
+// version 1, 106 in version 2 (the generation comes before the path).
+const (
+	fixedLenV1    = 98
+	fixedLen      = 106
+	maxBasePathV1 = HeaderSize - fixedLenV1 - 4
+)
 
 // Errors Open and ParseHeader wrap; test with errors.Is.
 var (
 	// ErrNotOverlay: the file does not start with Magic.
 	ErrNotOverlay = errors.New("not a warren overlay (bad magic)")
-	// ErrVersion: the format version is not Version.
+	// ErrVersion: the format version is not one this build reads (or, for
+	// Rebase, writes).
 	ErrVersion = errors.New("unsupported overlay format version")
 	// ErrCorrupt: the header or bitmap is inconsistent or fails its checksum.
 	ErrCorrupt = errors.New("corrupt overlay")
@@ -52,13 +62,23 @@ var (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// Header is the decoded header of an overlay file.
+// Header is the decoded header of an overlay file: for version 2, its
+// active slot.
 type Header struct {
 	BlockSize   uint32
 	VirtualSize uint64
 	BaseSize    uint64
 	BaseDigest  [32]byte // Identity of the base
-	BasePath    string   // as given to Create; informational, used by OpenChain
+	BasePath    string   // as given to Create or Rebase; used by OpenChain
+	// Version is the file's format version (1 or 2); Marshal writes
+	// Version (2) whatever it says.
+	Version uint32
+	// Generation counts the header's writes (version 2): 1 at Create, one
+	// more at each Rebase. The slot with the higher one is the header.
+	Generation uint64
+
+	// slot is the active slot of a version 2 header (0 or 1).
+	slot int
 }
 
 // Blocks is the number of blocks of the virtual disk (the last may be
@@ -85,9 +105,10 @@ func (h Header) DataOffset() uint64 {
 // FileSize is the length of the overlay file: data offset plus virtual size.
 func (h Header) FileSize() uint64 { return h.DataOffset() + h.VirtualSize }
 
-// check validates the fields a caller may set; ParseHeader wraps its
-// errors with ErrCorrupt.
-func (h Header) check() error {
+// check validates the fields a caller may set, with maxPath the longest
+// base path the version holds; ParseHeader wraps its errors with
+// ErrCorrupt.
+func (h Header) check(maxPath int) error {
 	switch {
 	case h.BlockSize < MinBlockSize || h.BlockSize > MaxBlockSize || bits.OnesCount32(h.BlockSize) != 1:
 		return fmt.Errorf("block size %d is not a power of two in [%d, %d]", h.BlockSize, MinBlockSize, MaxBlockSize)
@@ -95,21 +116,37 @@ func (h Header) check() error {
 		return fmt.Errorf("virtual size %d is over %d", h.VirtualSize, uint64(MaxVirtualSize))
 	case h.BaseSize != h.VirtualSize:
 		return fmt.Errorf("base size %d differs from virtual size %d", h.BaseSize, h.VirtualSize)
-	case len(h.BasePath) > MaxBasePath:
-		return fmt.Errorf("base path is %d bytes, at most %d fit", len(h.BasePath), MaxBasePath)
+	case len(h.BasePath) > maxPath:
+		return fmt.Errorf("base path is %d bytes, at most %d fit", len(h.BasePath), maxPath)
 	case bytes.IndexByte([]byte(h.BasePath), 0) >= 0:
 		return errors.New("base path holds a NUL byte")
 	}
 	return nil
 }
 
-// Marshal encodes h into a HeaderSize block.
+// Marshal encodes h as a new file's header region (HeaderSize bytes,
+// version 2): h in slot 0 with generation 1 when h.Generation is 0, and an
+// empty slot 1.
 func (h Header) Marshal() ([]byte, error) {
-	if err := h.check(); err != nil {
+	if h.Generation == 0 {
+		h.Generation = 1
+	}
+	s, err := h.marshalSlot()
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, HeaderSize)
+	copy(b, s)
+	return b, nil
+}
+
+// marshalSlot encodes h as one version 2 header slot (SlotSize bytes).
+func (h Header) marshalSlot() ([]byte, error) {
+	if err := h.check(MaxBasePath); err != nil {
 		return nil, err
 	}
 	le := binary.LittleEndian
-	b := make([]byte, HeaderSize)
+	b := make([]byte, SlotSize)
 	copy(b, Magic)
 	le.PutUint32(b[8:], Version)
 	le.PutUint32(b[12:], HeaderSize)
@@ -121,15 +158,19 @@ func (h Header) Marshal() ([]byte, error) {
 	le.PutUint64(b[48:], h.DataOffset())
 	le.PutUint64(b[56:], h.BaseSize)
 	copy(b[64:96], h.BaseDigest[:])
-	le.PutUint16(b[96:], uint16(len(h.BasePath)))
+	le.PutUint64(b[96:], h.Generation)
+	le.PutUint16(b[104:], uint16(len(h.BasePath)))
 	end := fixedLen + copy(b[fixedLen:], h.BasePath)
 	le.PutUint32(b[end:], crc32.Checksum(b[:end], castagnoli))
 	return b, nil
 }
 
-// ParseHeader decodes and validates the header at the start of b (which
-// comes from disk: every field is checked). It fails with ErrNotOverlay,
-// ErrVersion or ErrCorrupt.
+// ParseHeader decodes and validates the header region at the start of b
+// (which comes from disk: every field is checked). A version 1 header is
+// one record over the whole region; a version 2 header is two slots, of
+// which the valid one with the higher generation is the header (a slot
+// torn by a crash fails its checksum and the other one stands). It fails
+// with ErrNotOverlay, ErrVersion or ErrCorrupt.
 func ParseHeader(b []byte) (*Header, error) {
 	if len(b) < len(Magic) || string(b[:len(Magic)]) != Magic {
 		return nil, ErrNotOverlay
@@ -137,40 +178,133 @@ func ParseHeader(b []byte) (*Header, error) {
 	if len(b) < 12 {
 		return nil, fmt.Errorf("%w: header truncated to %d bytes", ErrCorrupt, len(b))
 	}
-	le := binary.LittleEndian
-	if v := le.Uint32(b[8:]); v != Version {
-		return nil, fmt.Errorf("%w: file has version %d, this build reads %d", ErrVersion, v, Version)
+	v := binary.LittleEndian.Uint32(b[8:])
+	if v != 1 && v != 2 {
+		return nil, fmt.Errorf("%w: file has version %d, this build reads 1 and 2", ErrVersion, v)
 	}
 	if len(b) < HeaderSize {
 		return nil, fmt.Errorf("%w: header truncated to %d bytes", ErrCorrupt, len(b))
 	}
 	b = b[:HeaderSize]
-	n := int(le.Uint16(b[96:]))
+	if v == 1 {
+		return parseV1(b)
+	}
+	h0, err0 := parseSlot(b[:SlotSize])
+	if err0 != nil {
+		err0 = fmt.Errorf("slot 0: %w", err0)
+	}
+	var h1 *Header
+	var err1 error
+	if s1 := b[SlotSize:]; !allZero(s1) {
+		if h1, err1 = parseSlot(s1); err1 != nil {
+			err1 = fmt.Errorf("slot 1: %w", err1)
+		} else {
+			h1.slot = 1
+		}
+	}
+	switch {
+	case h0 == nil && h1 == nil:
+		if err1 != nil {
+			return nil, fmt.Errorf("%w: %w; %w", ErrCorrupt, err0, err1)
+		}
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err0)
+	case h1 == nil:
+		return h0, nil
+	case h0 == nil:
+		return h1, nil
+	}
+	if h0.BlockSize != h1.BlockSize || h0.VirtualSize != h1.VirtualSize || h0.BaseSize != h1.BaseSize {
+		return nil, fmt.Errorf("%w: the two header slots describe different disks", ErrCorrupt)
+	}
+	switch {
+	case h0.Generation > h1.Generation:
+		return h0, nil
+	case h1.Generation > h0.Generation:
+		return h1, nil
+	}
+	return nil, fmt.Errorf("%w: both header slots have generation %d", ErrCorrupt, h0.Generation)
+}
+
+// parseSlot decodes one version 2 slot; its errors are unwrapped (the
+// caller wraps them with ErrCorrupt).
+func parseSlot(b []byte) (*Header, error) {
+	le := binary.LittleEndian
+	if string(b[:len(Magic)]) != Magic {
+		return nil, errors.New("bad magic")
+	}
+	if v := le.Uint32(b[8:]); v != 2 {
+		return nil, fmt.Errorf("version %d in a version 2 header", v)
+	}
+	n := int(le.Uint16(b[104:]))
 	if n > MaxBasePath {
-		return nil, fmt.Errorf("%w: base path length %d is over %d", ErrCorrupt, n, MaxBasePath)
+		return nil, fmt.Errorf("base path length %d is over %d", n, MaxBasePath)
 	}
 	end := fixedLen + n
+	if sum := crc32.Checksum(b[:end], castagnoli); sum != le.Uint32(b[end:]) {
+		return nil, fmt.Errorf("header checksum %#08x, computed %#08x", le.Uint32(b[end:]), sum)
+	}
+	if !allZero(b[end+4:]) {
+		return nil, errors.New("junk after the header fields")
+	}
+	h := &Header{
+		Version:     2,
+		BlockSize:   le.Uint32(b[16:]),
+		VirtualSize: le.Uint64(b[24:]),
+		BaseSize:    le.Uint64(b[56:]),
+		Generation:  le.Uint64(b[96:]),
+		BasePath:    string(b[fixedLen:end]),
+	}
+	copy(h.BaseDigest[:], b[64:96])
+	if h.Generation == 0 {
+		return nil, errors.New("generation 0")
+	}
+	if err := checkCommon(b, h, MaxBasePath); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// parseV1 decodes a version 1 header region (read only: this build
+// writes version 2).
+func parseV1(b []byte) (*Header, error) {
+	le := binary.LittleEndian
+	n := int(le.Uint16(b[96:]))
+	if n > maxBasePathV1 {
+		return nil, fmt.Errorf("%w: base path length %d is over %d", ErrCorrupt, n, maxBasePathV1)
+	}
+	end := fixedLenV1 + n
 	if sum := crc32.Checksum(b[:end], castagnoli); sum != le.Uint32(b[end:]) {
 		return nil, fmt.Errorf("%w: header checksum %#08x, computed %#08x", ErrCorrupt, le.Uint32(b[end:]), sum)
 	}
 	if !allZero(b[end+4:]) {
 		return nil, fmt.Errorf("%w: junk after the header fields", ErrCorrupt)
 	}
-	if hs := le.Uint32(b[12:]); hs != HeaderSize {
-		return nil, fmt.Errorf("%w: header size %d, want %d", ErrCorrupt, hs, HeaderSize)
-	}
-	if fl := le.Uint32(b[20:]); fl != 0 {
-		return nil, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, fl)
-	}
 	h := &Header{
+		Version:     1,
 		BlockSize:   le.Uint32(b[16:]),
 		VirtualSize: le.Uint64(b[24:]),
 		BaseSize:    le.Uint64(b[56:]),
-		BasePath:    string(b[fixedLen:end]),
+		BasePath:    string(b[fixedLenV1:end]),
 	}
 	copy(h.BaseDigest[:], b[64:96])
-	if err := h.check(); err != nil {
+	if err := checkCommon(b, h, maxBasePathV1); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return h, nil
+}
+
+// checkCommon checks the fields both versions share: header size, flags,
+// the caller-set fields and the derived layout fields.
+func checkCommon(b []byte, h *Header, maxPath int) error {
+	le := binary.LittleEndian
+	if hs := le.Uint32(b[12:]); hs != HeaderSize {
+		return fmt.Errorf("header size %d, want %d", hs, HeaderSize)
+	}
+	if fl := le.Uint32(b[20:]); fl != 0 {
+		return fmt.Errorf("unknown flags %#x", fl)
+	}
+	if err := h.check(maxPath); err != nil {
+		return err
 	}
 	// The layout fields are derived; they are stored so that other tools
 	// can find the data without this code, and must agree.
@@ -183,10 +317,10 @@ func ParseHeader(b []byte) (*Header, error) {
 		{"data offset", le.Uint64(b[48:]), h.DataOffset()},
 	} {
 		if f.got != f.want {
-			return nil, fmt.Errorf("%w: %s is %d, want %d", ErrCorrupt, f.name, f.got, f.want)
+			return fmt.Errorf("%s is %d, want %d", f.name, f.got, f.want)
 		}
 	}
-	return h, nil
+	return nil
 }
 
 // Identity is the digest a header records for its base: SHA-256 over the

@@ -47,15 +47,23 @@ type Metrics struct {
 // Overlay is a copy-on-write disk: the blocks written so far, in a sparse
 // file, over a read-only base. It implements Backing, so overlays stack.
 //
-// Threads: see the package documentation; every method but Close is safe
-// for concurrent use. The fields set by Create/Open are immutable.
+// Threads: see the package documentation; every method but Close and
+// Rebase is safe for concurrent use. The fields set by Create/Open are
+// immutable, except those baseMu guards.
 type Overlay struct {
 	// Metrics count what the overlay did since it was opened.
 	Metrics Metrics
 
-	f    *os.File
-	hdr  Header
-	base Backing
+	f *os.File
+	// baseMu guards base, hdr and closeBase, which Rebase replaces: every
+	// read of the base (ReadAt, copy-up) holds it shared, so that the old
+	// base is closed only once no read is in flight on it.
+	baseMu sync.RWMutex
+	hdr    Header
+	base   Backing
+	// geom is the header as opened, for its immutable layout fields
+	// (block size, sizes, bitmap and data offsets), read without baseMu.
+	geom Header
 	// readOnly refuses writes; set at Open, or by Fork, which freezes a
 	// writable overlay (atomic so that a stray writer sees it).
 	readOnly atomic.Bool
@@ -100,7 +108,7 @@ func Create(path string, base Backing, opts CreateOptions) (*Overlay, error) {
 		return nil, fmt.Errorf("create overlay %s: %w", path, err)
 	}
 	h := Header{BlockSize: uint32(bs), VirtualSize: uint64(base.Size()), BaseSize: uint64(base.Size()),
-		BaseDigest: id, BasePath: opts.BasePath}
+		BaseDigest: id, BasePath: opts.BasePath, Version: Version, Generation: 1}
 	b, err := h.Marshal()
 	if err != nil {
 		return nil, fmt.Errorf("create overlay %s: %w", path, err)
@@ -199,7 +207,7 @@ func readHeader(f io.ReaderAt) (*Header, error) {
 }
 
 func newOverlay(f *os.File, h *Header, base Backing, readOnly bool) *Overlay {
-	o := &Overlay{f: f, hdr: *h, base: base,
+	o := &Overlay{f: f, hdr: *h, geom: *h, base: base,
 		bs: int64(h.BlockSize), size: int64(h.VirtualSize), data: int64(h.DataOffset())}
 	o.readOnly.Store(readOnly)
 	o.bitmap = make([]atomic.Uint64, (h.Blocks()+63)/64)
@@ -211,11 +219,11 @@ func newOverlay(f *os.File, h *Header, base Backing, readOnly bool) *Overlay {
 // loadBitmap reads the bitmap from the file and checks that no bit past
 // the last block is set.
 func (o *Overlay) loadBitmap() error {
-	b := make([]byte, o.hdr.BitmapSize())
-	if _, err := o.f.ReadAt(b, int64(o.hdr.BitmapOffset())); err != nil {
+	b := make([]byte, o.geom.BitmapSize())
+	if _, err := o.f.ReadAt(b, int64(o.geom.BitmapOffset())); err != nil {
 		return fmt.Errorf("read bitmap: %w", err)
 	}
-	nb := o.hdr.Blocks()
+	nb := o.geom.Blocks()
 	var count int64
 	for i := range o.bitmap {
 		w := binary.LittleEndian.Uint64(b[i*8:])
@@ -232,8 +240,12 @@ func (o *Overlay) loadBitmap() error {
 	return nil
 }
 
-// Header is the overlay's header.
-func (o *Overlay) Header() Header { return o.hdr }
+// Header is the overlay's header (its active slot).
+func (o *Overlay) Header() Header {
+	o.baseMu.RLock()
+	defer o.baseMu.RUnlock()
+	return o.hdr
+}
 
 // Size is the virtual disk size in bytes (the base's size).
 func (o *Overlay) Size() int64 { return o.size }
@@ -245,7 +257,18 @@ func (o *Overlay) BlockSize() int64 { return o.bs }
 func (o *Overlay) Allocated() int64 { return o.allocated.Load() }
 
 // Base is the image under the overlay.
-func (o *Overlay) Base() Backing { return o.base }
+func (o *Overlay) Base() Backing {
+	o.baseMu.RLock()
+	defer o.baseMu.RUnlock()
+	return o.base
+}
+
+// readBase reads len(p) bytes of the base at off, holding baseMu shared.
+func (o *Overlay) readBase(p []byte, off int64) error {
+	o.baseMu.RLock()
+	defer o.baseMu.RUnlock()
+	return readFull(o.base, p, off)
+}
 
 // Path is the overlay file's path.
 func (o *Overlay) Path() string { return o.f.Name() }
@@ -294,7 +317,7 @@ func (o *Overlay) ReadAt(p []byte, off int64) (int, error) {
 		if alloc {
 			err = readFull(o.f, p[done:done+n], o.data+pos)
 		} else {
-			err = readFull(o.base, p[done:done+n], pos)
+			err = o.readBase(p[done:done+n], pos)
 		}
 		if err != nil {
 			return done, fmt.Errorf("read overlay %s at %d: %w", o.f.Name(), pos, err)
@@ -366,7 +389,7 @@ func (o *Overlay) copyUp(b, pos int64, chunk []byte) (written bool, err error) {
 		bp := o.bufs.Get().(*[]byte)
 		defer o.bufs.Put(bp)
 		buf := (*bp)[:n]
-		if err := readFull(o.base, buf, start); err != nil {
+		if err := o.readBase(buf, start); err != nil {
 			return false, fmt.Errorf("copy up block %d from the base: %w", b, err)
 		}
 		o.Metrics.CopyUpBytes.Add(uint64(n))
@@ -490,7 +513,7 @@ func (o *Overlay) Sync() error {
 		return nil
 	}
 	for _, p := range pages {
-		if _, err := o.f.WriteAt(p.buf, int64(o.hdr.BitmapOffset())+int64(p.i)*bitmapPage); err != nil {
+		if _, err := o.f.WriteAt(p.buf, int64(o.geom.BitmapOffset())+int64(p.i)*bitmapPage); err != nil {
 			redirty()
 			return fmt.Errorf("sync overlay bitmap: %w", err)
 		}
@@ -515,8 +538,12 @@ func (o *Overlay) Close() error {
 	if cerr := o.f.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("close overlay: %w", cerr)
 	}
-	if o.closeBase != nil {
-		if cerr := o.closeBase(); err == nil && cerr != nil {
+	o.baseMu.Lock()
+	closeBase := o.closeBase
+	o.closeBase = nil
+	o.baseMu.Unlock()
+	if closeBase != nil {
+		if cerr := closeBase(); err == nil && cerr != nil {
 			err = cerr
 		}
 	}

@@ -320,7 +320,7 @@ func TestOpenRefuses(t *testing.T) {
 		want  error
 	}{
 		{name: "bad magic", patch: patchAt(0, []byte("XRNCOWD1")), want: ErrNotOverlay},
-		{name: "version 2", patch: patchAt(8, []byte{2, 0, 0, 0}), want: ErrVersion},
+		{name: "version 3", patch: patchAt(8, []byte{3, 0, 0, 0}), want: ErrVersion},
 		{name: "version 0", patch: patchAt(8, []byte{0, 0, 0, 0}), want: ErrVersion},
 		{name: "header checksum", patch: patchAt(17, []byte{0x20}), want: ErrCorrupt},
 		{name: "truncated file", patch: func(t *testing.T, p string) { os.Truncate(p, 8192) }, want: ErrCorrupt},
