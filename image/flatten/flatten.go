@@ -666,8 +666,9 @@ type LayerOpener func(i int) (io.ReadCloser, error)
 // WriteTo is pass 2: it writes the final tree into tw (PAX headers; it
 // does not close tw, so a caller can append entries of its own under
 // Reserved), reading the data of visible regular files from open. It
-// returns the number of bytes of file data written.
-func (t *Tree) WriteTo(tw *tar.Writer, open LayerOpener) (int64, error) {
+// returns the number of bytes of file data written; progress, if not
+// nil, is given that number after each file.
+func (t *Tree) WriteTo(tw *tar.Writer, open LayerOpener, progress func(int64)) (int64, error) {
 	if t.failed != nil {
 		return 0, t.failed
 	}
@@ -686,7 +687,7 @@ func (t *Tree) WriteTo(tw *tar.Writer, open LayerOpener) (int64, error) {
 		if len(want) == 0 {
 			continue
 		}
-		n, err := t.copyLayer(tw, open, layer, want)
+		n, err := t.copyLayer(tw, open, layer, want, written, progress)
 		written += n
 		if err != nil {
 			return written, err
@@ -709,7 +710,7 @@ func (t *Tree) WriteTo(tw *tar.Writer, open LayerOpener) (int64, error) {
 
 // copyLayer streams the wanted regular files of one layer into tw, and
 // stops reading the layer after the last of them.
-func (t *Tree) copyLayer(tw *tar.Writer, open LayerOpener, layer int, want map[int]*inode) (n int64, err error) {
+func (t *Tree) copyLayer(tw *tar.Writer, open LayerOpener, layer int, want map[int]*inode, before int64, progress func(int64)) (n int64, err error) {
 	rc, err := open(layer)
 	if err != nil {
 		return 0, fmt.Errorf("flatten: layer %d: %w", layer, err)
@@ -748,6 +749,9 @@ func (t *Tree) copyLayer(tw *tar.Writer, open LayerOpener, layer int, want map[i
 		n += c
 		if err != nil {
 			return n, fmt.Errorf("flatten: layer %d: %q: %w", layer, hdr.Name, err)
+		}
+		if progress != nil {
+			progress(before + n)
 		}
 	}
 	return n, nil

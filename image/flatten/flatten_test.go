@@ -69,7 +69,7 @@ func flattenLayers(lim Limits, layers ...[]byte) ([]byte, *Tree, error) {
 	tw := tar.NewWriter(&out)
 	_, err := tr.WriteTo(tw, func(i int) (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(layers[i])), nil
-	})
+	}, nil)
 	if err != nil {
 		return nil, tr, err
 	}
@@ -439,11 +439,11 @@ func TestFlattenPassesDisagree(t *testing.T) {
 		t.Fatal(err)
 	}
 	tw := tar.NewWriter(io.Discard)
-	_, err := tree.WriteTo(tw, func(int) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(l2)), nil })
+	_, err := tree.WriteTo(tw, func(int) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(l2)), nil }, nil)
 	if err == nil || !strings.Contains(err.Error(), "changed between passes") {
 		t.Fatalf("got %v", err)
 	}
-	_, err = tree.WriteTo(tw, func(int) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(nil)), nil })
+	_, err = tree.WriteTo(tw, func(int) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(nil)), nil }, nil)
 	if err == nil || !strings.Contains(err.Error(), "changed between passes") {
 		t.Fatalf("truncated layer: got %v", err)
 	}
