@@ -53,6 +53,32 @@
 // only CLOCK_REALTIME is set), and the disk contents up to the fork. Do not
 // fork a sandbox that holds a secret its children must not share.
 //
+// # Disks in snapshots
+//
+// DiskSet is a VM's disks as its snapshots, rollbacks and forks change
+// them (it implements vmsnap.Disks). Every snapshot freezes each writable
+// disk's live top in place at the snapshot's instant and the VM goes on in
+// a new overlay over it, with no copy of the data: the pause holds one
+// sync of the old top (the new top's file is made before the pause, its
+// header written after it: cow/disk Pending). The frozen layer is the
+// snapshot's disk state. A full snapshot then keeps the chain short: the
+// run of layers the VM owns (those in its live top's directory, from the
+// top down to the first layer elsewhere: a template's base, a fork
+// parent's layer) is merged into one overlay over that foreign layer, a
+// copy of only the blocks the run holds, and the live top is rebased onto
+// it (cow/disk Merge, Rebase); the snapshot records the merged layer, and
+// the frozen one, referenced by nothing, is removed. A rollback gives each
+// writable disk a new overlay over the snapshot's layer in the pause in
+// which the memory is restored, and removes the replaced live top: live
+// tops are referenced by nothing (snapshots record frozen layers, fork
+// children stand on frozen layers). Live reports each disk's top and
+// chain, so that whoever keeps the files (warren-hostd) knows what a
+// running VM references.
+//
+// A fork child's overlays go into a directory of its own when the fork is
+// given one: its later layers are then its own, and the parent's layers
+// under them stay foreign to it (never merged by the child).
+//
 // # Rollback
 //
 // vmsnap Snapshotter.Rollback puts a running VM back to one of its

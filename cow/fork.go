@@ -49,12 +49,11 @@ type Forker struct {
 	VM *vmm.VM
 	// Devices are the VM's virtio transports, in its device order.
 	Devices []vmsnap.Device
-	// Disks are the VM's disks, by device position in Devices' order
-	// of blk devices; see Disk.
-	Disks []Disk
-	// DiskDir is where the disks' new overlay files are created ("" :
-	// beside each disk's current image).
-	DiskDir string
+	// Disks are the VM's disks, in the VM's order of blk devices (see
+	// DiskSet); nil for a VM without disks. Its lock is held while the
+	// disks are forked, so a fork never runs inside a snapshot's or a
+	// rollback's disk work.
+	Disks *DiskSet
 }
 
 // Fork pauses the VM, saves its machine and device states, makes its
@@ -64,10 +63,23 @@ type Forker struct {
 // child and one for the parent, and resumes the VM (unless it was paused
 // before). The pause is milliseconds, independent of memory size. n is the
 // number of children the disks get overlays for (memory is shared by any
-// number).
-func (f *Forker) Fork(ctx context.Context, n int) (_ *Point, err error) {
+// number); child k's overlays go into childDirs[k] when childDirs is
+// given (one per child: its own directory, so that the layers its later
+// snapshots make are its own), else beside the parent's disks, where the
+// parent's new overlays always go.
+func (f *Forker) Fork(ctx context.Context, n int, childDirs []string) (_ *Point, err error) {
 	if n < 1 {
 		return nil, fmt.Errorf("cow: fork: %d children", n)
+	}
+	if childDirs == nil {
+		childDirs = make([]string, n)
+	}
+	if len(childDirs) != n {
+		return nil, fmt.Errorf("cow: fork: %d children, %d disk directories", n, len(childDirs))
+	}
+	if f.Disks != nil {
+		f.Disks.Lock()
+		defer f.Disks.Unlock()
 	}
 	wasPaused := f.VM.Paused()
 	if err := f.VM.Pause(ctx); err != nil {
@@ -98,8 +110,10 @@ func (f *Forker) Fork(ctx context.Context, n int) (_ *Point, err error) {
 	}
 	// Disks before memory: a disk fork can fail (file system full), and
 	// it leaves the parent's disks as they were when it does.
-	if p.Disks, err = forkDisks(f.Disks, n, f.DiskDir); err != nil {
-		return nil, fmt.Errorf("cow: fork: %w", err)
+	if f.Disks != nil {
+		if p.Disks, err = f.Disks.forkDisks(childDirs); err != nil {
+			return nil, fmt.Errorf("cow: fork: %w", err)
+		}
 	}
 	if p.Memory, err = f.VM.Memory().Fork(); err != nil {
 		return nil, fmt.Errorf("cow: fork: %w", err)

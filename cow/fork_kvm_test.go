@@ -135,7 +135,7 @@ func TestForkSharesMemory(t *testing.T) {
 
 	f := &Forker{VM: parent}
 	start := time.Now()
-	pt, err := f.Fork(context.Background(), children)
+	pt, err := f.Fork(context.Background(), children, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,6 +67,17 @@ func (r *Raw) setReadOnly(ro bool) (was bool)     { return r.readOnly.Swap(ro) }
 // base name if dir is cur's directory, else cur's absolute path. Every new
 // file and dir are fsynced before Fork returns.
 func Fork(cur Backing, n int, dir string) (parent *Overlay, children []string, err error) {
+	if n < 0 {
+		return nil, nil, fmt.Errorf("fork: %d children", n)
+	}
+	return ForkInto(cur, dir, make([]string, n))
+}
+
+// ForkInto is Fork with a directory per child: child k's overlay is
+// created in childDirs[k] ("" : dir), with cur's absolute path as its base
+// path when that is not cur's directory. The parent's goes into dir, as
+// for Fork.
+func ForkInto(cur Backing, dir string, childDirs []string) (parent *Overlay, children []string, err error) {
 	fc, ok := cur.(frozen)
 	if !ok {
 		return nil, nil, fmt.Errorf("fork: %T is not an overlay or raw image file", cur)
@@ -78,18 +89,21 @@ func Fork(cur Backing, n int, dir string) (parent *Overlay, children []string, e
 	fail := func(err error) (*Overlay, []string, error) {
 		return nil, nil, fmt.Errorf("fork %s: %w", curPath, err)
 	}
-	if n < 0 {
-		return fail(fmt.Errorf("%d children", n))
-	}
 	if dir == "" {
 		dir = filepath.Dir(curPath)
 	}
 	if dir, err = filepath.Abs(dir); err != nil {
 		return fail(err)
 	}
-	basePath := curPath
-	if dir == filepath.Dir(curPath) {
-		basePath = filepath.Base(curPath)
+	dirs := []string{dir}
+	for _, d := range childDirs {
+		if d == "" {
+			d = dir
+		}
+		if d, err = filepath.Abs(d); err != nil {
+			return fail(err)
+		}
+		dirs = append(dirs, d)
 	}
 	stem := forkStem(curPath)
 
@@ -107,10 +121,16 @@ func Fork(cur Backing, n int, dir string) (parent *Overlay, children []string, e
 		for _, p := range created {
 			os.Remove(p)
 		}
-		syncDir(dir)
+		for _, d := range dirs {
+			syncDir(d)
+		}
 		fc.setReadOnly(false)
 	}
-	create := func() (*Overlay, error) {
+	create := func(dir string) (*Overlay, error) {
+		basePath := curPath
+		if dir == filepath.Dir(curPath) {
+			basePath = filepath.Base(curPath)
+		}
 		p := filepath.Join(dir, stem+"."+uniqueSuffix()+Ext)
 		o, err := forkCreate(p, fc, CreateOptions{BasePath: basePath})
 		if err != nil {
@@ -119,12 +139,12 @@ func Fork(cur Backing, n int, dir string) (parent *Overlay, children []string, e
 		created = append(created, p)
 		return o, nil
 	}
-	if parent, err = create(); err != nil {
+	if parent, err = create(dir); err != nil {
 		undo()
 		return fail(err)
 	}
-	for range n {
-		c, err := create()
+	for _, d := range dirs[1:] {
+		c, err := create(d)
 		if err == nil {
 			err = c.Close()
 		}
@@ -183,4 +203,151 @@ func isHex(s string) bool {
 		}
 	}
 	return true
+}
+
+// Pending is the new top of a disk frozen at a snapshot, made in three
+// steps so that the snapshot's pause holds only a sync of the old top:
+// PrepareFreeze, before the pause, creates its file (full size, holes, no
+// header yet: not an overlay) and syncs it with its directory; Freeze, in
+// the pause, freezes the old top and hands out the new one, open and
+// writable; Commit, after the pause, writes the new top's header (whose
+// base digest, Identity of the frozen view, hashes 2 MiB: too slow for the
+// pause) and fdatasyncs it. Until Commit the new top is not an overlay on
+// disk; it is referenced by nothing but its VM (a snapshot records the
+// frozen layer, never a live top), so a crash in between loses nothing a
+// snapshot holds. Commit must run before anything builds on the new top
+// (a freeze of it, a fork, a Rebase).
+type Pending struct {
+	cur  frozen
+	f    *os.File
+	path string
+	hdr  Header
+	top  *Overlay // after Freeze
+	done bool     // committed or discarded
+}
+
+// PrepareFreeze makes the file of the overlay that will go over cur (an
+// *Overlay or a *Raw opened writable) when Freeze freezes it, beside cur,
+// named as Fork names its files, and locks it exclusively. Nothing of cur
+// changes.
+func PrepareFreeze(cur Backing) (*Pending, error) {
+	fc, ok := cur.(frozen)
+	if !ok {
+		return nil, fmt.Errorf("freeze: %T is not an overlay or raw image file", cur)
+	}
+	curPath, err := filepath.Abs(fc.Path())
+	if err != nil {
+		return nil, fmt.Errorf("freeze %s: %w", fc.Path(), err)
+	}
+	h := Header{BlockSize: DefaultBlockSize, VirtualSize: uint64(cur.Size()), BaseSize: uint64(cur.Size()),
+		BasePath: filepath.Base(curPath), Version: Version, Generation: 1}
+	if err := h.check(MaxBasePath); err != nil {
+		return nil, fmt.Errorf("freeze %s: %w", curPath, err)
+	}
+	dir := filepath.Dir(curPath)
+	p := NewLayerPath(dir, curPath)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("freeze %s: %w", curPath, err)
+	}
+	fail := func(err error) (*Pending, error) {
+		f.Close()
+		os.Remove(p)
+		return nil, fmt.Errorf("freeze %s: %w", curPath, err)
+	}
+	if err := flock(f, unix.LOCK_EX); err != nil {
+		return fail(err)
+	}
+	if err := f.Truncate(int64(h.FileSize())); err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := syncDir(dir); err != nil {
+		return fail(err)
+	}
+	return &Pending{cur: fc, f: f, path: p, hdr: h}, nil
+}
+
+// Path is the new top's file.
+func (p *Pending) Path() string { return p.path }
+
+// State says where p is: frozen (Freeze ran) and done (committed or
+// discarded).
+func (p *Pending) State() (frozen, done bool) { return p.top != nil, p.done }
+
+// Freeze freezes the disk's top as Fork does (synced, refusing writes
+// from now on, its lock made shared) and returns the new top over it,
+// open and writable, which owns the frozen one (Close closes it). The
+// caller keeps the old top quiet meanwhile, as for Fork, and calls Commit
+// after the pause. On an error the old top is as before and the prepared
+// file stays (Discard it).
+func (p *Pending) Freeze() (*Overlay, error) {
+	fc := p.cur
+	fail := func(err error) (*Overlay, error) { return nil, fmt.Errorf("freeze %s: %w", fc.Path(), err) }
+	if p.top != nil || p.done {
+		return fail(errors.New("already frozen or discarded"))
+	}
+	if fc.Size() != int64(p.hdr.VirtualSize) {
+		return fail(errors.New("the disk changed size"))
+	}
+	if err := fc.Sync(); err != nil {
+		return fail(err)
+	}
+	if fc.setReadOnly(true) {
+		return fail(errors.New("read-only: only a writable disk is frozen"))
+	}
+	if err := flock(fc.file(), unix.LOCK_SH); err != nil {
+		rerr := flock(fc.file(), unix.LOCK_EX)
+		fc.setReadOnly(false)
+		if rerr != nil {
+			return fail(fmt.Errorf("downgrade lock: %w (and the exclusive lock is lost: %v)", err, rerr))
+		}
+		return fail(fmt.Errorf("downgrade lock: %w", err))
+	}
+	h := p.hdr
+	p.top = newOverlay(p.f, &h, fc, false)
+	p.top.closeBase = fc.Close
+	return p.top, nil
+}
+
+// Commit writes the new top's header (after Freeze, the VM running: the
+// frozen view does not change any more) and fdatasyncs it.
+func (p *Pending) Commit() error {
+	if p.top == nil || p.done {
+		return fmt.Errorf("commit %s: not frozen, or already done", p.path)
+	}
+	p.done = true
+	id, err := Identity(p.cur)
+	if err != nil {
+		return fmt.Errorf("commit %s: %w", p.path, err)
+	}
+	h := p.hdr
+	h.BaseDigest = id
+	b, err := h.Marshal()
+	if err != nil {
+		return fmt.Errorf("commit %s: %w", p.path, err)
+	}
+	if _, err := p.f.WriteAt(b, 0); err != nil {
+		return fmt.Errorf("commit %s: %w", p.path, err)
+	}
+	if err := fdatasync(p.f); err != nil {
+		return fmt.Errorf("commit %s: %w", p.path, err)
+	}
+	p.top.baseMu.Lock()
+	p.top.hdr.BaseDigest = id
+	p.top.baseMu.Unlock()
+	return nil
+}
+
+// Discard removes the prepared file if Freeze did not use it (a snapshot
+// that failed before its freeze); after Freeze it does nothing.
+func (p *Pending) Discard() {
+	if p.top != nil || p.done {
+		return
+	}
+	p.done = true
+	p.f.Close()
+	os.Remove(p.path)
 }

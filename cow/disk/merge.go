@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"os"
+	"path/filepath"
 )
 
 // mergeChunk is the most Merge reads through the view at once.
@@ -125,4 +126,45 @@ func (o *Overlay) heldBy(layers []*Overlay) []uint64 {
 		}
 	}
 	return want
+}
+
+// MergeOwned merges the run of overlays that layer and the layers under it
+// hold in layer's own directory (Owned) into one new overlay beside it
+// (NewLayerPath), over the first layer under the run, whose view equals
+// layer's: only for a run of two layers or more (a run of one is already
+// as short as it gets: path is then ""). It returns the new overlay's path
+// and its chain, itself first, down to the bottom image (absolute paths).
+// The layers must be frozen.
+func MergeOwned(layer *Overlay) (path string, chain []string, st MergeStats, err error) {
+	dir := filepath.Dir(absPath(layer.Path()))
+	run, rest := Owned(layer, dir)
+	if len(run) < 2 {
+		return "", nil, MergeStats{}, nil
+	}
+	restPath := pathOfLayer(rest)
+	if restPath == "" {
+		return "", nil, MergeStats{}, fmt.Errorf("merge %s: the layer under its run (%T) is not a file", layer.Path(), rest)
+	}
+	restPath = absPath(restPath)
+	bp := restPath
+	if filepath.Dir(restPath) == dir {
+		bp = filepath.Base(restPath)
+	}
+	path = NewLayerPath(dir, layer.Path())
+	if st, err = Merge(path, run, rest, bp); err != nil {
+		return "", nil, st, err
+	}
+	under := Chain(layer)[len(run)-1:]
+	return path, append([]string{path}, under...), st, nil
+}
+
+// pathOfLayer is the file path of an Overlay or Raw, else "".
+func pathOfLayer(b Backing) string {
+	switch l := b.(type) {
+	case *Overlay:
+		return l.Path()
+	case *Raw:
+		return l.Path()
+	}
+	return ""
 }

@@ -270,6 +270,10 @@ func (o *Overlay) readBase(p []byte, off int64) error {
 	return readFull(o.base, p, off)
 }
 
+// ReadOnly reports whether the overlay refuses writes: opened read-only,
+// or frozen by Fork.
+func (o *Overlay) ReadOnly() bool { return o.readOnly.Load() }
+
 // Path is the overlay file's path.
 func (o *Overlay) Path() string { return o.f.Name() }
 

@@ -37,6 +37,13 @@
 //	"machine"  vmm.State (vCPUs, irqchip, PIT, clock, UART), as vmm.State.Marshal
 //	"devices"  [{"name": ..., "state": virtio.TransportState}] in device order
 //	"memory"   {"layer": file base name, "hash": hex content hash, "size": bytes}
+//	"disks"    [{"index": I, "layer": "/abs/frozen", "chain": ["/abs/frozen", ..., "/abs/bottom"]}]:
+//	           each writable disk's frozen layer (DiskLayer; MetaVersion 2 on)
+//
+// A version 1 snapshot (from before snapshots held disks) has no "disks"
+// section; Load still reads it, with no disk layers (its disks reopen as
+// its run options name them, and a rollback of a VM with writable disks to
+// it is refused).
 //
 // # Taking
 //
@@ -56,6 +63,13 @@
 // the VMM wrote since the previous snapshot; the layer is written from the
 // pre-copy overlaid with them. Its pause is then as short as an
 // incremental one's.
+//
+// With Snapshotter.Disks, the same pause freezes the writable disks (see
+// disks.go): their state at the snapshot's instant is a frozen cow/disk
+// layer, recorded in the "disks" section, and the VM goes on in new
+// overlays over them; a full snapshot then merges each disk's own layers
+// (after the resume) and records the merged one. Rollback puts the disks
+// back in the pause in which it loads the memory.
 //
 // # Restoring
 //

@@ -35,3 +35,28 @@ func FuzzLoadState(f *testing.F) {
 		os.RemoveAll(dir)
 	})
 }
+
+// FuzzDisks feeds the "disks" section parser arbitrary bytes: it must not
+// panic, and what it accepts must pass the checks Write applies (clean
+// absolute paths, chains from their layers, bounded, unique indices).
+func FuzzDisks(f *testing.F) {
+	f.Add([]byte(`[]`))
+	f.Add([]byte(`[{"index":0,"layer":"/s/disk0.a.wcow","chain":["/s/disk0.a.wcow","/t/disk0.base"]}]`))
+	f.Add([]byte(`[{"index":0,"layer":"/a","chain":["/a","/a"]}]`))
+	f.Add([]byte(`[{"index":-1,"layer":"/a","chain":["/a"]}]`))
+	f.Add([]byte(`null`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ds, err := parseDisks(b)
+		if err != nil {
+			return
+		}
+		if err := checkDisks(ds); err != nil {
+			t.Fatalf("accepted disks that Write refuses: %v", err)
+		}
+		for _, d := range ds {
+			if d.Chain[0] != d.Layer || !cleanAbs(d.Layer) {
+				t.Fatalf("accepted %+v", d)
+			}
+		}
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/memsnap"
 	"github.com/warrenvm/warren/memsnap/statefile"
 	"github.com/warrenvm/warren/vmm"
@@ -26,6 +27,10 @@ type Snapshot struct {
 	Fingerprint []byte
 	// Chain is the memory: the layer the state file names and its parents.
 	Chain *memsnap.Chain
+	// Disks are the writable disks' layers (the "disks" section): non-nil
+	// from MetaVersion 2 on (empty for a VM without writable disks), nil
+	// for a version 1 snapshot, which holds no disk state.
+	Disks []DiskLayer
 
 	name string // from the path (Meta.Name is the name it was taken as)
 }
@@ -84,8 +89,17 @@ func Load(path string, host FingerprintSource) (_ *Snapshot, err error) {
 	if err := section(secMeta, &s.Meta); err != nil {
 		return nil, err
 	}
-	if s.Meta.Version != MetaVersion {
-		return nil, fmt.Errorf("vmsnap: load %s: snapshot version %d, this Warren reads version %d: %w", statePath, s.Meta.Version, MetaVersion, statefile.ErrVersion)
+	if s.Meta.Version != 1 && s.Meta.Version != MetaVersion {
+		return nil, fmt.Errorf("vmsnap: load %s: snapshot version %d, this Warren reads versions 1 and %d: %w", statePath, s.Meta.Version, MetaVersion, statefile.ErrVersion)
+	}
+	if s.Meta.Version >= 2 {
+		b, ok := f.Section(secDisks)
+		if !ok {
+			return nil, fmt.Errorf("vmsnap: load %s: no %q section: %w", statePath, secDisks, statefile.ErrCorrupt)
+		}
+		if s.Disks, err = parseDisks(b); err != nil {
+			return nil, fmt.Errorf("vmsnap: load %s: %w", statePath, err)
+		}
 	}
 	if s.Meta.Kind != Full && s.Meta.Kind != Incremental {
 		return nil, fmt.Errorf("vmsnap: load %s: unknown kind %q: %w", statePath, s.Meta.Kind, statefile.ErrCorrupt)
@@ -225,13 +239,57 @@ func (s *Snapshot) RestoreDevices(devices []Device) error {
 // Compact writes a new full snapshot to out (DIR/NEW) whose memory is the
 // effective memory of top's chain and whose state is top's, so the chain's
 // files can be retired. top is loaded and verified first (Load, with host;
-// nil: any host).
-func Compact(top, out string, host FingerprintSource) (*Result, error) {
+// nil: any host). Its disk layers are compacted too: the layers each one
+// and those under it hold in its own directory (cow/disk Owned: the VM's
+// own, not a template's base or a fork parent's) are merged into one new
+// overlay beside it (MergeOwned), which NEW records; a disk whose run is
+// one layer long is recorded as it is.
+func Compact(top, out string, host FingerprintSource) (_ *Result, err error) {
 	s, err := Load(top, host)
 	if err != nil {
 		return nil, err
 	}
 	defer s.Close()
+	var made []string
+	defer func() {
+		if err != nil {
+			for _, p := range made {
+				os.Remove(p)
+			}
+		}
+	}()
+	var disks []DiskLayer
+	if s.Disks != nil {
+		disks = []DiskLayer{}
+	}
+	for _, dl := range s.Disks {
+		m, chain, err := compactDisk(dl.Layer)
+		if err != nil {
+			return nil, fmt.Errorf("vmsnap: compact %s: disk %d: %w", s.Path, dl.Index, err)
+		}
+		if m != "" {
+			made = append(made, m)
+			dl = DiskLayer{Index: dl.Index, Layer: m, Chain: chain}
+		}
+		disks = append(disks, dl)
+	}
 	return Write(out, &Capture{Kind: Full, State: s.State, Devices: s.Devices, Options: s.Meta.Options,
-		Fingerprint: s.Fingerprint, Memory: s.Chain.Reader()})
+		Fingerprint: s.Fingerprint, Memory: s.Chain.Reader(), Disks: disks})
+}
+
+// compactDisk merges the run of layers a frozen disk layer holds in its
+// directory (disk.MergeOwned); "" when there is nothing to merge (a raw
+// image, or a run of one).
+func compactDisk(layer string) (string, []string, error) {
+	ov, err := disk.IsOverlay(layer)
+	if err != nil || !ov {
+		return "", nil, err
+	}
+	o, err := disk.OpenChain(layer, true)
+	if err != nil {
+		return "", nil, err
+	}
+	defer o.Close()
+	m, chain, _, err := disk.MergeOwned(o)
+	return m, chain, err
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -222,9 +224,29 @@ func TestLoadRefuses(t *testing.T) {
 		{"snapshot meta version", "inc", func(t *testing.T, dir string) {
 			rewriteState(t, dir, "inc", func(f *statefile.File) {
 				b, _ := f.Section(secMeta)
-				setSection(f, secMeta, bytes.Replace(b, []byte(`"version":1`), []byte(`"version":2`), 1))
+				setSection(f, secMeta, bytes.Replace(b, []byte(`"version":2`), []byte(`"version":3`), 1))
 			})
-		}, testFP, statefile.ErrVersion, "version 2"},
+		}, testFP, statefile.ErrVersion, "version 3"},
+		{"no disks section", "inc", func(t *testing.T, dir string) {
+			rewriteState(t, dir, "inc", func(f *statefile.File) {
+				f.Sections = slices.DeleteFunc(f.Sections, func(s statefile.Section) bool { return s.Name == secDisks })
+			})
+		}, testFP, statefile.ErrCorrupt, `no "disks" section`},
+		{"disk layer not absolute", "inc", func(t *testing.T, dir string) {
+			rewriteState(t, dir, "inc", func(f *statefile.File) {
+				setSection(f, secDisks, []byte(`[{"index":0,"layer":"disk0.wcow","chain":["disk0.wcow"]}]`))
+			})
+		}, testFP, statefile.ErrCorrupt, "not a clean absolute path"},
+		{"disk chain not from its layer", "inc", func(t *testing.T, dir string) {
+			rewriteState(t, dir, "inc", func(f *statefile.File) {
+				setSection(f, secDisks, []byte(`[{"index":0,"layer":"/d/a.wcow","chain":["/d/b.wcow"]}]`))
+			})
+		}, testFP, statefile.ErrCorrupt, "not at its layer"},
+		{"disk index repeated", "inc", func(t *testing.T, dir string) {
+			rewriteState(t, dir, "inc", func(f *statefile.File) {
+				setSection(f, secDisks, []byte(`[{"index":1,"layer":"/d/a","chain":["/d/a"]},{"index":1,"layer":"/d/b","chain":["/d/b"]}]`))
+			})
+		}, testFP, statefile.ErrCorrupt, "repeated"},
 		{"machine state version", "inc", func(t *testing.T, dir string) {
 			rewriteState(t, dir, "inc", func(f *statefile.File) {
 				b, _ := f.Section(secMachine)
@@ -274,6 +296,58 @@ func TestLoadRefuses(t *testing.T) {
 			}
 			t.Logf("%v", err)
 		})
+	}
+}
+
+// TestLoadVersion1 loads a snapshot as the previous format wrote it (meta
+// version 1, no "disks" section): it loads, with no disk layers (nil, as
+// opposed to a version 2 snapshot's empty list), so that its disks reopen
+// as its run options name them. A version 2 snapshot round-trips its disk
+// layers.
+func TestLoadVersion1(t *testing.T) {
+	dir, _, _ := writePair(t)
+	s, err := Load(filepath.Join(dir, "inc"), hostIs(testFP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Meta.Version != MetaVersion || s.Disks == nil || len(s.Disks) != 0 {
+		t.Errorf("version %d snapshot has disks %#v, want an empty list", s.Meta.Version, s.Disks)
+	}
+	s.Close()
+	rewriteState(t, dir, "inc", func(f *statefile.File) {
+		b, _ := f.Section(secMeta)
+		setSection(f, secMeta, bytes.Replace(b, []byte(`"version":2`), []byte(`"version":1`), 1))
+		f.Sections = slices.DeleteFunc(f.Sections, func(s statefile.Section) bool { return s.Name == secDisks })
+	})
+	s, err = Load(filepath.Join(dir, "inc"), hostIs(testFP))
+	if err != nil {
+		t.Fatalf("a version 1 snapshot does not load: %v", err)
+	}
+	if s.Meta.Version != 1 || s.Disks != nil {
+		t.Errorf("version 1 snapshot: version %d, disks %#v", s.Meta.Version, s.Disks)
+	}
+	s.Close()
+
+	want := []DiskLayer{{Index: 0, Layer: "/s/disk0.b.wcow", Chain: []string{"/s/disk0.b.wcow", "/s/disk0.overlay", "/t/disk0.base"}},
+		{Index: 2, Layer: "/t/raw.img", Chain: []string{"/t/raw.img"}}}
+	st := fakeState(testMem, "blk0", "vsock")
+	if _, err := Write(filepath.Join(dir, "disks"), &Capture{Kind: Full, State: st, Devices: fakeDevices("blk0", "vsock"),
+		Fingerprint: testFP, Memory: bytes.NewReader(make([]byte, testMem)), Disks: want}); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Load(filepath.Join(dir, "disks"), hostIs(testFP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !reflect.DeepEqual(s.Disks, want) {
+		t.Errorf("disks %+v, want %+v", s.Disks, want)
+	}
+	// Write checks what it records too.
+	bad := []DiskLayer{{Index: 0, Layer: "rel.wcow", Chain: []string{"rel.wcow"}}}
+	if _, err := Write(filepath.Join(dir, "bad"), &Capture{Kind: Full, State: st, Devices: fakeDevices("blk0", "vsock"),
+		Fingerprint: testFP, Memory: bytes.NewReader(make([]byte, testMem)), Disks: bad}); err == nil {
+		t.Error("Write recorded a relative disk layer")
 	}
 }
 

@@ -20,12 +20,21 @@ type RollbackReport struct {
 	// Pause is how long the guest was paused, Total the whole rollback
 	// (loading and verifying the snapshot not included).
 	Pause, Total time.Duration
+	// Disks is the number of writable disks put back to the snapshot's
+	// layers (each on a new overlay over its layer); DiskWarning says
+	// what failed in removing the previous tops after the rollback.
+	Disks       int
+	DiskWarning string
 }
 
 // String is the one-line summary the CLI prints.
 func (r *RollbackReport) String() string {
-	return fmt.Sprintf("rolled back to %s: pause %.1f ms, %d pages rewritten, %d cleared, the rest reused",
+	line := fmt.Sprintf("rolled back to %s: pause %.1f ms, %d pages rewritten, %d cleared, the rest reused",
 		r.Path, float64(r.Pause.Microseconds())/1000, r.Written, r.Cleared)
+	if r.Disks > 0 {
+		line += fmt.Sprintf(", %d disks on new overlays over the snapshot's layers", r.Disks)
+	}
+	return line
 }
 
 // Rollback puts the running VM back to snap, one of its own snapshots (or
@@ -41,10 +50,13 @@ func (r *RollbackReport) String() string {
 // with Load, which verified it; its chain stays open.
 //
 // The next incremental snapshot is taken on snap: the VM's memory equals
-// it and the dirty records are cleared. Disks are not rolled back: a
-// guest file system on a writable disk then no longer matches the
-// guest's page cache, which is why the CLI refuses rollback for a VM with
-// writable disks.
+// it and the dirty records are cleared. With Disks set, the writable
+// disks go back too, in the same pause: each gets a new overlay over the
+// snapshot's layer (made before the pause, swapped in while the
+// transports are quiesced), so the guest's page cache, restored with the
+// memory, matches its disks exactly; the previous live tops are removed
+// after the resume. A snapshot without disk layers (the previous format)
+// is refused for a VM with writable disks before anything is touched.
 //
 // On an error after the VM's state was touched, the VM is left paused in
 // an undefined state: stop it (the error says so).
@@ -63,12 +75,30 @@ func (s *Snapshotter) Rollback(ctx context.Context, snap *Snapshot) (*RollbackRe
 	if snap.Chain.MemSize() != s.vm.Memory().Size() {
 		return nil, fmt.Errorf("vmsnap: rollback to %s: snapshot memory is %d bytes, the VM's %d", snap.Path, snap.Chain.MemSize(), s.vm.Memory().Size())
 	}
+	var disks DiskRollback
+	if s.Disks != nil {
+		s.Disks.Lock()
+		defer s.Disks.Unlock()
+		var err error
+		if disks, err = s.Disks.PrepareRollback(snap); err != nil {
+			return nil, fmt.Errorf("vmsnap: rollback to %s: %w", snap.Path, err)
+		}
+	}
+	swapped := false
+	defer func() {
+		if disks != nil && !swapped {
+			disks.Abort()
+		}
+	}()
 	wasPaused := s.vm.Paused()
 	if err := s.vm.Pause(ctx); err != nil {
 		return nil, fmt.Errorf("vmsnap: rollback to %s: %w", snap.Path, err)
 	}
 	paused := time.Now()
 	rep := &RollbackReport{Path: snap.Path}
+	if disks != nil {
+		rep.Disks = len(snap.Disks)
+	}
 	broken := func(err error) (*RollbackReport, error) {
 		s.parentLayer, s.parentName = "", ""
 		return nil, fmt.Errorf("vmsnap: rollback to %s: %w (the VM is left paused in an undefined state: stop it)", snap.Path, err)
@@ -83,6 +113,13 @@ func (s *Snapshotter) Rollback(ctx context.Context, snap *Snapshot) (*RollbackRe
 	})
 	if err != nil {
 		return broken(err)
+	}
+	if disks != nil {
+		// Quiesced: no request is in flight on the old tops.
+		swapped = true
+		if err := disks.Swap(); err != nil {
+			return broken(fmt.Errorf("disks: %w", err))
+		}
 	}
 	for i, d := range s.devices {
 		if err := d.Transport.Restore(snap.Devices[i].State); err != nil {
@@ -106,9 +143,16 @@ func (s *Snapshotter) Rollback(ctx context.Context, snap *Snapshot) (*RollbackRe
 		rerr = s.vm.Resume()
 	}
 	rep.Pause = time.Since(paused)
+	var derr error
+	if disks != nil {
+		derr = disks.Done()
+	}
 	rep.Total = time.Since(start)
 	if rerr != nil {
-		return nil, errors.Join(fmt.Errorf("vmsnap: rollback to %s: resume", snap.Path), rerr)
+		return nil, errors.Join(fmt.Errorf("vmsnap: rollback to %s: resume", snap.Path), rerr, derr)
+	}
+	if derr != nil {
+		rep.DiskWarning = fmt.Sprintf("the previous disk tops were not all removed: %v", derr)
 	}
 	return rep, nil
 }

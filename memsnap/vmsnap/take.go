@@ -53,6 +53,13 @@ type Snapshotter struct {
 	// is left out of Report.Pause.
 	OnPaused func(vm *vmm.VM)
 
+	// Disks, when set, are the VM's writable disks: every snapshot
+	// freezes them in its pause and records their layers, and a rollback
+	// puts them back to the snapshot's layers in its pause (see disks.go).
+	// Without it a snapshot records no disk layer, and a rollback leaves
+	// the disks alone. Set it before the first Take.
+	Disks Disks
+
 	// mu serialises Take and protects parentLayer and parentName.
 	mu sync.Mutex
 	// parentLayer is the memory layer of the last snapshot of this VM,
@@ -89,13 +96,28 @@ type Report struct {
 	// Captured is the number of non-zero pages copied during the pause;
 	// PreCopied those copied before it (a full snapshot's pre-copy).
 	Captured, PreCopied uint64
+	// Disks are the writable disks' layers the snapshot records; Freeze
+	// is the part of the pause spent freezing them, Settle the time
+	// merging them after it (full snapshots); DiskWarning says what went
+	// wrong in a merge, whose snapshot then records the unmerged layers.
+	Disks          []DiskLayer
+	Freeze, Settle time.Duration
+	DiskWarning    string
 }
 
 // String is the one-line summary the CLI prints.
 func (r *Report) String() string {
-	return fmt.Sprintf("%s %s: pause %.1f ms (%d pages copied; %d before it), total %.1f ms, %d pages, layer %d bytes (%s)",
+	line := fmt.Sprintf("%s %s: pause %.1f ms (%d pages copied; %d before it), total %.1f ms, %d pages, layer %d bytes (%s)",
 		r.Kind, r.Path, float64(r.Pause.Microseconds())/1000, r.Captured, r.PreCopied, float64(r.Total.Microseconds())/1000,
 		r.Pages, r.LayerBytes, filepath.Base(r.LayerPath))
+	if len(r.Disks) > 0 {
+		line += fmt.Sprintf("; %d disks frozen in %.1f ms of the pause, settled in %.1f ms", len(r.Disks),
+			float64(r.Freeze.Microseconds())/1000, float64(r.Settle.Microseconds())/1000)
+	}
+	if r.DiskWarning != "" {
+		line += " (" + r.DiskWarning + ")"
+	}
+	return line
 }
 
 // Take snapshots the VM to path (DIR/NAME): it pauses the VM, saves the
@@ -139,6 +161,13 @@ func (s *Snapshotter) Take(ctx context.Context, path string, kind Kind) (*Report
 		return nil, fmt.Errorf("vmsnap: take %s: unknown kind %q", path, kind)
 	}
 
+	if s.Disks != nil {
+		s.Disks.Lock()
+		defer s.Disks.Unlock()
+		if err := s.Disks.Prepare(); err != nil {
+			return nil, fmt.Errorf("vmsnap: take %s: disks: %w", path, err)
+		}
+	}
 	// A VM that someone else paused stays paused.
 	wasPaused := s.vm.Paused()
 	// A full snapshot of a running VM with dirty tracking copies its RAM
@@ -165,6 +194,15 @@ func (s *Snapshotter) Take(ctx context.Context, path string, kind Kind) (*Report
 	}
 	paused := time.Now()
 	img, dirty, err := s.capture(c, pre)
+	var frozen []DiskLayer
+	var freeze time.Duration
+	if err == nil && s.Disks != nil {
+		t := time.Now()
+		if frozen, err = s.Disks.Freeze(); err != nil {
+			err = fmt.Errorf("disks: %w", err)
+		}
+		freeze = time.Since(t)
+	}
 	var hook time.Duration // not counted in the pause
 	if err == nil && s.OnPaused != nil {
 		t := time.Now()
@@ -176,10 +214,22 @@ func (s *Snapshotter) Take(ctx context.Context, path string, kind Kind) (*Report
 		rerr = s.vm.Resume()
 	}
 	pause := time.Since(paused) - hook
-	if err = errors.Join(err, rerr); err != nil {
+	err = errors.Join(err, rerr)
+	rep := &Report{Path: path, Kind: kind, Freeze: freeze}
+	if frozen != nil {
+		// The frozen disks' new tops are settled whatever failed: the VM
+		// runs on them (no merge for a snapshot that failed).
+		t := time.Now()
+		var serr error
+		if c.Disks, serr = s.Disks.Settle(frozen, kind == Full && err == nil); serr != nil {
+			rep.DiskWarning = serr.Error()
+		}
+		rep.Settle, rep.Disks = time.Since(t), c.Disks
+	}
+	if err != nil {
 		return nil, fmt.Errorf("vmsnap: take %s: %w", path, err)
 	}
-	rep := &Report{Path: path, Kind: kind, Captured: uint64(len(img.pages))}
+	rep.Captured = uint64(len(img.pages))
 	c.Memory, c.Dirty = img, dirty
 	if pre != nil {
 		c.Memory = &overlay{base: pre, top: img, set: dirty}

@@ -23,8 +23,10 @@ const (
 )
 
 // MetaVersion is the version of the "meta" section (and of the layout of
-// the other sections) that this package writes and reads.
-const MetaVersion = 1
+// the other sections) that this package writes. Load also reads version 1
+// snapshots, which have no "disks" section: their disks reopen as their
+// run options name them.
+const MetaVersion = 2
 
 // Section names in the state file.
 const (
@@ -32,6 +34,7 @@ const (
 	secMachine = "machine"
 	secDevices = "devices"
 	secMemory  = "memory"
+	secDisks   = "disks"
 )
 
 // Kind says whether a snapshot's memory layer stands alone.
@@ -91,6 +94,9 @@ type Capture struct {
 	// snapshot name; incremental only. The new layer goes into the same
 	// directory.
 	ParentLayer, ParentName string
+	// Disks are the writable disks' frozen layers (DiskLayer), recorded
+	// in the "disks" section (an empty list when there are none).
+	Disks []DiskLayer
 	// Created is the creation time; zero means now.
 	Created time.Time
 }
@@ -181,8 +187,15 @@ func Write(path string, c *Capture) (*Result, error) {
 	if devs == nil {
 		devs = []DeviceState{}
 	}
-	sections := []statefile.Section{{Name: secMeta}, {Name: secMachine, Data: machine}, {Name: secDevices}, {Name: secMemory}}
-	for i, v := range []any{meta, nil, devs, memoryRef{Layer: filepath.Base(layerPath), Hash: layer.Hash().String(), Size: size}} {
+	disks := c.Disks
+	if disks == nil {
+		disks = []DiskLayer{}
+	}
+	if err := checkDisks(disks); err != nil {
+		return nil, fmt.Errorf("vmsnap: write %s: %w", path, err)
+	}
+	sections := []statefile.Section{{Name: secMeta}, {Name: secMachine, Data: machine}, {Name: secDevices}, {Name: secMemory}, {Name: secDisks}}
+	for i, v := range []any{meta, nil, devs, memoryRef{Layer: filepath.Base(layerPath), Hash: layer.Hash().String(), Size: size}, disks} {
 		if v == nil {
 			continue
 		}
