@@ -58,8 +58,8 @@ func (s *Store) Build(ctx context.Context, img v1.Image, opts BuildOptions) (*Ba
 	if opts.DiskBytes < 0 || opts.DiskBytes > MaxDiskBytes || (opts.DiskBytes != 0 && opts.DiskBytes < MinDiskBytes) {
 		return nil, fmt.Errorf("image build: disk size %d: want %d to %d bytes (or 0 for the default)", opts.DiskBytes, MinDiskBytes, MaxDiskBytes)
 	}
-	if opts.MaxUncompressed < 0 {
-		return nil, fmt.Errorf("image build: negative MaxUncompressed %d", opts.MaxUncompressed)
+	if opts.MaxUncompressed < 0 || opts.MaxEntries < 0 {
+		return nil, fmt.Errorf("image build: negative limits %d, %d", opts.MaxUncompressed, opts.MaxEntries)
 	}
 	if opts.MaxUncompressed == 0 {
 		opts.MaxUncompressed = DefaultMaxUncompressed
@@ -163,9 +163,10 @@ func (b *builder) build() (string, error) {
 	}
 
 	// Pass 1: headers, whiteouts, hard links; each layer's diff_id.
-	tree := flatten.New(flatten.Limits{})
+	tree := flatten.New(flatten.Limits{MaxEntries: b.opts.MaxEntries})
 	bud := &budget{max: b.opts.MaxUncompressed}
 	for i := range layers {
+		b.progress(Progress{Step: "reading", Layer: i + 1, Layers: len(layers), Bytes: bud.used})
 		r, err := b.openLayer(i, bud, sha256.New())
 		if err != nil {
 			return "", fmt.Errorf("layer %d/%d: %w", i+1, len(layers), err)
@@ -219,6 +220,7 @@ func (b *builder) build() (string, error) {
 	report := func(n int64) {
 		b.progress(Progress{Step: "unpacking", Layer: cur, Layers: len(layers), Bytes: n, Total: st.ContentBytes})
 	}
+	report(0)
 	if err := writeCompact(tree, open, func(tw *tar.Writer) error { return warrenEntries(tw, cfgJSON, pad) }, img, disk, report); err != nil {
 		return "", err
 	}

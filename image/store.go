@@ -90,6 +90,9 @@ type BuildOptions struct {
 	// together (a gzip bomb past it is refused); 0:
 	// DefaultMaxUncompressed.
 	MaxUncompressed int64
+	// MaxEntries bounds the tar entries of all layers together (and
+	// the directories they imply); 0: flatten.DefaultMaxEntries.
+	MaxEntries int
 	// Ref is recorded in the base's imageconfig.Config.Ref.
 	Ref string
 	// Progress, if not nil, is called from the building goroutine.
