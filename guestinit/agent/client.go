@@ -294,3 +294,107 @@ func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
 	err := c.getJSON(ctx, endpoint("/list", url.Values{"path": {path}}), &l)
 	return l, err
 }
+
+// StartService asks the agent to run spec as a supervised service (see
+// ServiceSpec) and returns its status once its first process has started.
+// A name in use is an *Error with Code CodeExists; a first start that
+// fails (no such program, no such user) is an *Error, and nothing is left
+// running.
+func (c *Client) StartService(ctx context.Context, spec ServiceSpec) (ServiceStatus, error) {
+	var st ServiceStatus
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return st, err
+	}
+	resp, err := c.do(ctx, http.MethodPost, endpoint("/services", nil), bytes.NewReader(b))
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return st, fmt.Errorf("agent: decode response: %w", err)
+	}
+	return st, nil
+}
+
+// Services returns the status of every supervised service, sorted by name.
+func (c *Client) Services(ctx context.Context) ([]ServiceStatus, error) {
+	var l []ServiceStatus
+	err := c.getJSON(ctx, endpoint("/services", nil), &l)
+	return l, err
+}
+
+// Service returns the status of the service name; an unknown name is an
+// *Error with Code CodeNotFound.
+func (c *Client) Service(ctx context.Context, name string) (ServiceStatus, error) {
+	var st ServiceStatus
+	err := c.getJSON(ctx, endpoint("/services", url.Values{"name": {name}}), &st)
+	return st, err
+}
+
+// StopService stops the service name (SIGTERM to its process group,
+// SIGKILL after ServiceStopGrace; no more restarts) and returns its final
+// status once its process has been reaped.
+func (c *Client) StopService(ctx context.Context, name string) (ServiceStatus, error) {
+	var st ServiceStatus
+	resp, err := c.do(ctx, http.MethodDelete, endpoint("/services", url.Values{"name": {name}}), nil)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return st, fmt.Errorf("agent: decode response: %w", err)
+	}
+	return st, nil
+}
+
+// maxPollOutput bounds the output of PollExec's last attempt that its
+// error quotes.
+const maxPollOutput = 4 << 10
+
+// PollExec runs req (a ready check, say `curl -fsS localhost:8080/health`
+// after StartService) until it exits 0, waiting every between the end of
+// one attempt and the start of the next, and returns the number of
+// attempts. When ctx ends first the error wraps ctx's and quotes the last
+// attempt's exit code and the end of its output. An error from the agent
+// itself (it cannot be reached, the program does not exist) is retried
+// too, since a guest still starting may not answer yet; it is in the final
+// error. Set req.TimeoutMS to bound each attempt.
+func (c *Client) PollExec(ctx context.Context, req ExecRequest, every time.Duration) (attempts int, err error) {
+	last := "no attempt finished"
+	for {
+		attempts++
+		var out tailBuffer
+		code, err := c.Exec(ctx, req, &out, &out)
+		switch {
+		case err == nil && code == 0:
+			return attempts, nil
+		case ctx.Err() != nil:
+			// Cut short by ctx: the attempt before says more.
+		case err != nil:
+			last = err.Error()
+		default:
+			last = fmt.Sprintf("exit code %d, output %q", code, out.String())
+		}
+		t := time.NewTimer(every)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return attempts, fmt.Errorf("agent: %v not ready after %d attempts (last: %s): %w", req.Argv, attempts, last, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// tailBuffer keeps the last maxPollOutput bytes written to it.
+type tailBuffer struct{ b []byte }
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if len(t.b) > maxPollOutput {
+		t.b = append(t.b[:0], t.b[len(t.b)-maxPollOutput:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string { return string(t.b) }

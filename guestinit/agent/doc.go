@@ -17,6 +17,9 @@
 //	PUT  /files?path=P&mode=0644   replace the file with the request body
 //	GET  /stat?path=P      JSON FileInfo (lstat)
 //	GET  /list?path=P      JSON []FileInfo of a directory, sorted by name
+//	POST /services         start a supervised service (JSON ServiceSpec; 201, its ServiceStatus)
+//	GET  /services[?name=N]  JSON []ServiceStatus sorted by name, or one ServiceStatus
+//	DELETE /services?name=N  stop a service; its final ServiceStatus
 //
 // Every failure before a stream starts is a JSON Error body with a matching
 // HTTP status.

@@ -159,11 +159,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	s.mu.Lock()
-	extra := s.extraEnv
-	s.mu.Unlock()
-	env := mergeEnv(mergeEnv(s.env, extra), req.Env)
-	prog, err := lookPath(req.Argv[0], env)
+	l, err := s.resolve(req.Argv, req.Env, req.Cwd, req.User)
 	if err != nil {
 		writeError(w, errorFrom(err))
 		return
@@ -209,11 +205,11 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 	files = append(files, errW)
 
 	child, err := s.waiter.Start(func() (int, error) {
-		process, err := os.StartProcess(prog, execArgv(req.Argv, prog), &os.ProcAttr{
-			Dir:   req.Cwd,
-			Env:   env,
+		process, err := os.StartProcess(l.prog, l.argv, &os.ProcAttr{
+			Dir:   l.dir,
+			Env:   l.env,
 			Files: files,
-			Sys:   &syscall.SysProcAttr{Setpgid: true},
+			Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: l.cred},
 		})
 		if err != nil {
 			return 0, err
@@ -352,18 +348,23 @@ wait:
 	p.mu.Lock()
 	st := ExitStatus{TimedOut: p.timedOut}
 	p.mu.Unlock()
-	switch {
-	case res.ws.Exited():
-		st.Code = res.ws.ExitStatus()
-	case res.ws.Signaled():
-		st.Code = 128 + int(res.ws.Signal())
-		st.Signal = sigName(res.ws.Signal())
-	default:
-		st.Code = -1
-	}
+	st.Code, st.Signal = exitCode(res.ws)
 	st.AgentNs = int64(time.Since(decoded))
 	b, _ := json.Marshal(st)
 	_ = fw.write(FrameExit, b)
+}
+
+// exitCode is a wait status as a shell reports it: the exit code, or
+// 128+N and the signal's name for a process killed by signal N; -1 for
+// anything else.
+func exitCode(ws syscall.WaitStatus) (code int, signal string) {
+	switch {
+	case ws.Exited():
+		return ws.ExitStatus(), ""
+	case ws.Signaled():
+		return 128 + int(ws.Signal()), sigName(ws.Signal())
+	}
+	return -1, ""
 }
 
 // sigName names a signal like "SIGKILL".

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/warrenvm/warren/guestinit/etc"
 )
 
 // queryPath returns the absolute, cleaned path= parameter.
@@ -105,41 +107,17 @@ func readFile(w http.ResponseWriter, p string) {
 	_, _ = io.Copy(w, f)
 }
 
-// writeFile replaces p with the contents of r: it writes a temporary file
-// in the same directory and renames it over p, so readers never see a
-// partial file. The new file has mode and the agent's ownership.
+// writeFile replaces p with the contents of r, atomically and durably
+// (etc.WriteFileFrom: a temporary file in the same directory, fsync,
+// rename), so readers never see a partial file. The new file has mode and
+// the agent's ownership.
 func writeFile(p string, r io.Reader, mode fs.FileMode) (FileInfo, error) {
 	if fi, err := os.Stat(p); err == nil && fi.IsDir() {
 		return FileInfo{}, &Error{Message: p + " is a directory", Code: CodeIsDirectory, Status: http.StatusBadRequest}
 	}
-	f, err := os.CreateTemp(filepath.Dir(p), ".warren-agent-*")
-	if err != nil {
+	if err := etc.WriteFileFrom(p, r, mode); err != nil {
 		return FileInfo{}, err
 	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := io.Copy(f, r); err != nil {
-		return FileInfo{}, err
-	}
-	if err := f.Chmod(mode); err != nil {
-		return FileInfo{}, err
-	}
-	if err := f.Sync(); err != nil {
-		return FileInfo{}, err
-	}
-	if err := f.Close(); err != nil {
-		return FileInfo{}, err
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		return FileInfo{}, err
-	}
-	ok = true
 	fi, err := os.Lstat(p)
 	if err != nil {
 		return FileInfo{}, err

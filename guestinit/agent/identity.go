@@ -11,16 +11,24 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenvm/warren/guestinit/etc"
 )
 
 // MachineIDPath is where ApplyIdentity writes the machine id.
 var MachineIDPath = "/etc/machine-id"
 
-// ApplyIdentity makes the guest take on id: the hostname (sethostname),
-// the machine id (written to MachineIDPath, replaced atomically) and the
-// MAC address of the first Ethernet interface (SIOCSIFHWADDR; virtio-net
-// allows a live change). Fields that are empty are left alone. It needs
-// CAP_SYS_ADMIN and CAP_NET_ADMIN (PID 1 has them).
+// HostnameEtcDir is the directory whose hostname and hosts files
+// ApplyIdentity keeps in step with the hostname (etc.WriteHostname), when
+// they exist: PID 1 makes them in an image root, the initramfs has none.
+var HostnameEtcDir = "/etc"
+
+// ApplyIdentity makes the guest take on id: the hostname (sethostname,
+// and HostnameEtcDir's hostname file and 127.0.1.1 hosts line where they
+// exist), the machine id (written to MachineIDPath, replaced atomically)
+// and the MAC address of the first Ethernet interface (SIOCSIFHWADDR;
+// virtio-net allows a live change). Fields that are empty are left
+// alone. It needs CAP_SYS_ADMIN and CAP_NET_ADMIN (PID 1 has them).
 func ApplyIdentity(id *Identity) error {
 	if id == nil {
 		return nil
@@ -33,15 +41,14 @@ func ApplyIdentity(id *Identity) error {
 		if err := unix.Sethostname([]byte(id.Hostname)); err != nil {
 			errs = append(errs, fmt.Errorf("identity: sethostname: %w", err))
 		}
+		if err := etc.WriteHostname(HostnameEtcDir, id.Hostname, false); err != nil {
+			errs = append(errs, fmt.Errorf("identity: %w", err))
+		}
 	}
 	if id.MachineID != "" {
-		tmp := MachineIDPath + ".tmp"
 		err := os.MkdirAll(filepath.Dir(MachineIDPath), 0o755)
 		if err == nil {
-			err = os.WriteFile(tmp, []byte(id.MachineID+"\n"), 0o444)
-		}
-		if err == nil {
-			err = os.Rename(tmp, MachineIDPath)
+			err = etc.WriteFile(MachineIDPath, []byte(id.MachineID+"\n"), 0o444)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("identity: machine id: %w", err))

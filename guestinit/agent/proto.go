@@ -61,8 +61,15 @@ type ExecRequest struct {
 	// Env entries (KEY=VALUE) are added to the agent's environment,
 	// replacing variables of the same name.
 	Env []string `json:"env,omitempty"`
-	// Cwd is the working directory; empty means the agent's.
+	// Cwd is the working directory; empty means the agent's default (the
+	// image's WorkingDir in an image root, else the agent's own).
 	Cwd string `json:"cwd,omitempty"`
+	// User is who the process runs as: "name", "uid", "name:group" or
+	// "uid:gid", resolved against the guest's /etc/passwd and /etc/group
+	// (see package guestinit/etc); empty means the agent's default (the
+	// image's User in an image root, else the agent's own, root). "root"
+	// is root in any image.
+	User string `json:"user,omitempty"`
 	// TimeoutMS, when positive, kills the process group after that many
 	// milliseconds.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
@@ -123,6 +130,94 @@ type Health struct {
 	// parent's once it has synced.
 	Hostname  string `json:"hostname,omitempty"`
 	MachineID string `json:"machine_id,omitempty"`
+	// Services are the supervised services (POST /services), by name.
+	Services []ServiceStatus `json:"services,omitempty"`
+}
+
+// ServiceSpec asks the agent to run a supervised service (POST
+// /services): a process tied to no request, restarted whenever it exits
+// (waiting MinServiceBackoff, doubling up to MaxServiceBackoff after runs
+// shorter than ServiceResetAfter), its standard output and error appended
+// to a log in the guest (ServiceStatus.Log, rotated at MaxServiceLog).
+type ServiceSpec struct {
+	// Name names the service: 1 to 64 letters, digits, '.', '_' or '-',
+	// starting with a letter or digit. It also names the log file.
+	Name string `json:"name"`
+	// Argv, Env, Cwd and User are as in ExecRequest; they are resolved
+	// again at every restart (the user's entry, the agent's environment).
+	Argv []string `json:"argv"`
+	Env  []string `json:"env,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+	User string   `json:"user,omitempty"`
+}
+
+// Service states (ServiceStatus.State).
+const (
+	// ServiceRunning: the process is running.
+	ServiceRunning = "running"
+	// ServiceBackoff: the process exited (or failed to start) and the
+	// agent waits before starting it again.
+	ServiceBackoff = "backoff"
+	// ServiceStopped: the service was stopped (DELETE /services) and is
+	// not restarted.
+	ServiceStopped = "stopped"
+)
+
+// Limits and timings of services.
+const (
+	// MaxServices bounds the services an agent supervises at once.
+	MaxServices = 64
+	// MaxServiceLog is the size at which a service's log is rotated: the
+	// log is renamed to LOG.1 (replacing the previous one) and a new one
+	// started, so a service keeps at most twice this much on disk.
+	MaxServiceLog = 4 << 20
+	// MinServiceBackoff and MaxServiceBackoff bound the wait before a
+	// restart; ServiceResetAfter is how long a run must last for the
+	// next restart to wait MinServiceBackoff again.
+	MinServiceBackoff = 250 * time.Millisecond
+	MaxServiceBackoff = 30 * time.Second
+	ServiceResetAfter = 10 * time.Second
+	// ServiceStopGrace is how long DELETE /services waits after SIGTERM
+	// before it sends SIGKILL to the service's process group.
+	ServiceStopGrace = 10 * time.Second
+)
+
+// ServiceStatus is a supervised service's state (GET /services).
+type ServiceStatus struct {
+	// Name and Argv are the service's, as given.
+	Name string   `json:"name"`
+	Argv []string `json:"argv"`
+	// State is ServiceRunning, ServiceBackoff or ServiceStopped.
+	State string `json:"state"`
+	// Pid is the running process's pid (also its process group and
+	// session id); 0 when none runs.
+	Pid int `json:"pid,omitempty"`
+	// Starts counts the processes started; Restarts those after the
+	// first (Starts - 1 once it has started).
+	Starts   int `json:"starts"`
+	Restarts int `json:"restarts"`
+	// RunningSince is when the running process started (guest clock);
+	// zero when none runs.
+	RunningSince time.Time `json:"running_since,omitzero"`
+	// LastExit is how the previous process ended; nil before any ended.
+	LastExit *ServiceExit `json:"last_exit,omitempty"`
+	// LastError is the last failure to start the process (the program
+	// was removed, the user no longer exists, ...); "" after a start
+	// that worked.
+	LastError string `json:"last_error,omitempty"`
+	// Log is the guest path of the service's log.
+	Log string `json:"log,omitempty"`
+}
+
+// ServiceExit is how a service's process ended.
+type ServiceExit struct {
+	// Code and Signal are as in ExitStatus.
+	Code   int    `json:"code"`
+	Signal string `json:"signal,omitempty"`
+	// At is when the agent collected the exit (guest clock).
+	At time.Time `json:"at"`
+	// RanMS is how long the process ran, in milliseconds.
+	RanMS int64 `json:"ran_ms"`
 }
 
 // FileInfo describes one file, as from lstat.

@@ -26,7 +26,24 @@ type Options struct {
 	// Sync, when non-nil, is the clock and RNG re-sync loop whose counters
 	// /health reports.
 	Sync *Syncer
+	// Dir is the default working directory of started processes; ""
+	// means the agent's own.
+	Dir string
+	// User is the default user of started processes (a spec as in
+	// ExecRequest.User); "" means the agent's own credentials, unchanged.
+	// A process that runs as a resolved user gets HOME from the user's
+	// passwd entry unless Env already has HOME.
+	User string
+	// EtcDir holds the passwd and group files users are resolved against;
+	// "" means /etc.
+	EtcDir string
+	// LogDir is where services' logs go ("" means DefaultLogDir); it is
+	// created when the first service starts.
+	LogDir string
 }
+
+// DefaultLogDir is where services' logs go by default.
+const DefaultLogDir = "/var/log/warren"
 
 // Server is the guest agent's HTTP server.
 //
@@ -36,10 +53,15 @@ type Options struct {
 type Server struct {
 	waiter Waiter
 	env    []string
+	dir    string
+	user   string
+	etcDir string
 	sync   *Syncer
 	start  time.Time
 	mux    *http.ServeMux
 	srv    *http.Server
+	// services supervises the services of POST /services.
+	services *supervisor
 
 	mu sync.Mutex
 	// procs holds the processes this server started whose /exec handler
@@ -71,8 +93,19 @@ func NewServer(w Waiter, opts Options) *Server {
 	if env == nil {
 		env = os.Environ()
 	}
-	s := &Server{waiter: w, env: env, sync: opts.Sync, start: time.Now(), mux: http.NewServeMux(), procs: map[int]*proc{}}
+	etcDir := opts.EtcDir
+	if etcDir == "" {
+		etcDir = "/etc"
+	}
+	logDir := opts.LogDir
+	if logDir == "" {
+		logDir = DefaultLogDir
+	}
+	s := &Server{waiter: w, env: env, dir: opts.Dir, user: opts.User, etcDir: etcDir, sync: opts.Sync,
+		start: time.Now(), mux: http.NewServeMux(), procs: map[int]*proc{}}
+	s.services = newSupervisor(w, logDir, s.resolve)
 	s.mux.HandleFunc("/exec", s.handleExec)
+	s.mux.HandleFunc("/services", s.handleServices)
 	s.mux.HandleFunc("/kill", s.handleKill)
 	s.mux.HandleFunc("/health", s.handleHealth)
 	s.mux.HandleFunc("/files", s.handleFiles)
@@ -92,9 +125,14 @@ func (s *Server) Handler() http.Handler { return s.mux }
 // http.ErrServerClosed after Close.
 func (s *Server) Serve(l net.Listener) error { return s.srv.Serve(l) }
 
-// Close closes the listeners and all connections; running execs see their
-// client disconnect and are killed.
-func (s *Server) Close() error { return s.srv.Close() }
+// Close closes the listeners and all connections (running execs see their
+// client disconnect and are killed), and stops the services (SIGKILL at
+// once) and waits until they have been reaped.
+func (s *Server) Close() error {
+	err := s.srv.Close()
+	s.services.stopAll(0)
+	return err
+}
 
 // writeJSON writes v with status 200.
 func writeJSON(w http.ResponseWriter, v any) {
@@ -162,6 +200,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		st := s.sync.Stats()
 		h.Syncs, h.LastSync = st.Count, st.Last
 	}
+	h.Services = s.services.list()
 	w.Header().Set(AgentTimeHeader, strconv.FormatInt(int64(time.Since(t0)), 10))
 	writeJSON(w, h)
 }
