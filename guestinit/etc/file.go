@@ -95,3 +95,35 @@ func WriteFileFrom(path string, r io.Reader, perm fs.FileMode) error {
 	defer d.Close()
 	return d.Sync()
 }
+
+// WriteHostname writes the hostname files of the /etc directory dir for
+// hostname: dir/hostname holds it, and dir/hosts is edited by EditHosts
+// (its other lines kept). With create false a file that does not exist is
+// left absent (the agent updating an image root that PID 1 set up,
+// without creating files in a root that never had them); with create
+// true it is made. Both files are replaced atomically (WriteFile) with
+// mode 0644.
+func WriteHostname(dir, hostname string, create bool) error {
+	hostnamePath, hostsPath := filepath.Join(dir, "hostname"), filepath.Join(dir, "hosts")
+	var errs []error
+	if _, err := os.Lstat(hostnamePath); err == nil || create {
+		if err := WriteFile(hostnamePath, HostnameFile(hostname), 0o644); err != nil {
+			errs = append(errs, fmt.Errorf("write %s: %w", hostnamePath, err))
+		}
+	}
+	old, err := ReadFile(hostsPath, MaxFile)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && !create:
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		errs = append(errs, err)
+	default:
+		b, err := EditHosts(old, hostname)
+		if err == nil {
+			err = WriteFile(hostsPath, b, 0o644)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("write %s: %w", hostsPath, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -105,3 +105,37 @@ func TestLookupUser(t *testing.T) {
 		t.Error("a malformed group file was accepted")
 	}
 }
+
+func TestWriteHostname(t *testing.T) {
+	dir := t.TempDir()
+	// Nothing there and create false: nothing made.
+	if err := WriteHostname(dir, "box", false); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("files made without create: %v", ents)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "hosts"), []byte("10.0.0.1 db\n127.0.1.1 old\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteHostname(dir, "box", true); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "hostname")); string(b) != "box\n" {
+		t.Errorf("hostname file %q", b)
+	}
+	want := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n10.0.0.1 db\n127.0.1.1\tbox\n"
+	if b, _ := os.ReadFile(filepath.Join(dir, "hosts")); string(b) != want {
+		t.Errorf("hosts %q, want %q", b, want)
+	}
+	// An update (a fork's new name) edits what is there.
+	if err := WriteHostname(dir, "fork-2", false); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "hostname")); string(b) != "fork-2\n" {
+		t.Errorf("hostname file %q after the update", b)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "hosts")); !strings.Contains(string(b), "127.0.1.1\tfork-2\n") || strings.Contains(string(b), "box") {
+		t.Errorf("hosts after the update: %q", b)
+	}
+}
