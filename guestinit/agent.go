@@ -14,14 +14,25 @@ import (
 	"github.com/warrenvm/warren/guestinit/agent"
 )
 
-// agentEnv is the base environment of the processes the agent starts
-// (PID 1's own, from the kernel, has no PATH). u-root's busybox binary
+// agentEnv is the base environment of the processes the agent starts on
+// the initramfs (PID 1's own, from the kernel, has no PATH). u-root's busybox binary
 // and its command links live in /bbin; /bin/sh links to it too. The other
 // directories are for what a data disk or a later image may bring.
 var agentEnv = []string{
 	"PATH=/bbin:/bin:/usr/bin:/sbin:/usr/sbin",
 	"HOME=/",
 	"TERM=linux",
+}
+
+// agentOptions are the agent's defaults: on the initramfs agentEnv and
+// the agent's own working directory and credentials; in an image root the
+// image's configuration (imageRoot.agentOptions).
+func agentOptions(img *imageRoot) agent.Options {
+	if img == nil {
+		return agent.Options{Env: agentEnv}
+	}
+	env, dir, user, logDir := img.agentOptions()
+	return agent.Options{Env: env, Dir: dir, User: user, LogDir: logDir}
 }
 
 // errNoVsock means the VM has no virtio-vsock device (or the kernel no
@@ -40,7 +51,7 @@ var errNoVsock = errors.New("no vsock device")
 // bound to the old one would no longer receive connections. Listening
 // sockets survive the transport reset of a restore; connections do not,
 // and the host reconnects.
-func startAgent(r *Reaper) error {
+func startAgent(r *Reaper, opts agent.Options) error {
 	// The vsock core registers /dev/vsock even with no device, and then
 	// reports the local CID as VMADDR_CID_ANY, or VMADDR_CID_LOCAL (1)
 	// with the loopback transport (seen with our 6.1 kernel under QEMU
@@ -59,7 +70,8 @@ func startAgent(r *Reaper) error {
 		return vsock.Dial(vsock.Host, agent.SyncPort, nil)
 	})
 	syncer.OnError = newRepeatFilter(report).report
-	srv := agent.NewServer(r, agent.Options{Env: agentEnv, Sync: syncer})
+	opts.Sync = syncer
+	srv := agent.NewServer(r, opts)
 	syncer.SetEgress = func(e *agent.Egress) error {
 		srv.SetExtraEnv(e.Env)
 		return agent.ApplyTrust(e.TrustPEM)

@@ -21,14 +21,14 @@ const (
 	KeyDataRO = "warren.data_ro"
 )
 
-// The data disk: the first virtio-blk device, an ext4 file system.
+// The data disk: the first virtio-blk device that is not the root disk
+// (DataDevice, or DataDeviceAfterRoot when warren.root is /dev/vda), an
+// ext4 file system.
 const (
-	DataDevice       = "/dev/vda"
-	DataFSType       = "ext4"
-	DefaultDataMount = "/mnt/data"
-	// dataROSysfs says "1" when the block device itself is read-only
-	// (VIRTIO_BLK_F_RO).
-	dataROSysfs = "/sys/block/vda/ro"
+	DataDevice          = "/dev/vda"
+	DataDeviceAfterRoot = "/dev/vdb"
+	DataFSType          = "ext4"
+	DefaultDataMount    = "/mnt/data"
 )
 
 // DataDisk is how PID 1 mounts the data disk.
@@ -36,13 +36,21 @@ type DataDisk struct {
 	Enabled  bool   // false with warren.data=none
 	Target   string // mount point
 	ReadOnly bool   // warren.data_ro
+	Device   string // the block device
 }
 
-// DataDiskFromCmdline reads warren.data and warren.data_ro. An invalid
-// mount point is reported and replaced by DefaultDataMount, so a bad
-// command line never stops the boot.
+// DataDiskFromCmdline reads warren.data and warren.data_ro, and picks the
+// device: DataDevice, except that the data disk is never the root disk,
+// so with warren.root=/dev/vda (or an invalid warren.root, which leaves
+// the guest on the initramfs but may still have been meant for /dev/vda)
+// it is DataDeviceAfterRoot. An invalid mount point is reported and
+// replaced by DefaultDataMount, so a bad command line never stops the
+// boot.
 func DataDiskFromCmdline(c Cmdline) (DataDisk, error) {
-	d := DataDisk{Enabled: true, Target: c.Get(KeyData, DefaultDataMount), ReadOnly: c.Bool(KeyDataRO)}
+	d := DataDisk{Enabled: true, Target: c.Get(KeyData, DefaultDataMount), ReadOnly: c.Bool(KeyDataRO), Device: DataDevice}
+	if root := c.Get(KeyRoot, ""); root == DataDevice || (root != "" && !validDiskDevice(root)) {
+		d.Device = DataDeviceAfterRoot
+	}
 	if d.Target == "none" {
 		return DataDisk{}, nil
 	}
@@ -92,7 +100,7 @@ func (d DataDisk) mount() error {
 	if !d.Enabled {
 		return nil
 	}
-	fi, err := os.Stat(DataDevice)
+	fi, err := os.Stat(d.Device)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -100,17 +108,17 @@ func (d DataDisk) mount() error {
 		return fmt.Errorf("data disk: %w", err)
 	}
 	if fi.Mode()&os.ModeDevice == 0 || fi.Mode()&os.ModeCharDevice != 0 {
-		return fmt.Errorf("data disk: %s is not a block device", DataDevice)
+		return fmt.Errorf("data disk: %s is not a block device", d.Device)
 	}
 	var flags uintptr
-	if ro, _ := os.ReadFile(dataROSysfs); d.ReadOnly || strings.TrimSpace(string(ro)) == "1" {
+	if d.ReadOnly || deviceReadOnly(d.Device) {
 		flags |= unix.MS_RDONLY
 	}
 	if err := os.MkdirAll(d.Target, 0o755); err != nil {
 		return fmt.Errorf("data disk: %w", err)
 	}
-	if err := unix.Mount(DataDevice, d.Target, DataFSType, flags, ""); err != nil {
-		return fmt.Errorf("data disk: mount %s on %s (%s): %w", DataDevice, d.Target, DataFSType, err)
+	if err := unix.Mount(d.Device, d.Target, DataFSType, flags, ""); err != nil {
+		return fmt.Errorf("data disk: mount %s on %s (%s): %w", d.Device, d.Target, DataFSType, err)
 	}
 	return nil
 }

@@ -31,27 +31,59 @@ func Run() {
 	if err := makeDevLinks(); err != nil {
 		report(err)
 	}
-	for _, m := range laterMounts {
+	for _, m := range earlyMounts {
 		if err := m.do(); err != nil {
 			report(err)
 		}
 	}
 
-	cmdline, err := os.ReadFile("/proc/cmdline")
+	b, err := os.ReadFile("/proc/cmdline")
 	if err != nil {
 		report(fmt.Errorf("read kernel command line: %w", err))
 	}
-	cfg, err := ConfigFromCmdline(ParseCmdline(string(cmdline)))
+	cmdline := ParseCmdline(string(b))
+	cfg, err := ConfigFromCmdline(cmdline)
 	if err != nil {
 		report(err)
 	}
+
+	// The image root, if one is asked for; on any failure the guest
+	// stays on the initramfs, as without warren.root.
+	var img *imageRoot
+	root, err := RootDiskFromCmdline(cmdline)
+	if err != nil {
+		report(fmt.Errorf("%w; staying on the initramfs", err))
+	}
+	if root.Device != "" {
+		if readOnly, err := root.switchRoot(); err != nil {
+			report(fmt.Errorf("%w; staying on the initramfs", err))
+		} else {
+			r := setUpImageRoot(readOnly)
+			img = &r
+		}
+	}
+	if img == nil {
+		for _, m := range initramfsMounts {
+			if err := m.do(); err != nil {
+				report(err)
+			}
+		}
+	}
+
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		report(fmt.Errorf("sethostname %q: %w", cfg.Hostname, err))
 	}
-	configureNetwork(ParseCmdline(string(cmdline)))
-	mountData(ParseCmdline(string(cmdline)))
+	if img != nil {
+		if err := img.writeHostFiles(cfg.Hostname); err != nil {
+			report(fmt.Errorf("hostname files: %w", err))
+		}
+	}
+	configureNetwork(cmdline)
+	mountData(cmdline)
 	if cfg.Agent {
-		if err := startAgent(reaper); err != nil && !errors.Is(err, errNoVsock) {
+		// After the move: the agent's processes, and the trust store the
+		// re-sync loop writes (agent.ApplyTrust), are the image's.
+		if err := startAgent(reaper, agentOptions(img)); err != nil && !errors.Is(err, errNoVsock) {
 			report(err)
 		}
 	}
@@ -61,7 +93,7 @@ func Run() {
 	if cfg.Poweroff {
 		Poweroff()
 	} else if cfg.Shell {
-		if err := startShell(); err != nil {
+		if err := startShell(img); err != nil {
 			report(err)
 		}
 	}

@@ -24,10 +24,16 @@ type mount struct {
 // devMount comes first so that the console can be opened from it.
 var devMount = mount{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755", 0o755, false}
 
-// laterMounts follow devMount, in order.
-var laterMounts = []mount{
+// earlyMounts follow devMount, in order, before the command line is read
+// (from /proc); they move into an image root with /dev (pseudoMounts).
+var earlyMounts = []mount{
 	{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", 0o555, false},
 	{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", 0o555, false},
+}
+
+// initramfsMounts complete the initramfs when the guest stays on it (an
+// image root gets imageMounts instead).
+var initramfsMounts = []mount{
 	{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777", 0o1777, false},
 	{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620", 0o755, true},
 }

@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenvm/warren/guestinit/etc"
 )
 
 // Network command-line keys. Without KeyIP the guest's eth0 is left
@@ -25,6 +27,13 @@ const (
 	// KeyDNS is a comma-separated list of name servers written to
 	// /etc/resolv.conf: warren.dns=10.0.2.3.
 	KeyDNS = "warren.dns"
+	// KeyIPv6, when true, leaves IPv6 on for eth0 (link-local
+	// autoconfiguration; Warren configures no IPv6 address). By default
+	// PID 1 disables IPv6 on eth0 before bringing it up: the network is
+	// IPv4 only, and the router solicitations, duplicate address checks
+	// and MLD reports of a link-local address would only be dropped (and
+	// audited) by the host's egress filter. lo keeps ::1 either way.
+	KeyIPv6 = "warren.ipv6"
 )
 
 // NetIface is the interface the network keys configure: the first
@@ -41,13 +50,15 @@ type NetConfig struct {
 	Addr    netip.Prefix // the address with its prefix length
 	Gateway netip.Addr
 	DNS     []netip.Addr
+	// IPv6 keeps IPv6 on for the interface (KeyIPv6).
+	IPv6 bool
 }
 
 // NetConfigFromCmdline reads the network keys. It returns what is valid
 // together with an error describing each invalid key, so that a mistake in
 // one key does not cost the others. An empty value counts as absent.
 func NetConfigFromCmdline(c Cmdline) (NetConfig, error) {
-	var n NetConfig
+	n := NetConfig{IPv6: c.Bool(KeyIPv6)}
 	var errs []error
 	if v := c.Get(KeyIP, ""); v != "" {
 		p, err := netip.ParsePrefix(v)
@@ -127,9 +138,12 @@ func (n NetConfig) Apply(ifname, resolvPath string) error {
 		}
 	}
 	if len(n.DNS) > 0 {
+		// Replaced atomically, and a symlink in its place (an image's
+		// systemd-resolved stub, say, dangling now that /run is empty)
+		// is replaced, not followed.
 		if err := os.MkdirAll(filepath.Dir(resolvPath), 0o755); err != nil {
 			errs = append(errs, err)
-		} else if err := os.WriteFile(resolvPath, []byte(ResolvConf(n.DNS)), 0o644); err != nil {
+		} else if err := etc.WriteFile(resolvPath, []byte(ResolvConf(n.DNS)), 0o644); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -155,6 +169,11 @@ func configureIface(fd int, ifname string, n NetConfig) error {
 			return fmt.Errorf("%s: set %s %s: %w", ifname, s.name, s.addr, err)
 		}
 	}
+	if !n.IPv6 {
+		if err := disableIPv6(ifname); err != nil {
+			return err
+		}
+	}
 	if err := setUp(fd, ifname); err != nil {
 		return err
 	}
@@ -162,6 +181,27 @@ func configureIface(fd int, ifname string, n NetConfig) error {
 		if err := addDefaultRoute(fd, ifname, n.Gateway); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// disableIPv6 turns IPv6 off on ifname (its disable_ipv6 sysctl); a
+// kernel without IPv6 has nothing to turn off.
+func disableIPv6(ifname string) error {
+	p := filepath.Join("/proc/sys/net/ipv6/conf", ifname, "disable_ipv6")
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%s: disable IPv6: %w", ifname, err)
+	}
+	_, err = f.WriteString("1\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("%s: disable IPv6: %w", ifname, err)
 	}
 	return nil
 }

@@ -21,23 +21,24 @@ func TestNetConfigFromCmdline(t *testing.T) {
 		want    string // fmt of the config
 		errs    []string
 	}{
-		{"console=ttyS0", "{invalid Prefix invalid IP []}", nil},
+		{"console=ttyS0", "{invalid Prefix invalid IP [] false}", nil},
 		{"warren.ip=10.0.2.15/24 warren.gw=10.0.2.2 warren.dns=10.0.2.3",
-			"{10.0.2.15/24 10.0.2.2 [10.0.2.3]}", nil},
+			"{10.0.2.15/24 10.0.2.2 [10.0.2.3] false}", nil},
 		{"warren.ip=10.0.2.15/24 warren.dns=10.0.2.3,1.1.1.1,fd00::1",
-			"{10.0.2.15/24 invalid IP [10.0.2.3 1.1.1.1 fd00::1]}", nil},
-		{"warren.ip= warren.gw= warren.dns=", "{invalid Prefix invalid IP []}", nil},
-		{"warren.ip=10.0.2.15 warren.gw=10.0.2.2", "{invalid Prefix invalid IP []}",
+			"{10.0.2.15/24 invalid IP [10.0.2.3 1.1.1.1 fd00::1] false}", nil},
+		{"warren.ip= warren.gw= warren.dns=", "{invalid Prefix invalid IP [] false}", nil},
+		{"warren.ip=10.0.2.15 warren.gw=10.0.2.2", "{invalid Prefix invalid IP [] false}",
 			[]string{`warren.ip="10.0.2.15"`, `warren.gw="10.0.2.2": needs a valid warren.ip`}},
-		{"warren.ip=fd00::2/64", "{invalid Prefix invalid IP []}", []string{"not an IPv4 address"}},
-		{"warren.ip=10.0.2.15/0", "{invalid Prefix invalid IP []}", []string{"prefix length 0"}},
-		{"warren.ip=10.0.2.15/24 warren.gw=10.0.3.1", "{10.0.2.15/24 invalid IP []}", []string{"not another IPv4 address in 10.0.2.0/24"}},
-		{"warren.ip=10.0.2.15/24 warren.gw=10.0.2.15", "{10.0.2.15/24 invalid IP []}", []string{"not another"}},
-		{"warren.ip=10.0.2.15/32 warren.gw=10.0.2.2", "{10.0.2.15/32 invalid IP []}", []string{"not another"}},
-		{"warren.ip=10.0.2.15/24 warren.dns=10.0.2.3,,x", "{10.0.2.15/24 invalid IP [10.0.2.3]}",
+		{"warren.ip=fd00::2/64", "{invalid Prefix invalid IP [] false}", []string{"not an IPv4 address"}},
+		{"warren.ip=10.0.2.15/0", "{invalid Prefix invalid IP [] false}", []string{"prefix length 0"}},
+		{"warren.ip=10.0.2.15/24 warren.gw=10.0.3.1", "{10.0.2.15/24 invalid IP [] false}", []string{"not another IPv4 address in 10.0.2.0/24"}},
+		{"warren.ip=10.0.2.15/24 warren.gw=10.0.2.15", "{10.0.2.15/24 invalid IP [] false}", []string{"not another"}},
+		{"warren.ip=10.0.2.15/32 warren.gw=10.0.2.2", "{10.0.2.15/32 invalid IP [] false}", []string{"not another"}},
+		{"warren.ip=10.0.2.15/24 warren.dns=10.0.2.3,,x", "{10.0.2.15/24 invalid IP [10.0.2.3] false}",
 			[]string{`bad name server ""`, `bad name server "x"`}},
-		{"warren.dns=fe80::1%eth0", "{invalid Prefix invalid IP []}", []string{"bad name server"}},
-		{`"warren.ip=10.0.2.15/24" warren.ip=192.168.0.2/16`, "{192.168.0.2/16 invalid IP []}", nil},
+		{"warren.dns=fe80::1%eth0", "{invalid Prefix invalid IP [] false}", []string{"bad name server"}},
+		{`"warren.ip=10.0.2.15/24" warren.ip=192.168.0.2/16`, "{192.168.0.2/16 invalid IP [] false}", nil},
+		{"warren.ip=10.0.2.15/24 warren.ipv6=1", "{10.0.2.15/24 invalid IP [] true}", nil},
 	} {
 		n, err := NetConfigFromCmdline(ParseCmdline(tc.cmdline))
 		if got := fmt.Sprint(n); got != tc.want {
@@ -111,6 +112,9 @@ func TestApply(t *testing.T) {
 	}
 	if out := ipc("-n", ns, "route", "show", "default"); !strings.Contains(out, "default via 10.200.1.2 dev eth0") {
 		t.Errorf("default route: %q", out)
+	}
+	if b, err := exec.Command("ip", "netns", "exec", ns, "cat", "/proc/sys/net/ipv6/conf/eth0/disable_ipv6").Output(); err == nil && string(b) != "1\n" {
+		t.Errorf("IPv6 on eth0: disable_ipv6 is %q", b)
 	}
 	if b, err := os.ReadFile(resolv); err != nil || string(b) != "nameserver 10.200.1.3\n" {
 		t.Errorf("resolv.conf %q, %v", b, err)
