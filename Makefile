@@ -17,7 +17,7 @@ HAVE_KVM := $(shell test -c /dev/kvm && echo yes)
 KVMHOST := bash .ci/kvmhost/run.sh --timeout 900
 RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"
 
-.PHONY: all warren hostd run boot test unit vet kernel initramfs testguests testdisk test-kvm bench clean
+.PHONY: all warren hostd run boot test unit vet kernel initramfs testguests testdisk test-kvm bench clean rootfs
 
 all: warren
 
@@ -39,6 +39,13 @@ testguests:
 		ld -T $(GUEST_SRC)/guest.ld --no-warn-rwx-segments -o $(TESTGUESTS)/$$n.elf $(TESTGUESTS)/$$n.o || exit 1; \
 		ld -Ttext 0x1000 --oformat binary -o $(TESTGUESTS)/$$n.bin $(TESTGUESTS)/$$n.o || exit 1; \
 	done
+
+# The Debian 12 (bookworm) root file system (rootfs/debian.sh): an OCI
+# layout at build/rootfs/debian, tag bookworm, for
+# `warren templates create --image oci-layout:build/rootfs/debian:bookworm`.
+# Built with debootstrap (root) and cached under $WARREN_CACHE/rootfs.
+rootfs:
+	GO=$(GO) bash rootfs/debian.sh $(BUILD)/rootfs/debian
 
 # An empty ext4 data disk for the end-to-end tests.
 testdisk:

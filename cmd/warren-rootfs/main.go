@@ -31,6 +31,7 @@ func (l *list) Set(s string) error { *l = append(*l, s); return nil }
 func main() {
 	var env list
 	root := flag.String("root", "", "the root file system: a directory or a tar file")
+	ref := flag.String("image", "", "instead of --root: an image reference (oci-layout:DIR:TAG, docker-archive:FILE, a registry), as is")
 	out := flag.String("layout", "", "the OCI layout directory to write (made if absent)")
 	tag := flag.String("tag", "latest", "the image's tag in the layout")
 	flag.Var(&env, "env", "KEY=VALUE of the image config's Env (repeatable)")
@@ -41,13 +42,19 @@ func main() {
 	base := flag.String("base", "", "also build the image's ext4 base in this store directory and report it")
 	disk := flag.Int64("disk-mib", 0, "with --base: the disk size in MiB (0: the default)")
 	flag.Parse()
-	if *root == "" || (*out == "" && *base == "") || flag.NArg() != 0 {
-		fmt.Fprintln(os.Stderr, "usage: warren-rootfs --root DIR|TAR --layout DIR [--tag T] [--env K=V]... [--workdir D] [--user U] [--cmd JSON] [--entrypoint JSON] [--base STORE [--disk-mib N]]")
+	if (*root == "") == (*ref == "") || (*out == "" && *base == "") || flag.NArg() != 0 {
+		fmt.Fprintln(os.Stderr, "usage: warren-rootfs --root DIR|TAR --layout DIR [--tag T] [--env K=V]... [--workdir D] [--user U] [--cmd JSON] [--entrypoint JSON] [--base STORE [--disk-mib N]]\n       warren-rootfs --image REF --base STORE [--disk-mib N]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *root, *out, *tag, env, *workdir, *user, *cmdJSON, *epJSON, *base, *disk<<20); err != nil {
+	var err error
+	if *ref != "" {
+		err = measure(ctx, *ref, *base, *disk<<20)
+	} else {
+		err = run(ctx, *root, *out, *tag, env, *workdir, *user, *cmdJSON, *epJSON, *base, *disk<<20)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "warren-rootfs:", err)
 		os.Exit(1)
 	}
@@ -101,7 +108,7 @@ func run(ctx context.Context, root, out, tag string, env []string, workdir, user
 	if img, err = mutate.Config(img, cfg); err != nil {
 		return err
 	}
-	var rep report
+	rep := &report{}
 	if out != "" {
 		t := time.Now()
 		if err := image.Pack(img, out, tag); err != nil {
@@ -113,12 +120,27 @@ func run(ctx context.Context, root, out, tag string, env []string, workdir, user
 			return err
 		}
 	}
-	if err := describe(img, &rep); err != nil {
+	return finish(ctx, img, rep, store, disk, "warren-rootfs:"+tag)
+}
+
+// measure describes an existing image and builds its base.
+func measure(ctx context.Context, ref, store string, disk int64) error {
+	img, err := image.Open(ctx, ref, image.OpenOptions{})
+	if err != nil {
+		return err
+	}
+	return finish(ctx, img, &report{}, store, disk, ref)
+}
+
+// finish describes img, builds its base in store (if given) and prints
+// the report.
+func finish(ctx context.Context, img v1.Image, rep *report, store string, disk int64, ref string) error {
+	if err := describe(img, rep); err != nil {
 		return err
 	}
 	if store != "" {
 		s := &image.Store{Dir: store}
-		b, err := s.Build(ctx, img, image.BuildOptions{DiskBytes: disk, Ref: "warren-rootfs:" + tag, Progress: func(p image.Progress) {
+		b, err := s.Build(ctx, img, image.BuildOptions{DiskBytes: disk, Ref: ref, Progress: func(p image.Progress) {
 			fmt.Fprintf(os.Stderr, "base: %s %d/%d %d/%d\n", p.Step, p.Layer, p.Layers, p.Bytes, p.Total)
 		}})
 		if err != nil {
