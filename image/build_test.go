@@ -606,3 +606,19 @@ func TestBuildInterrupted(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkBuildCached is a Build that finds its base (a Lookup).
+func BenchmarkBuildCached(b *testing.B) {
+	if _, err := (Tools{}).resolve(); err != nil {
+		b.Skip(err)
+	}
+	w := newWorld(b)
+	img := imageOf(b, v1.Config{}, layerOf(b, reg("a", "x", 0o644)))
+	w.mustBuild(b, img, BuildOptions{})
+	b.ResetTimer()
+	for b.Loop() {
+		if base := w.mustBuild(b, img, BuildOptions{}); !base.Cached {
+			b.Fatal("not cached")
+		}
+	}
+}

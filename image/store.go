@@ -33,6 +33,7 @@ const FormatVersion = 1
 //	Dir/bases/KEY/base.ext4  the file system (mode 0444, never written again)
 //	Dir/bases/KEY/base.json  its Base record
 //	Dir/locks/KEY.lock       flock(2) held while KEY is built or removed
+//	Dir/locks/tmp.lock       held while a build directory is made, or Dir/tmp swept
 //	Dir/tmp/*                builds in progress (each flocked by its builder)
 //
 // A base appears by the rename of a complete directory, so a reader sees
@@ -309,7 +310,27 @@ type buildDir struct {
 	fd   *os.File
 }
 
+// tmpLock guards Dir/tmp's entries between their creation and their
+// builder's flock: new build directories are made under it shared,
+// cleanTmp sweeps under it exclusive.
+func (s *Store) tmpLock(how int) (*os.File, error) {
+	f, err := os.OpenFile(s.lockPath("tmp"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
 func (s *Store) newBuildDir(key string) (*buildDir, error) {
+	tl, err := s.tmpLock(unix.LOCK_SH)
+	if err != nil {
+		return nil, fmt.Errorf("image store: %w", err)
+	}
+	defer tl.Close()
 	p := filepath.Join(s.tmpDir(), "build-"+key+"-"+randHex())
 	if err := os.Mkdir(p, 0o700); err != nil {
 		return nil, fmt.Errorf("image store: %w", err)
@@ -337,6 +358,11 @@ func (b *buildDir) remove() {
 // cleanTmp removes what interrupted builds and removals left under
 // Dir/tmp: every entry whose lock nobody holds.
 func (s *Store) cleanTmp() {
+	tl, err := s.tmpLock(unix.LOCK_EX | unix.LOCK_NB)
+	if err != nil {
+		return // another builder is making its directory: sweep next time
+	}
+	defer tl.Close()
 	ents, err := os.ReadDir(s.tmpDir())
 	if err != nil {
 		return
