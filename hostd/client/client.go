@@ -36,6 +36,7 @@ type (
 	Sandbox  = store.Sandbox
 	Snapshot = store.Snapshot
 	Rolling  = store.Rolling
+	Image    = store.Image
 )
 
 // ExecStatus is how an exec ended.
@@ -274,6 +275,43 @@ func (c *Client) Template(ctx context.Context, id string) (*Template, error) {
 // DeleteTemplate deletes a template no sandbox uses.
 func (c *Client) DeleteTemplate(ctx context.Context, id string) error {
 	return c.call(ctx, http.MethodDelete, "/v1/templates/"+url.PathEscape(id), nil, nil)
+}
+
+// UploadImage uploads an image, as a docker-archive tar read from r, for
+// one template build: its answer's Ref goes into TemplateRequest.Image.
+// (warren templates create --image oci-layout:DIR, docker-archive:FILE
+// and --rootfs do this: the daemon never reads a host path a client
+// names.)
+func (c *Client) UploadImage(ctx context.Context, r io.Reader) (*wire.ImageUpload, error) {
+	req, err := c.newRequest(ctx, http.MethodPost, "/v1/images", r)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("warren-hostd: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return nil, readError(resp)
+	}
+	var u wire.ImageUpload
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&u); err != nil {
+		return nil, fmt.Errorf("warren-hostd: bad answer to POST /v1/images: %w", err)
+	}
+	return &u, nil
+}
+
+// Images lists the tenant's image bases.
+func (c *Client) Images(ctx context.Context) ([]Image, error) {
+	var l wire.ImageList
+	return l.Images, c.call(ctx, http.MethodGet, "/v1/images", nil, &l)
+}
+
+// DeleteImage deletes an image base (by its key) no template uses.
+func (c *Client) DeleteImage(ctx context.Context, key string) error {
+	return c.call(ctx, http.MethodDelete, "/v1/images/"+url.PathEscape(key), nil, nil)
 }
 
 // Create creates a sandbox from a template.

@@ -193,6 +193,9 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 	handle("GET /v1/templates", d.listTemplates)
 	handle("GET /v1/templates/{id}", d.getTemplate)
 	handle("DELETE /v1/templates/{id}", d.delTemplate)
+	handle("POST /v1/images", d.postImage)
+	handle("GET /v1/images", d.listImages)
+	handle("DELETE /v1/images/{key}", d.delImage)
 	handle("POST /v1/sandboxes", d.postSandbox)
 	handle("GET /v1/sandboxes", func(w http.ResponseWriter, r *http.Request, tenant string) {
 		l := d.listSandboxes(tenant)

@@ -115,6 +115,20 @@ type Config struct {
 	// trusts upstream. Empty: the VMM's defaults (the host's
 	// /etc/resolv.conf, the system's roots).
 	EgressHosts, DNSUpstream, UpstreamCA string
+	// GuestKernel and GuestInitramfs are the guest kernel and initramfs
+	// of templates made from images whose requests name none (images.go).
+	GuestKernel, GuestInitramfs string
+	// ImageDiskMiB is the default size of an image's root file system
+	// (default 4096); MaxImageBytes bounds an image's uncompressed layers
+	// (package image's default when 0); MaxUploadBytes bounds an
+	// uploaded image archive (default 16 GiB).
+	ImageDiskMiB                  int
+	MaxImageBytes, MaxUploadBytes int64
+	// Registries are the registry hosts (host or host:port) the operator
+	// allows although they resolve to loopback, private or link-local
+	// addresses, and over plain HTTP (insecure_registry); every other
+	// registry is pulled from only at public addresses, over HTTPS.
+	Registries []string
 
 	Hooks    Hooks
 	Observer Observer

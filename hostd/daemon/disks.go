@@ -41,6 +41,9 @@ import (
 type templateDisk struct {
 	path     string
 	readOnly bool
+	// own: path is already the template's own writable image (an image
+	// template's overlay over its base, images.go), used as it is.
+	own bool
 }
 
 // parseTemplateDisk parses PATH[,ro|,rw] as `warren run --disk` does.
@@ -95,6 +98,10 @@ func cloneTemplateDisks(dir string, disks []templateDisk) (_ []string, err error
 			continue
 		}
 		writable = true
+		if td.own {
+			bases = append(bases, td.path)
+			continue
+		}
 		dst := filepath.Join(dir, baseName(i))
 		if err := copyImage(td.path, dst); err != nil {
 			return nil, fmt.Errorf("disk %d: %w", i, err)

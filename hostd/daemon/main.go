@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -43,6 +44,12 @@ func Main(args []string, stderr io.Writer) int {
 	egressHosts := fs.String("egress-hosts", "", "network templates: an /etc/hosts-style file of fixed addresses for the sandboxes' resolvers and credential proxies (warren run --hosts)")
 	dnsUpstream := fs.String("dns-upstream", "", "network templates: the DNS server IP:PORT the sandboxes' resolvers ask allowed names of (warren run --dns-upstream; default the host's /etc/resolv.conf)")
 	upstreamCA := fs.String("upstream-ca", "", "network templates: PEM roots the credential proxies trust upstream instead of the system's (warren run --upstream-ca)")
+	guestKernel := fs.String("guest-kernel", "", "the guest kernel of templates made from images (--image) that name none")
+	guestInitramfs := fs.String("guest-initramfs", "", "the guest initramfs of templates made from images that name none")
+	imageDisk := fs.Int("image-disk-mib", 0, "default size of an image template's root file system in MiB (sparse; default 4096)")
+	maxImage := fs.Int64("max-image-bytes", 0, "most uncompressed bytes an image's layers may hold (default: package image's, 16 GiB)")
+	var registries stringList
+	fs.Var(&registries, "registry", "a registry HOST[:PORT] that may be pulled from at a loopback or private address and over plain HTTP (repeatable; e.g. a registry on 127.0.0.1)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics (GET /metrics) on this TCP address, e.g. 127.0.0.1:9464 (default: off)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -85,7 +92,11 @@ func Main(args []string, stderr io.Writer) int {
 			return fail(err)
 		}
 	}
-	cfg := Config{State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups, Jail: *jailFlag, DNSUpstream: *dnsUpstream}
+	cfg := Config{State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups, Jail: *jailFlag, DNSUpstream: *dnsUpstream,
+		ImageDiskMiB: *imageDisk, MaxImageBytes: *maxImage, Registries: registries}
+	if *imageDisk != 0 && (*imageDisk < 64 || *imageDisk > maxImageDiskMiB) {
+		return fail(fmt.Errorf("--image-disk-mib: want 64 to %d", maxImageDiskMiB))
+	}
 	if *dnsUpstream != "" {
 		if _, err := netip.ParseAddrPort(*dnsUpstream); err != nil {
 			return fail(fmt.Errorf("--dns-upstream: %w", err))
@@ -94,7 +105,8 @@ func Main(args []string, stderr io.Writer) int {
 	for _, f := range []struct {
 		flag, val string
 		dst       *string
-	}{{"--egress-hosts", *egressHosts, &cfg.EgressHosts}, {"--upstream-ca", *upstreamCA, &cfg.UpstreamCA}} {
+	}{{"--egress-hosts", *egressHosts, &cfg.EgressHosts}, {"--upstream-ca", *upstreamCA, &cfg.UpstreamCA},
+		{"--guest-kernel", *guestKernel, &cfg.GuestKernel}, {"--guest-initramfs", *guestInitramfs, &cfg.GuestInitramfs}} {
 		if f.val == "" {
 			continue
 		}
@@ -187,4 +199,18 @@ func findWarren(flagVal string) (string, error) {
 		return "", fmt.Errorf("no warren binary: use --warren")
 	}
 	return filepath.Abs(p)
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+// Set appends v.
+func (l *stringList) Set(v string) error {
+	if v == "" {
+		return errors.New("empty value")
+	}
+	*l = append(*l, v)
+	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/image"
 )
 
 // apiError is an error with its HTTP status.
@@ -45,7 +46,21 @@ func errStatus(err error) (int, string) {
 // snapshots it and stops it.
 func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (int, any, error) {
 	start := time.Now()
+	if err := d.checkImageRequest(&req); err != nil {
+		return 0, nil, err
+	}
+	if req.Image != "" {
+		if req.Kernel == "" {
+			req.Kernel = d.cfg.GuestKernel
+		}
+		if req.Initramfs == "" {
+			req.Initramfs = d.cfg.GuestInitramfs
+		}
+	}
 	if req.Kernel == "" {
+		if req.Image != "" {
+			return 0, nil, errf(400, "kernel is required (this daemon has no --guest-kernel for image templates)")
+		}
 		return 0, nil, errf(400, "kernel is required")
 	}
 	for _, p := range []string{req.Kernel, req.Initramfs} {
@@ -82,6 +97,9 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	t := &store.Template{ID: newID("tp"), Tenant: tenant, Status: store.TemplateBuilding, Kernel: req.Kernel,
 		Initramfs: req.Initramfs, Disks: req.Disks, MemMiB: req.MemMiB, CPUs: req.CPUs, Cmdline: req.Cmdline,
 		Network: req.Network, Created: time.Now().UTC()}
+	if req.Image != "" {
+		t.Image = &store.TemplateImage{Ref: req.Image, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}
+	}
 	ts := &tplState{rec: t}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
@@ -106,6 +124,18 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 		d.log.Error("template build failed", "tenant", tenant, "template", t.ID, "err", err)
 		return 0, nil, err
 	}
+	var imgBase *image.Base
+	if req.Image != "" {
+		// The image's root file system is disk 0: an overlay of the
+		// template's own over the image's shared base.
+		ov := filepath.Join(dir, baseName(0))
+		var err error
+		if imgBase, err = d.buildImageBase(o, t, req, ov, 2, 40); err != nil {
+			return fail(err)
+		}
+		disks = append([]templateDisk{{path: ov, own: true}}, disks...)
+		d.saveTemplate(ts)
+	}
 	bases, err := cloneTemplateDisks(dir, disks)
 	if err != nil {
 		return fail(fmt.Errorf("clone the template's writable disks: %w", err))
@@ -127,8 +157,13 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 			args = append(args, "--disk", t.DiskBases[i])
 		}
 	}
-	if req.Cmdline != "" {
-		args = append(args, "--cmdline", req.Cmdline)
+	cmdline := req.Cmdline
+	if imgBase != nil {
+		// PID 1 moves into the image's root file system (guestinit).
+		cmdline = strings.TrimSpace(imageRootCmdline + " " + cmdline)
+	}
+	if cmdline != "" {
+		args = append(args, "--cmdline", cmdline)
 	}
 	if req.Network {
 		na, err := d.networkArgs(dir)
@@ -146,6 +181,11 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	o.progress("booting the guest; waiting for its agent", 10)
 	if err := d.waitAgent(o, vs, p, d.cfg.BootTimeout, filepath.Join(dir, "vmm.log"), 10, 75); err != nil {
 		return fail(err)
+	}
+	if imgBase != nil {
+		if err := d.startTemplateCmd(o, t, req, imgBase, vs); err != nil {
+			return fail(err)
+		}
 	}
 	o.progress("snapshotting", 80)
 	snap := filepath.Join(dir, "snap", "base")

@@ -10,6 +10,8 @@
 //	ROOT/tenants/<tenant>/sandboxes/<id>/sandbox.json    (+ snapshots/, vmm.log, console.log,
 //	                                                       and with network egress.json, egress.jsonl, and
 //	                                                       secrets.json for a tenant without a key)
+//	ROOT/tenants/<tenant>/images/                        (image bases, one per image digest: package image's Store;
+//	                                                       uploads/: images uploaded for a build, removed after it)
 //	ROOT/run/<id>.api, <id>.vsock                        (sockets: short paths, < 108 bytes)
 package store
 
@@ -82,6 +84,48 @@ type Template struct {
 	StartTime uint64    `json:"start_time,omitempty"`
 	Created   time.Time `json:"created"`
 	BuildMS   float64   `json:"build_ms,omitempty"`
+	// Image is set for a template made from a container image: its
+	// root file system is disk 0 (DiskBases[0], an overlay of the
+	// template's own over the image's shared base).
+	Image *TemplateImage `json:"image,omitempty"`
+}
+
+// TemplateImage is what a template made from an image was made of.
+type TemplateImage struct {
+	// Ref is the reference asked for ("upload:ID" for an uploaded one).
+	Ref string `json:"ref"`
+	// Digest is the image's config digest; Base the key and Path of the
+	// read-only ext4 base the template's disk 0 sits on.
+	Digest string `json:"digest"`
+	Base   string `json:"base"`
+	Path   string `json:"path"`
+	// StartCmd is the supervised start command the template runs
+	// (shell command line, or the image's argv joined for people), and
+	// ReadyCmd what it waited for before its snapshot.
+	StartCmd string `json:"start_cmd,omitempty"`
+	ReadyCmd string `json:"ready_cmd,omitempty"`
+	// PullMS and BaseMS time the build's image steps: resolving and
+	// fetching, and making the base (0 when it was cached).
+	PullMS float64 `json:"pull_ms,omitempty"`
+	BaseMS float64 `json:"base_ms,omitempty"`
+	// Cached says the base was already there.
+	Cached bool `json:"cached,omitempty"`
+}
+
+// Image is one image base of a tenant (GET /v1/images).
+type Image struct {
+	// Key names the base (its image's config digest and build options);
+	// Digest is the config digest.
+	Key    string `json:"key"`
+	Digest string `json:"digest"`
+	Ref    string `json:"ref,omitempty"`
+	// DiskBytes is the file system's size, ContentBytes what the image's
+	// files hold.
+	DiskBytes    int64 `json:"disk_bytes"`
+	ContentBytes int64 `json:"content_bytes"`
+	Layers       int   `json:"layers"`
+	// Templates are the tenant's templates on it.
+	Templates []string `json:"templates"`
 }
 
 // Snapshot is one snapshot of a sandbox.
@@ -183,6 +227,16 @@ func (s *Store) RunDir() string { return filepath.Join(s.Root, "run") }
 // TemplateDir is a template's directory.
 func (s *Store) TemplateDir(tenant, id string) string {
 	return filepath.Join(s.Root, "tenants", tenant, "templates", id)
+}
+
+// ImageDir is where tenant's image bases live (package image's Store.Dir).
+func (s *Store) ImageDir(tenant string) string {
+	return filepath.Join(s.Root, "tenants", tenant, "images")
+}
+
+// UploadDir is where images uploaded by tenant wait for a template build.
+func (s *Store) UploadDir(tenant string) string {
+	return filepath.Join(s.ImageDir(tenant), "uploads")
 }
 
 // SandboxDir is a sandbox's directory.

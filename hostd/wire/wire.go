@@ -25,7 +25,9 @@ type TemplateRequest struct {
 	// paths on the daemon's host. A disk "PATH,ro" is shared read-only by
 	// every sandbox; a disk "PATH" is writable: the template freezes its
 	// own clone of it and each sandbox writes to an overlay of its own.
-	Kernel    string   `json:"kernel"`
+	// With Image, Kernel and Initramfs default to the daemon's guest
+	// kernel and initramfs (warren-hostd --guest-kernel, --guest-initramfs).
+	Kernel    string   `json:"kernel,omitempty"`
 	Initramfs string   `json:"initramfs,omitempty"`
 	Disks     []string `json:"disks,omitempty"`
 	// MemMiB and CPUs size the guest (the daemon's defaults: 256 and 1);
@@ -37,6 +39,47 @@ type TemplateRequest struct {
 	// private network whose egress is filtered (deny all until a
 	// sandbox's policy says otherwise).
 	Network bool `json:"network,omitempty"`
+	// Image makes the template's root file system from a container
+	// image: a registry reference ("registry.example/repo:tag",
+	// "repo@sha256:..."), pulled by the daemon (auth from its Docker
+	// config keychain), or "upload:ID" for an image uploaded with
+	// POST /v1/images. The image's layers become one read-only ext4 base
+	// per image digest, shared by the tenant's templates; the template's
+	// guest boots with it as its root (disk 0, under a copy-on-write
+	// overlay of the template's own, and of each sandbox's own), and
+	// Disks follow it as disks 1, 2, ...
+	Image string `json:"image,omitempty"`
+	// InsecureRegistry pulls Image over plain HTTP (a registry on loopback).
+	InsecureRegistry bool `json:"insecure_registry,omitempty"`
+	// DiskMiB is the size of the image's root file system (sparse: only
+	// what is written takes space); 0 means the daemon's default.
+	DiskMiB int `json:"disk_mib,omitempty"`
+	// StartCmd, a shell command line (run with /bin/sh -c in the image's
+	// environment), is started and supervised (restarted when it exits)
+	// in the template's guest before its snapshot is taken, so it runs in
+	// every sandbox. StartImageCmd runs the image's own Entrypoint and
+	// Cmd instead. ReadyCmd, when set, is run (/bin/sh -c) until it exits
+	// 0 before the snapshot, for at most ReadyTimeoutS seconds (default
+	// 120); without it the snapshot waits until the start command has
+	// run for a second.
+	StartCmd      string `json:"start_cmd,omitempty"`
+	StartImageCmd bool   `json:"start_image_cmd,omitempty"`
+	ReadyCmd      string `json:"ready_cmd,omitempty"`
+	ReadyTimeoutS int    `json:"ready_timeout_s,omitempty"`
+}
+
+// ImageUpload is the answer to POST /v1/images: an image the client
+// uploaded (a docker-archive tar), which a TemplateRequest names by Ref
+// until a template build uses it.
+type ImageUpload struct {
+	ID    string `json:"id"`
+	Ref   string `json:"ref"` // "upload:" + ID
+	Bytes int64  `json:"bytes"`
+}
+
+// ImageList is the answer to GET /v1/images: the tenant's image bases.
+type ImageList struct {
+	Images []store.Image `json:"images"`
 }
 
 // SandboxRequest is the body of POST /v1/sandboxes.

@@ -28,7 +28,9 @@ func TestJSON(t *testing.T) {
 	}{
 		{"TemplateRequest", TemplateRequest{Kernel: "/k", Initramfs: "/i", Disks: []string{"/d"}, MemMiB: 256, CPUs: 2, Cmdline: "quiet"},
 			`{"kernel":"/k","initramfs":"/i","disks":["/d"],"mem_mib":256,"cpus":2,"cmdline":"quiet"}`, nil},
-		{"TemplateRequest empty", TemplateRequest{}, `{"kernel":""}`, nil},
+		{"TemplateRequest empty", TemplateRequest{}, `{}`, nil},
+		{"TemplateRequest image", TemplateRequest{Image: "r/x:1", InsecureRegistry: true, DiskMiB: 2048, StartCmd: "s", ReadyCmd: "r"},
+			`{"image":"r/x:1","insecure_registry":true,"disk_mib":2048,"start_cmd":"s","ready_cmd":"r"}`, nil},
 		{"TemplateRequest network", TemplateRequest{Kernel: "/k", Network: true}, `{"kernel":"/k","network":true}`, nil},
 		{"Secret", Secret{Name: "API_KEY"}, `{"name":"API_KEY"}`, nil},
 		{"SecretList", SecretList{Names: []string{}}, `{"names":[]}`, nil},
@@ -125,6 +127,9 @@ func TestOpenAPI(t *testing.T) {
 		extra  []string // names documented elsewhere
 	}{
 		{"TemplateRequest", TemplateRequest{}, nil},
+		{"ImageUpload", ImageUpload{}, nil},
+		{"Image", store.Image{}, nil},
+		{"TemplateImage", store.TemplateImage{}, nil},
 		{"SandboxRequest", SandboxRequest{}, nil},
 		{"SnapshotRequest", SnapshotRequest{}, nil},
 		{"ExecRequest", ExecRequest{}, nil},
