@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -29,6 +28,9 @@ const RootFSType = "ext4"
 // newRootDir is where the root is mounted on the initramfs before the
 // move.
 const newRootDir = "/newroot"
+
+// rootMountData is the root's ext4 mount options (see switchRoot).
+const rootMountData = "noinit_itable"
 
 // RootDisk is the root file system the kernel command line asks for.
 type RootDisk struct {
@@ -83,8 +85,13 @@ var pseudoMounts = []string{"/dev", "/proc", "/sys"}
 // switchRoot mounts the root disk and makes it the root of PID 1, with
 // switch_root's semantics for an initramfs (pivot_root does not work on
 // rootfs): mount the disk at newRootDir, move /dev, /proc and /sys into
-// it, move it onto /, chroot there, and free the initramfs's files. It
-// reports whether the root is mounted read-only.
+// it, move it onto / and chroot there. It reports whether the root is
+// mounted read-only.
+//
+// Unlike switch_root it does not delete the initramfs's files: nearly all
+// of its memory is the one u-root binary that PID 1 itself runs from (and
+// keeps mapped, so its pages would stay), and deleting the rest costs
+// seconds of emulated guest kernel time on a PVM host for a few KiB.
 //
 // Failures before the move of the disk onto / undo what was done, so the
 // guest is still on a working initramfs when it returns an error.
@@ -100,7 +107,10 @@ func (r RootDisk) switchRoot() (readOnly bool, err error) {
 	// noatime: the root is a copy-on-write overlay of an image whose
 	// files all have old times; relatime would write each file's inode on
 	// its first read after boot, copying inode table blocks into the
-	// sandbox's overlay for nothing.
+	// sandbox's overlay for nothing. noinit_itable: no background thread
+	// zeroing inode tables an image builder left uninitialised (emulated
+	// guest kernel time, and writes into the overlay); ext4 knows which
+	// are uninitialised without it.
 	flags := uintptr(unix.MS_NOATIME)
 	if readOnly {
 		flags |= unix.MS_RDONLY
@@ -108,7 +118,7 @@ func (r RootDisk) switchRoot() (readOnly bool, err error) {
 	if err := os.Mkdir(newRootDir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return false, fmt.Errorf("root: %w", err)
 	}
-	if err := unix.Mount(r.Device, newRootDir, RootFSType, flags, ""); err != nil {
+	if err := unix.Mount(r.Device, newRootDir, RootFSType, flags, rootMountData); err != nil {
 		return false, fmt.Errorf("root: mount %s on %s (%s): %w", r.Device, newRootDir, RootFSType, err)
 	}
 	undo := func() { _ = unix.Unmount(newRootDir, unix.MNT_DETACH) }
@@ -118,13 +128,6 @@ func (r RootDisk) switchRoot() (readOnly bool, err error) {
 			return false, fmt.Errorf("root: %w", err)
 		}
 	}
-	// The initramfs, to free its files once it is no longer the root.
-	old, err := os.OpenRoot("/")
-	if err != nil {
-		undo()
-		return false, fmt.Errorf("root: open the initramfs: %w", err)
-	}
-	defer old.Close()
 	for i, m := range pseudoMounts {
 		if err := unix.Mount(m, newRootDir+m, "", unix.MS_MOVE, ""); err != nil {
 			for _, back := range pseudoMounts[:i] {
@@ -140,9 +143,6 @@ func (r RootDisk) switchRoot() (readOnly bool, err error) {
 		}
 		undo()
 		return false, fmt.Errorf("root: %w", err)
-	}
-	if err := freeInitramfs(old); err != nil {
-		report(fmt.Errorf("root: free the initramfs: %w", err))
 	}
 	return readOnly, nil
 }
@@ -176,54 +176,4 @@ func ensureDir(dir string, readOnly bool) error {
 		return err
 	}
 	return os.Mkdir(dir, 0o755)
-}
-
-// Magic numbers of statfs(2) for the file systems an initramfs can be.
-const (
-	ramfsMagic = 0x858458f6
-	tmpfsMagic = 0x01021994
-)
-
-// freeInitramfs removes every file of the initramfs old (no longer
-// reachable by path once the root has moved), as switch_root does, so
-// that its memory goes back to the guest. It refuses to touch anything
-// that is not a ramfs or tmpfs, and every entry on another device (a
-// mount point), so a mistake can never delete files of a disk.
-func freeInitramfs(old *os.Root) error {
-	dir, err := old.Open(".")
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	var fs unix.Statfs_t
-	if err := unix.Fstatfs(int(dir.Fd()), &fs); err != nil {
-		return err
-	}
-	if fs.Type != ramfsMagic && fs.Type != tmpfsMagic {
-		return fmt.Errorf("old root is not a ramfs or tmpfs (magic %#x): left alone", fs.Type)
-	}
-	var rootStat unix.Stat_t
-	if err := unix.Fstat(int(dir.Fd()), &rootStat); err != nil {
-		return err
-	}
-	names, err := dir.Readdirnames(-1)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, n := range names {
-		fi, err := old.Lstat(n)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok || uint64(st.Dev) != uint64(rootStat.Dev) {
-			continue // a mount point: not the initramfs's
-		}
-		if err := old.RemoveAll(n); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -74,6 +74,20 @@ func TestWriteFile(t *testing.T) {
 	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
 		t.Errorf("mode %v", fi.Mode())
 	}
+	// The same bytes and mode again: the file is left alone (same inode).
+	before, _ := os.Stat(p)
+	if err := WriteFile(p, []byte("two\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.Stat(p); !os.SameFile(before, after) {
+		t.Error("an unchanged file was rewritten")
+	}
+	if err := WriteFile(p, []byte("two\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.Stat(p); os.SameFile(before, after) || after.Mode().Perm() != 0o644 {
+		t.Error("a mode change was not written")
+	}
 	ents, _ := os.ReadDir(dir)
 	if len(ents) != 2 {
 		t.Errorf("temporary files left: %v", ents)
