@@ -20,7 +20,8 @@ import (
 )
 
 // Path is where the image builder puts the configuration inside the root
-// file system (the builder refuses an image that brings its own /.warren).
+// file system (the builder drops whatever an image brings under /.warren:
+// that directory is Warren's).
 const Path = "/.warren/image.json"
 
 // Version is the format version this package writes and reads.

@@ -274,7 +274,7 @@ func (d *Daemon) buildImageBase(o *op, t *store.Template, req wire.TemplateReque
 	if diskMiB == 0 {
 		diskMiB = defaultImageDiskMiB
 	}
-	last := time.Time{}
+	last, shown := time.Time{}, pct0
 	base, err := d.imageStore(t.Tenant).Build(ctx, img, image.BuildOptions{
 		DiskBytes: int64(diskMiB) << 20, MaxUncompressed: d.cfg.MaxImageBytes, Ref: req.Image,
 		Progress: func(p image.Progress) {
@@ -283,11 +283,12 @@ func (d *Daemon) buildImageBase(o *op, t *store.Template, req wire.TemplateReque
 				return
 			}
 			last = time.Now()
-			pct := pct0
+			// Steps count their layers from 1 again (fetching, reading,
+			// unpacking): the percentage only ever goes up.
 			if p.Layers > 0 {
-				pct = pct0 + (pct1-pct0)*p.Layer/(p.Layers+1)
+				shown = max(shown, pct0+(pct1-pct0)*p.Layer/(p.Layers+1))
 			}
-			o.progress(progressLine(p), pct)
+			o.progress(progressLine(p), shown)
 		},
 	})
 	if err != nil {
