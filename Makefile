@@ -9,7 +9,9 @@ BZIMAGE := $(BUILD)/bzImage
 INITRAMFS := $(BUILD)/initramfs.cpio
 TESTGUESTS := $(BUILD)/testguests
 TESTDISK := $(BUILD)/testdisk.img
-TEST_ENV := WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) WARREN_TESTDISK=$(CURDIR)/$(TESTDISK)
+ROOTFS := $(BUILD)/rootfs/debian
+TEST_ENV := WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) \
+	WARREN_BIN=$(CURDIR)/bin/warren WARREN_ROOTFS=$(CURDIR)/$(ROOTFS)
 GUEST_SRC := vmm/testdata/guests
 # Packages whose tests need /dev/kvm.
 KVM_PKGS := vmm/kvm vmm memsnap/vmsnap cow cmd/warren/cli hostd/daemon
@@ -58,7 +60,7 @@ hostd:
 # The main job (hostd/demo.sh): start warren-hostd, build a template (boot
 # once, snapshot), create a sandbox from it, run a command in it, fork it,
 # pause and resume it, all through the daemon with the warren CLI.
-run: warren hostd kernel initramfs
+run: warren hostd kernel initramfs rootfs
 ifeq ($(HAVE_KVM),yes)
 	bash hostd/demo.sh
 else
@@ -81,7 +83,7 @@ vet:
 
 # Unit tests everywhere; the KVM tests run here when /dev/kvm exists,
 # otherwise test-kvm runs them in the nested KVM host.
-test: vet kernel initramfs testguests testdisk
+test: vet kernel initramfs testguests testdisk warren rootfs
 	$(TEST_ENV) $(GO) test -count=1 ./...
 ifneq ($(HAVE_KVM),yes)
 	$(MAKE) test-kvm
@@ -110,7 +112,8 @@ test-kvm: warren testguests testdisk
 	done
 	bash .ci/test-kvm.sh $(BUILD)/tests/kvm-state $(BUILD)/tests $(KVM_PKGS) -- \
 		--idle-timeout 300 --frozen-timeout 90 --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) \
-		--env WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) --env WARREN_BIN=$(CURDIR)/bin/warren
+		--env WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) --env WARREN_BIN=$(CURDIR)/bin/warren \
+		--env WARREN_ROOTFS=$(CURDIR)/$(ROOTFS)
 
 # Benchmarks against QEMU -M microvm (from apt) on the same kernel and
 # initramfs. Without /dev/kvm they run in the nested KVM host, in the host's

@@ -30,10 +30,20 @@ CACHE=${WARREN_CACHE:-$HOME/.cache/warren}/rootfs
 hash=$(sha256sum "$0" | cut -c1-16)
 dest=$CACHE/debian-$SUITE-$hash
 
+# link puts the cached layout at OUT: hard links where the cache is on the
+# same file system (else a copy), never a symbolic link, so that OUT works
+# wherever only the repository is visible (the nested KVM host mounts just
+# the clone).
 link() {
 	mkdir -p "$(dirname "$OUT")"
-	ln -sfn "$dest/layout" "$OUT"
-	echo "make rootfs: $OUT -> $dest/layout (oci-layout:$OUT:$TAG)"
+	if [ -f "$OUT/index.json" ] && cmp -s "$OUT/index.json" "$dest/layout/index.json"; then
+		echo "make rootfs: $OUT is up to date (oci-layout:$OUT:$TAG)"
+		return
+	fi
+	rm -rf "$OUT" "$OUT.tmp"
+	cp -al "$dest/layout" "$OUT.tmp" 2>/dev/null || { rm -rf "$OUT.tmp"; cp -a "$dest/layout" "$OUT.tmp"; }
+	mv "$OUT.tmp" "$OUT"
+	echo "make rootfs: $OUT from $dest/layout (oci-layout:$OUT:$TAG)"
 	if [ -f "$dest/stats.json" ]; then cat "$dest/stats.json"; fi
 }
 

@@ -197,6 +197,19 @@ build_image() {
 	for app in $("$root/bin/busybox" --list); do
 		[[ $app == busybox ]] || ln -sf busybox "$root/bin/$app"
 	done
+	# e2fsprogs, from the host (with the shared libraries they load): the
+	# daemon makes an image template's ext4 root file system with
+	# e2fsck, tune2fs and resize2fs (package image), and tests read
+	# images with debugfs, inside L1.
+	local tool lib f
+	for tool in e2fsck tune2fs resize2fs debugfs dumpe2fs mke2fs; do
+		f=$(PATH=/usr/sbin:/sbin:$PATH command -v "$tool") || die "$tool not found (install e2fsprogs)"
+		cp "$f" "$root/sbin/$tool"
+		for lib in $(ldd "$f" | grep -o '/[^ ]*'); do
+			mkdir -p "$root$(dirname "$lib")"
+			cp -n "$lib" "$root$lib"
+		done
+	done
 	printf 'root:x:0:0:root:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$root/etc/passwd"
 	printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
 	echo "127.0.0.1 localhost" >"$root/etc/hosts"
