@@ -25,10 +25,17 @@ type Guest struct {
 	// GuestArgs are the kernel arguments besides Warren's base line and
 	// the host profile's, as `warren run --cmdline` gets them.
 	GuestArgs string
+	// Disks are raw disk images attached as virtio-blk devices, in order
+	// (/dev/vda, ...), each with QEMU's snapshot=on: the guest's writes
+	// go to a temporary file, the image is never written.
+	Disks []string
+	// NoVsock leaves the vhost-vsock device out (hosts without
+	// /dev/vhost-vsock; the guest is then driven on its console only).
+	NoVsock bool
 }
 
 // Argv is QEMU's microvm with g: one vCPU, virtio-rng (Warren gives its
-// guests one by default) and the kernel's vhost-vsock. With qmpPath, QMP
+// guests one by default), g's disks and the kernel's vhost-vsock. With qmpPath, QMP
 // is served on that unix socket. A restore appends -incoming to the same
 // line.
 func Argv(g Guest, qmpPath string) []string {
@@ -40,8 +47,14 @@ func Argv(g Guest, qmpPath string) []string {
 		"-m", strconv.Itoa(g.MemMiB), "-smp", "1",
 		"-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-monitor", "none",
 		"-kernel", g.Kernel, "-initrd", g.Initramfs, "-append", cmd.String(),
-		"-device", "virtio-rng-device",
-		"-device", "vhost-vsock-device,guest-cid=" + strconv.Itoa(g.CID)}
+		"-device", "virtio-rng-device"}
+	for i, d := range g.Disks {
+		id := "disk" + strconv.Itoa(i)
+		argv = append(argv, "-drive", "id="+id+",file="+d+",format=raw,if=none,snapshot=on", "-device", "virtio-blk-device,drive="+id)
+	}
+	if !g.NoVsock {
+		argv = append(argv, "-device", "vhost-vsock-device,guest-cid="+strconv.Itoa(g.CID))
+	}
 	if qmpPath != "" {
 		argv = append(argv, "-qmp", "unix:"+qmpPath+",server=on,wait=off")
 	}

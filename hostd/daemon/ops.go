@@ -591,7 +591,7 @@ func (d *Daemon) takeSnapshot(ctx context.Context, s *sbState, name, kind string
 	// A sealed layer cannot be the parent of the VMM's next incremental
 	// one (it opens it by path): a tenant with a key gets full ones.
 	s.chainOK = !d.encrypts(sb.Tenant)
-	snap := store.Snapshot{Name: name, Path: path, Kind: kind, Time: time.Now().UTC(), Bytes: rep.LayerBytes, Rolling: rolling}
+	snap := store.Snapshot{Name: name, Path: path, Kind: kind, Time: time.Now().UTC(), Bytes: rep.LayerBytes, PauseMS: rep.PauseMS, Rolling: rolling}
 	sb.Snapshots = append(sb.Snapshots, snap)
 	d.save(s)
 	d.events.publish(sb.Tenant, wire.Event{Type: "snapshotted", Sandbox: sb.ID, Detail: name + " (" + kind + ")"})

@@ -135,6 +135,8 @@ type Snapshot struct {
 	Kind  string    `json:"kind"` // full or incremental
 	Time  time.Time `json:"time"`
 	Bytes int64     `json:"layer_bytes,omitempty"`
+	// PauseMS is how long the guest was paused for it.
+	PauseMS float64 `json:"pause_ms,omitempty"`
 	// Rolling marks a snapshot taken by the rolling snapshotter (pruned by it).
 	Rolling bool `json:"rolling,omitempty"`
 }
