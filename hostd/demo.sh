@@ -1,17 +1,21 @@
 #!/bin/bash
 # The main job, through warren-hostd and the warren CLI: start the daemon
-# on a temporary state directory and socket, build a template (boot once,
-# snapshot), create a sandbox from it, run a command in it, fork it and run
-# a command in a child, pause and resume it, list the sandboxes, delete
-# everything and stop the daemon. `make run` runs it (with /dev/kvm here, or
-# in the nested KVM host: see the Makefile); by hand, from the repository
-# root, after `make warren hostd kernel initramfs`: bash hostd/demo.sh
+# on a temporary state directory and socket, build a template from the
+# Debian image of `make rootfs` (its layers become an ext4 root file
+# system; boot once, snapshot), create a sandbox from it, run Python in it
+# and write a file, fork it into two children that each write their own
+# file, pause and resume it, list the sandboxes, delete everything and stop
+# the daemon. `make run` runs it (with /dev/kvm here, or in the nested KVM
+# host: see the Makefile); by hand, from the repository root, after
+# `make warren hostd kernel initramfs rootfs`: bash hostd/demo.sh
+# (WARREN_DEMO_IMAGE=REF uses another image).
 set -euo pipefail
 ROOT=$(pwd)
 S=$(mktemp -d /tmp/warren-demo-XXXXXX)
 export WARREN_HOST=$S/hostd.sock WARREN_TENANT=demo
 W=$ROOT/bin/warren
-"$ROOT/bin/warren-hostd" --state "$S/state" --socket "$WARREN_HOST" --warren "$W" --stop-on-exit 2>"$S/hostd.log" &
+"$ROOT/bin/warren-hostd" --state "$S/state" --socket "$WARREN_HOST" --warren "$W" --stop-on-exit \
+	--guest-kernel "$ROOT/build/vmlinux" --guest-initramfs "$ROOT/build/initramfs.cpio" 2>"$S/hostd.log" &
 HOSTD=$!
 cleanup() {
 	local rc=$?
@@ -37,28 +41,38 @@ show() {
 	"$@"
 }
 
-step "template: boot the guest once, wait for its agent, snapshot it"
-TPL=$(show "$W" templates create --kernel build/vmlinux --initramfs build/initramfs.cpio --mem 256 --cpus 1)
+IMAGE=${WARREN_DEMO_IMAGE:-oci-layout:$ROOT/build/rootfs/debian:bookworm}
+
+step "template from the image $IMAGE: its layers become an ext4 root file system; boot once, snapshot"
+TPL=$(show "$W" templates create --image "$IMAGE" --mem 512 --cpus 1)
 echo "$TPL"
 show "$W" templates
+show "$W" images
 
-step "a sandbox from $TPL"
-SB=$(show "$W" create --template "$TPL" --mem 512 --name demo)
+step "a sandbox from $TPL: Python runs in it"
+SB=$(show "$W" create --template "$TPL" --name demo)
 echo "$SB"
-show "$W" exec "$SB" -- sh -c 'echo hello from $(cat /proc/sys/kernel/hostname)'
+show "$W" exec "$SB" -- python3 -c 'import platform, sys; print(f"python {platform.python_version()} on {platform.system()}: 6*7 =", 6*7)'
+show "$W" exec "$SB" -- sh -c 'cat /etc/debian_version; echo "agent notes" > /root/notes.txt; ls -l /root'
 
-step "fork $SB into 2"
+step "fork $SB into 2: each child writes its own file"
 KIDS=$(show "$W" fork -n 2 "$SB")
 echo "$KIDS"
-for k in $KIDS; do show "$W" exec "$k" -- sh -c 'echo child $(cat /proc/sys/kernel/hostname)'; done
+for k in $KIDS; do
+	show "$W" exec "$k" -- sh -c "hostname > /root/child-\$(hostname).txt"
+done
+for k in $KIDS; do
+	show "$W" exec "$k" -- sh -c 'echo "$(hostname): $(ls /root | tr "\n" " ")"'
+done
+show "$W" exec "$SB" -- sh -c 'echo "parent: $(ls /root | tr "\n" " ")"'
 
 step "pause, resume"
 show "$W" pause "$SB"
 show "$W" resume "$SB"
-show "$W" exec demo -- sh -c 'echo still alive'
+show "$W" exec demo -- python3 -c 'print(open("/root/notes.txt").read().strip(), "- still there")'
 show "$W" ls
 
 step "cleanup"
-show "$W" rm "$SB" $KIDS
+show "$W" rm $KIDS "$SB"
 show "$W" templates rm "$TPL"
 show "$W" ls
