@@ -1,7 +1,8 @@
 // Package guestinit is the guest's PID 1: it mounts the pseudo file systems,
-// sets the hostname from the kernel command line, announces readiness on the
-// console with one line, optionally powers the VM off, and otherwise reaps
-// orphaned children forever.
+// optionally moves into an image's root file system on a virtio-blk disk
+// (warren.root), sets the hostname from the kernel command line, starts the
+// guest agent, announces readiness on the console with one line, optionally
+// powers the VM off, and otherwise reaps orphaned children forever.
 //
 // Everything that can be checked without a VM (command-line parsing, uptime
 // parsing, the ready line) lives in small pure functions with tests; the
