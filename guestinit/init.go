@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenvm/warren/guestinit/agent"
 )
 
 // Run is PID 1's whole life. It never returns: PID 1 exiting panics the
@@ -80,6 +82,9 @@ func Run() {
 	}
 	configureNetwork(cmdline)
 	mountData(cmdline)
+	if img != nil && img.readOnly {
+		agent.HostnameEtcDir = "" // a fork's hostname cannot reach /etc there
+	}
 	if cfg.Agent {
 		// After the move: the agent's processes, and the trust store the
 		// re-sync loop writes (agent.ApplyTrust), are the image's.

@@ -21,6 +21,7 @@ var MachineIDPath = "/etc/machine-id"
 // HostnameEtcDir is the directory whose hostname and hosts files
 // ApplyIdentity keeps in step with the hostname (etc.WriteHostname), when
 // they exist: PID 1 makes them in an image root, the initramfs has none.
+// "" leaves them alone (PID 1 sets it for a read-only root).
 var HostnameEtcDir = "/etc"
 
 // ApplyIdentity makes the guest take on id: the hostname (sethostname,
@@ -41,8 +42,10 @@ func ApplyIdentity(id *Identity) error {
 		if err := unix.Sethostname([]byte(id.Hostname)); err != nil {
 			errs = append(errs, fmt.Errorf("identity: sethostname: %w", err))
 		}
-		if err := etc.WriteHostname(HostnameEtcDir, id.Hostname, false); err != nil {
-			errs = append(errs, fmt.Errorf("identity: %w", err))
+		if HostnameEtcDir != "" {
+			if err := etc.WriteHostname(HostnameEtcDir, id.Hostname, false); err != nil {
+				errs = append(errs, fmt.Errorf("identity: %w", err))
+			}
 		}
 	}
 	if id.MachineID != "" {
