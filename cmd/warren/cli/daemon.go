@@ -31,6 +31,11 @@ const daemonUsage = `usage: warren <command> [flags]
 Sandboxes, through the host daemon (warren-hostd):
   templates                 list templates; templates create --kernel K [--initramfs I] [--disk D]...
                             [--mem MiB] [--cpus N] [--cmdline S] [--network]; templates rm ID...
+                            templates create --image REF|oci-layout:DIR[:TAG]|docker-archive:FILE
+                            (or --rootfs DIR|FILE.tar) [--disk-mib N] [--insecure-registry]
+                            [--start-cmd CMD | --start-image-cmd] [--ready-cmd CMD]: a root file
+                            system from an image (local sources are uploaded)
+  images                    the tenant's image bases (one per image digest); images rm KEY...
   create    [--template ID] [--mem MiB] [--cpus N] [--name NAME] [--env K=V]...
             [--egress POLICY.json] [--secret NAME]...                             prints the sandbox id
   ls                        list sandboxes
@@ -65,7 +70,7 @@ with a / or ending in .sock, .api or .vsock).
 `
 
 // daemonVerbs are the verbs that only exist against the daemon.
-var daemonVerbs = map[string]bool{"templates": true, "create": true, "ls": true, "rm": true, "events": true, "secrets": true, "keys": true}
+var daemonVerbs = map[string]bool{"images": true, "templates": true, "create": true, "ls": true, "rm": true, "events": true, "secrets": true, "keys": true}
 
 // sharedVerbs are the verbs of both the daemon and the VM level.
 var sharedVerbs = map[string]bool{"exec": true, "cp": true, "pause": true, "resume": true, "snapshot": true, "fork": true, "rollback": true, "egress": true}
@@ -277,6 +282,8 @@ func daemonVerb(verb string, args []string, stdin io.Reader, stdout, stderr io.W
 	switch verb {
 	case "templates":
 		return templatesCmd(ctx, args, stdout, stderr)
+	case "images":
+		return imagesCmd(ctx, args, stdout, stderr)
 	case "create":
 		return createCmd(ctx, args, stdout, stderr)
 	case "ls":
@@ -334,8 +341,17 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		tw.Flush()
 		return 0
 	case "create":
-		d := newDaemonCmd(ctx, "templates create", "templates create --kernel K [--initramfs I] [--disk D]... [--mem MiB] [--cpus N] [--cmdline S] [--network]", stdout, stderr)
-		kernel := d.fs.String("kernel", "", "guest kernel (vmlinux or bzImage; required)")
+		d := newDaemonCmd(ctx, "templates create", "templates create {--kernel K [--initramfs I] | --image REF | --rootfs DIR|FILE.tar} [--disk D]... [--mem MiB] [--cpus N] [--cmdline S] [--network]\n"+
+			"    [--disk-mib N] [--insecure-registry] [--start-cmd CMD | --start-image-cmd] [--ready-cmd CMD] [--ready-timeout D]", stdout, stderr)
+		kernel := d.fs.String("kernel", "", "guest kernel (vmlinux or bzImage; required without --image/--rootfs, whose default is the daemon's)")
+		imageRef := d.fs.String("image", "", "make the root file system from an image: a registry reference (pulled by the daemon), oci-layout:DIR[:TAG] or docker-archive:FILE.tar (read here and uploaded)")
+		rootfs := d.fs.String("rootfs", "", "make the root file system from a plain tree: a directory or a tar file (read here and uploaded)")
+		insecure := d.fs.Bool("insecure-registry", false, "pull --image over plain HTTP (a registry the daemon's operator allows, e.g. on loopback)")
+		diskMiB := d.fs.Int("disk-mib", 0, "size of the image's root file system in MiB (sparse; default the daemon's, 4096)")
+		startCmd := d.fs.String("start-cmd", "", "a shell command started (and kept running) in the template before its snapshot, so it runs in every sandbox")
+		startImage := d.fs.Bool("start-image-cmd", false, "run the image's own Entrypoint and Cmd as the start command")
+		readyCmd := d.fs.String("ready-cmd", "", "a shell command run until it exits 0 before the snapshot (with a start command)")
+		readyTimeout := d.fs.Duration("ready-timeout", 0, "how long --ready-cmd may take (default 2m)")
 		initramfs := d.fs.String("initramfs", "", "initramfs (cpio)")
 		var disks stringsFlag
 		d.fs.Var(&disks, "disk", "raw disk image, attached read-only to every sandbox (repeatable)")
@@ -346,7 +362,7 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if code := d.parse(args); code != 0 {
 			return code
 		}
-		if d.fs.NArg() != 0 || *kernel == "" {
+		if d.fs.NArg() != 0 || (*kernel == "" && *imageRef == "" && *rootfs == "") || (*imageRef != "" && *rootfs != "") {
 			return d.usageErr()
 		}
 		abs := func(p string) string {
@@ -363,7 +379,17 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		for _, p := range disks {
 			req.Disks = append(req.Disks, abs(p))
 		}
+		req.DiskMiB, req.InsecureRegistry, req.StartCmd, req.StartImageCmd, req.ReadyCmd = *diskMiB, *insecure, *startCmd, *startImage, *readyCmd
+		req.ReadyTimeoutS = int(readyTimeout.Seconds())
 		fn, done := d.progress("template")
+		if *imageRef != "" || *rootfs != "" {
+			ref, err := imageForTemplate(ctx, d.c, *imageRef, *rootfs, fn)
+			if err != nil {
+				done()
+				return d.fail(err)
+			}
+			req.Image = ref
+		}
 		t, err := d.c.CreateTemplate(ctx, req, fn)
 		done()
 		if err != nil {
@@ -381,6 +407,14 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	fmt.Fprintf(stderr, "warren templates: unknown sub-command %q (ls, create, rm)\n", sub)
 	return 2
+}
+
+// orDash is s, or "-" for an empty s (table cells).
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func ago(t time.Time) string {
@@ -474,12 +508,6 @@ func lsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tNAME\tSTATUS\tTEMPLATE\tPARENT\tPID\tMEM\tSNAPSHOTS\tCREATED")
-	dash := func(s string) string {
-		if s == "" {
-			return "-"
-		}
-		return s
-	}
 	for _, s := range l {
 		status := s.Status
 		if s.Reason != "" {
@@ -489,7 +517,7 @@ func lsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if s.PID > 0 {
 			pid = fmt.Sprint(s.PID)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.ID, dash(s.Labels["name"]), status, s.Template, dash(s.Parent), pid, s.MemMiB, len(s.Snapshots), ago(s.Created))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.ID, orDash(s.Labels["name"]), status, s.Template, orDash(s.Parent), pid, s.MemMiB, len(s.Snapshots), ago(s.Created))
 	}
 	tw.Flush()
 	return 0
