@@ -30,9 +30,19 @@ import (
 //	POST /v1/snapshot  {"path": "/abs/DIR/NAME", "kind": "full"|"incremental"}
 //	                                                        -> snapshotReply
 //	POST /v1/rollback  {"path": "/abs/DIR/NAME"}            -> rollbackReply
-//	POST /v1/fork      {"n": N, "prefix": "/abs/PREFIX"}     -> forkReply
+//	POST /v1/fork      {"n": N, "prefix": "/abs/PREFIX", "disk_dirs": [...]}
+//	                                                        -> forkReply
+//	GET  /v1/disks                                          -> disksReply
 //
 // Errors are answered with a 4xx or 5xx status and {"error": "..."}.
+//
+// Disks: every snapshot freezes the writable disks at its instant (its
+// answer names, per disk, the layer it records, that layer's chain and the
+// VM's new live top: cow.DiskFiles); a rollback puts them back on new
+// overlays over the snapshot's layers (its answer names the new tops); a
+// fork answers the parent's new tops and each child's. GET /v1/disks
+// answers the live tops and their chains, so that whoever keeps the files
+// knows exactly which ones the running VM references.
 
 // snapshotRequest is the body of POST /v1/snapshot.
 type snapshotRequest struct {
@@ -52,6 +62,10 @@ type snapshotReply struct {
 	LayerBytes int64   `json:"layer_bytes"`
 	StateBytes int64   `json:"state_bytes"`
 	Layer      string  `json:"layer"`
+	// Disks are the writable disks: the layer the snapshot records for
+	// each (frozen at its instant, or merged), the layer's chain, and the
+	// live top the VM writes to now. Never null.
+	Disks []cow.DiskFiles `json:"disks"`
 	// Line is the one-line summary `warren snapshot` prints.
 	Line string `json:"line"`
 }
@@ -71,8 +85,17 @@ type rollbackReply struct {
 	LoadMS  float64 `json:"load_ms"`
 	Written uint64  `json:"pages_written"`
 	Cleared uint64  `json:"pages_cleared"`
+	// Disks are the writable disks' new live tops (over the snapshot's
+	// layers) and their chains. Never null.
+	Disks []cow.DiskFiles `json:"disks"`
 	// Line is the one-line summary `warren rollback` prints.
 	Line string `json:"line"`
+}
+
+// disksReply is the answer of GET /v1/disks.
+type disksReply struct {
+	// Disks are the writable disks' live tops and chains. Never null.
+	Disks []cow.DiskFiles `json:"disks"`
 }
 
 // pauseReply is the body of the pause and resume answers.
@@ -92,8 +115,8 @@ type apiServer struct {
 	log  *slog.Logger
 	// host is the fingerprint source snapshots are checked against.
 	host vmsnap.FingerprintSource
-	// writableDisks names the VM's writable disks (rollback refuses them).
-	writableDisks []string
+	// disks are the VM's disks (the snapshotter's and the forker's).
+	disks *cow.DiskSet
 	// apiPath is the socket served; opts the VM's device options and
 	// kvmPath its KVM device, which fork children inherit.
 	apiPath string
@@ -128,6 +151,7 @@ func serveAPI(path string, a *apiServer) (func(), error) {
 	mux.HandleFunc("POST /v1/snapshot", a.snapshot)
 	mux.HandleFunc("POST /v1/rollback", a.rollback)
 	mux.HandleFunc("POST /v1/fork", a.fork)
+	mux.HandleFunc("GET /v1/disks", a.getDisks)
 	mux.HandleFunc("GET /v1/egress", a.getEgress)
 	mux.HandleFunc("PUT /v1/egress", a.putEgress)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -191,18 +215,38 @@ func (a *apiServer) snapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.log.Debug("snapshot", "report", rep.String())
+	if rep.DiskWarning != "" {
+		a.log.Warn("snapshot: disks", "path", rep.Path, "warning", rep.DiskWarning)
+	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	reply(w, http.StatusOK, snapshotReply{Path: rep.Path, Kind: string(rep.Kind), PauseMS: ms(rep.Pause), TotalMS: ms(rep.Total),
-		Pages: rep.Pages, LayerBytes: rep.LayerBytes, StateBytes: rep.StateBytes, Layer: rep.LayerPath, Line: rep.String()})
+		Pages: rep.Pages, LayerBytes: rep.LayerBytes, StateBytes: rep.StateBytes, Layer: rep.LayerPath,
+		Disks: withTops(rep.Disks, a.disks.Live()), Line: rep.String()})
+}
+
+// withTops names, for each of a snapshot's disk layers, the disk's live
+// top from live.
+func withTops(layers []vmsnap.DiskLayer, live []cow.DiskFiles) []cow.DiskFiles {
+	out := []cow.DiskFiles{}
+	for _, l := range layers {
+		df := cow.DiskFiles{Index: l.Index, Layer: l.Layer, Chain: l.Chain}
+		for _, d := range live {
+			if d.Index == l.Index {
+				df.Top = d.Top
+			}
+		}
+		out = append(out, df)
+	}
+	return out
+}
+
+func (a *apiServer) getDisks(w http.ResponseWriter, r *http.Request) {
+	reply(w, http.StatusOK, disksReply{Disks: a.disks.Live()})
 }
 
 func (a *apiServer) rollback(w http.ResponseWriter, r *http.Request) {
 	var req rollbackRequest
 	if !decodeRequest(w, r, &req, req.path) {
-		return
-	}
-	if len(a.writableDisks) > 0 {
-		replyErr(w, http.StatusConflict, fmt.Errorf("rollback: the VM has writable disks (%v) that a snapshot does not hold; rolling back memory alone would corrupt their file systems", a.writableDisks))
 		return
 	}
 	start := time.Now()
@@ -214,15 +258,24 @@ func (a *apiServer) rollback(w http.ResponseWriter, r *http.Request) {
 	}
 	defer snap.Close()
 	load := time.Since(start)
+	if err := a.disks.CanRollback(snap); err != nil {
+		// Refused before the VM is touched: a snapshot without disk
+		// state for a VM with writable disks, or another VM's disks.
+		replyErr(w, http.StatusConflict, fmt.Errorf("rollback: %w", err))
+		return
+	}
 	rep, err := a.snap.Rollback(r.Context(), snap)
 	if err != nil {
 		replyErr(w, http.StatusInternalServerError, err)
 		return
 	}
 	a.log.Debug("rollback", "report", rep.String())
+	if rep.DiskWarning != "" {
+		a.log.Warn("rollback: disks", "path", rep.Path, "warning", rep.DiskWarning)
+	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	reply(w, http.StatusOK, rollbackReply{Path: rep.Path, PauseMS: ms(rep.Pause), TotalMS: ms(time.Since(start)), LoadMS: ms(load),
-		Written: rep.Written, Cleared: rep.Cleared,
+		Written: rep.Written, Cleared: rep.Cleared, Disks: a.disks.Live(),
 		Line: fmt.Sprintf("%s (load %.1f ms)", rep.String(), ms(load))})
 }
 

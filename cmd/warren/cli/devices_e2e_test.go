@@ -28,7 +28,12 @@ import (
 // mkfs), or one made here with guestinit/mkdisk.sh.
 func testDisk(t *testing.T) string {
 	t.Helper()
-	dst := filepath.Join(t.TempDir(), "data.img")
+	return testDiskAt(t, filepath.Join(t.TempDir(), "data.img"))
+}
+
+// testDiskAt is testDisk writing the copy to dst.
+func testDiskAt(t *testing.T, dst string) string {
+	t.Helper()
 	src := os.Getenv("WARREN_TESTDISK")
 	if src == "" {
 		_, file, _, _ := runtime.Caller(0)

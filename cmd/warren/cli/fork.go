@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/egress"
@@ -62,6 +63,12 @@ type forkRequest struct {
 	// narrow the parent's (policy.Narrows); by default they inherit the
 	// parent's policy in force. Only for a parent with an egress policy.
 	Egress *policy.Policy `json:"egress,omitempty"`
+	// DiskDirs, when set, are the directories of the children's disk
+	// overlays, one per child, absolute and existing: each child's own
+	// (the daemon's sandbox directories), so that the layers a child's
+	// snapshots make are its own and the parent's stay foreign to it. By
+	// default they go beside the parent's disks.
+	DiskDirs []string `json:"disk_dirs,omitempty"`
 }
 
 // maxForkChildren bounds one fork request.
@@ -88,6 +95,9 @@ type forkChild struct {
 	// ReadyMS is the time from the end of the parent's pause to the
 	// child's first KVM_RUN.
 	ReadyMS float64 `json:"ready_ms"`
+	// Disks are the child's writable disks: its own overlay (Top) over
+	// the parent's layer frozen by the fork, and that layer's chain.
+	Disks []cow.DiskFiles `json:"disks"`
 }
 
 // forkReply describes a fork done.
@@ -96,6 +106,9 @@ type forkReply struct {
 	TotalMS  float64     `json:"total_ms"`
 	Layers   int         `json:"memory_layers"`
 	Children []forkChild `json:"children"`
+	// Disks are the parent's writable disks after the fork: its new live
+	// tops over the layers the fork froze.
+	Disks []cow.DiskFiles `json:"disks"`
 }
 
 // forkSpec is what a child process is told on fd 3.
@@ -169,6 +182,22 @@ func (a *apiServer) fork(w http.ResponseWriter, r *http.Request) {
 		replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: prefix %q is not absolute", req.Prefix))
 		return
 	}
+	if req.DiskDirs != nil {
+		if len(req.DiskDirs) != req.N {
+			replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: %d disk_dirs for %d children", len(req.DiskDirs), req.N))
+			return
+		}
+		for _, d := range req.DiskDirs {
+			fi, err := os.Stat(d)
+			if err == nil && !fi.IsDir() {
+				err = fmt.Errorf("not a directory")
+			}
+			if !filepath.IsAbs(d) || err != nil {
+				replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: disk_dirs: %q is not an absolute path of a directory (%v)", d, err))
+				return
+			}
+		}
+	}
 	rep, err := a.doFork(r.Context(), req)
 	if err != nil {
 		replyErr(w, http.StatusInternalServerError, err)
@@ -231,12 +260,13 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 			return nil, fmt.Errorf("fork: prefix %q is too long for a unix socket path", req.Prefix)
 		}
 	}
-	pt, err := a.forker.Fork(ctx, req.N)
+	pt, err := a.forker.Fork(ctx, req.N, req.DiskDirs)
 	if err != nil {
 		return nil, err
 	}
 	defer pt.Close()
 	resumed := time.Now()
+	parentDisks := a.disks.Live()
 	state, err := pt.State.Marshal()
 	if err != nil {
 		return nil, err
@@ -246,7 +276,13 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 		specs[k].State, specs[k].Devices, specs[k].Memory = state, pt.Devices, desc
 		for i, d := range a.opts.Disks {
 			specs[k].Options.Disks = append(specs[k].Options.Disks, diskOption{Path: pt.Disks[i][k], ReadOnly: d.ReadOnly,
-				Name: a.forker.Disks[i].Dev.Path()})
+				Name: a.disks.Disks()[i].Dev.Path()})
+		}
+		// Child k's overlays sit on the layers the fork froze, which are
+		// the parent's new tops' bases: the same chains.
+		children[k].Disks = []cow.DiskFiles{}
+		for _, pd := range parentDisks {
+			children[k].Disks = append(children[k].Disks, cow.DiskFiles{Index: pd.Index, Top: pt.Disks[pd.Index][k], Chain: pd.Chain})
 		}
 	}
 	// Start every child, then wait for them all: they restore in parallel.
@@ -297,7 +333,7 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	a.log.Debug("fork", "children", len(children), "pause_ms", ms(pt.Pause))
-	return &forkReply{PauseMS: ms(pt.Pause), TotalMS: ms(time.Since(start)), Layers: len(desc.Layers), Children: children}, nil
+	return &forkReply{PauseMS: ms(pt.Pause), TotalMS: ms(time.Since(start)), Layers: len(desc.Layers), Children: children, Disks: parentDisks}, nil
 }
 
 // startForkChild starts one child process with its spec on fd 3, the
@@ -436,6 +472,11 @@ func forkChildCmd(args []string, stdout, stderr io.Writer) int {
 	if err := applyOptions(&o, raw); err != nil {
 		mem.Close()
 		return fail("%v", err)
+	}
+	// The parent's fork made the child's disk overlays for it alone.
+	o.ownDisks = map[int]bool{}
+	for i, d := range o.disks {
+		o.ownDisks[i] = !d.readOnly
 	}
 	// The machine's shape is the saved state's, whatever the options say.
 	o.memMiB, o.cpus = int(st.Machine.MemBytes>>20), st.Machine.CPUs

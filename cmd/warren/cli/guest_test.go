@@ -54,8 +54,10 @@ type guest struct {
 	rng  *rng.Device
 	dev  vmDevices
 	// snapLayer and snapName are the snapshot a restored guest came from
-	// (for startAPI, so its incremental snapshots build on it).
+	// (for startAPI, so its incremental snapshots build on it), and opts
+	// the options it was restored with (its devices, for startAPI).
 	snapLayer, snapName string
+	opts                vmOptions
 	// stop stops the VM and closes its devices (once; the test's cleanup
 	// calls it too).
 	stop func()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/cow"
+	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm/hostprofile"
 )
@@ -153,6 +154,63 @@ func replaceDisks(disks []diskSpec, paths map[int]string) error {
 	return nil
 }
 
+// restoreDisks settles the writable disks of a VM restored from snap
+// (after replaceDisks applied the caller's --disk-path images, given).
+// A snapshot with disk layers (format version 2) gives each writable disk
+// a new overlay over the layer that holds it as it was at the snapshot,
+// never the layer itself, so a snapshot restores any number of times: the
+// image at --disk-path when the caller made one (the daemon does; its
+// chain is checked against the snapshot's record when it is opened), else
+// one made here beside the layer. The device keeps its saved name. A
+// version 1 snapshot holds no disk state: its disks open as its run
+// options (or --disk-path) name them, as before. undo removes the
+// overlays made here, for a restore that fails before its VM runs.
+func restoreDisks(o *vmOptions, snap *vmsnap.Snapshot, given diskPaths) (undo func(), err error) {
+	var made []string
+	undo = func() {
+		for _, p := range made {
+			os.Remove(p)
+		}
+	}
+	if snap.Disks == nil {
+		return undo, nil
+	}
+	layers := map[int]vmsnap.DiskLayer{}
+	for _, l := range snap.Disks {
+		if l.Index >= len(o.disks) || o.disks[l.Index].readOnly {
+			return nil, fmt.Errorf("snapshot %s holds a layer for disk %d, which its run options have not as a writable disk", snap.Path, l.Index)
+		}
+		layers[l.Index] = l
+	}
+	o.diskChains, o.ownDisks = map[int][]string{}, map[int]bool{}
+	for i := range o.disks {
+		d := &o.disks[i]
+		if d.readOnly {
+			continue
+		}
+		l, ok := layers[i]
+		if !ok {
+			undo()
+			return nil, fmt.Errorf("snapshot %s holds no layer for its writable disk %d (%s)", snap.Path, i, d.path)
+		}
+		o.diskChains[i], o.ownDisks[i] = l.Chain, true
+		if _, ok := given[i]; ok {
+			continue
+		}
+		p := disk.NewLayerPath(filepath.Dir(l.Layer), l.Layer)
+		if err := disk.CreateOn(p, l.Layer); err != nil {
+			undo()
+			return nil, fmt.Errorf("disk %d: a new overlay over the snapshot's layer: %w", i, err)
+		}
+		made = append(made, p)
+		if d.name == "" {
+			d.name = d.path
+		}
+		d.path = p
+	}
+	return undo, nil
+}
+
 // startAPI serves the control API of a VM built from o on sock; layer and
 // name, when set, are the snapshot the VM was restored from (the parent
 // of its first incremental snapshot).
@@ -173,17 +231,13 @@ func startAPI(sock string, b *built, o vmOptions, log *slog.Logger, layer, name 
 	if err := json.Unmarshal(opts, &ro); err != nil {
 		return nil, err
 	}
+	s.Disks = b.devs.diskSet
 	a := &apiServer{vm: b.vm, snap: s, log: log, host: func() ([]byte, error) { return fp, nil },
-		apiPath: sock, opts: ro, kvmPath: o.kvmPath,
-		forker: &cow.Forker{VM: b.vm, Devices: b.devs.snap, Disks: b.devs.disks},
+		apiPath: sock, opts: ro, kvmPath: o.kvmPath, disks: b.devs.diskSet,
+		forker: &cow.Forker{VM: b.vm, Devices: b.devs.snap, Disks: b.devs.diskSet},
 		egress: b.devs.egress, sync: b.devs.sync}
 	if a.egress != nil {
 		s.Options = a.liveOptions
-	}
-	for _, d := range o.disks {
-		if !d.readOnly {
-			a.writableDisks = append(a.writableDisks, d.path)
-		}
 	}
 	return serveAPI(sock, a)
 }
@@ -380,6 +434,10 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "warren restore: %v\n", err)
 		return 2
 	}
+	undoDisks, err := restoreDisks(&o, snap, dp)
+	if err != nil {
+		return fail("%v", err)
+	}
 	if *vsockPath != "" {
 		if o.vsock == "" {
 			return fail("--vsock: the snapshotted VM had no vsock device")
@@ -394,6 +452,7 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	o.console = out
 	b, err := build(o)
 	if err != nil {
+		undoDisks()
 		return fail("%v", err)
 	}
 	defer b.close()
@@ -436,7 +495,7 @@ func compactCmd(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if fs.NArg() != 2 {
-		fmt.Fprint(stderr, "usage: warren compact DIR/NAME DIR/NEW\n\nwrites one full snapshot NEW equal to NAME (its memory chain merged).\n")
+		fmt.Fprint(stderr, "usage: warren compact DIR/NAME DIR/NEW\n\nwrites one full snapshot NEW equal to NAME (its memory chain merged, and each disk's own\nlayers merged into one overlay beside them).\n")
 		return 2
 	}
 	res, err := vmsnap.Compact(fs.Arg(0), fs.Arg(1), nil)
@@ -445,6 +504,12 @@ func compactCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "full %s: %d pages, layer %d bytes (%s)\n", res.StatePath, res.Pages, res.LayerBytes, filepath.Base(res.LayerPath))
+	if s, err := vmsnap.Load(res.StatePath, nil); err == nil {
+		for _, d := range s.Disks {
+			fmt.Fprintf(stdout, "disk %d: layer %s (%d images in its chain)\n", d.Index, d.Layer, len(d.Chain))
+		}
+		s.Close()
+	}
 	return 0
 }
 

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,20 +13,23 @@ import (
 )
 
 // TestSnapshotEndToEnd restores the Linux template with vsock and the
-// control API, writes a file in /tmp through the agent, takes a full snapshot,
-// writes a second file, takes an incremental one, and restores each in a
-// new process (`warren restore`, eager and lazy, with its own vsock
-// socket): the agent answers, and exactly the files written before the
-// snapshot are there.
+// control API, writes a file in /tmp and one on the ext4 data disk
+// (/mnt/data) through the agent, takes a full snapshot, writes second
+// files, takes an incremental one, and restores each in a new process
+// (`warren restore`, eager and lazy, with its own vsock socket; the first
+// one twice): the agent answers, and exactly the files written before the
+// snapshot are there, in memory and on the disk (read back with the page
+// cache dropped), each restore on its own overlay over the snapshot's
+// disk layer.
 func TestSnapshotEndToEnd(t *testing.T) {
 	g, dir, sock, api := templateWithAPI(t)
 	run := func(args ...string) string { t.Helper(); return mustRun(t, args...) }
 	run("health", "--wait", "3m", sock)
-	run("exec", sock, "--", "sh", "-c", "echo first > /tmp/first")
+	run("exec", sock, "--", "sh", "-c", "echo first > /tmp/first; echo first > /mnt/data/first; sync")
 	snaps := filepath.Join(dir, "snaps")
 	os.Mkdir(snaps, 0o755)
 	t.Logf("%s", run("snapshot", api, filepath.Join(snaps, "one")))
-	run("exec", sock, "--", "sh", "-c", "echo second > /tmp/second")
+	run("exec", sock, "--", "sh", "-c", "echo second > /tmp/second; echo second > /mnt/data/second; sync")
 	t.Logf("%s", run("snapshot", "--incremental", api, filepath.Join(snaps, "two")))
 	if out := run("pause", api); out != "paused=true\n" {
 		t.Errorf("warren pause: %q", out)
@@ -42,6 +46,7 @@ func TestSnapshotEndToEnd(t *testing.T) {
 		t.Errorf("rolling snapshots: %q", roll)
 	}
 	g.vm.Stop(nil) // the restored copies run alone
+	restores := 0
 
 	for _, c := range []struct {
 		name    string
@@ -51,11 +56,16 @@ func TestSnapshotEndToEnd(t *testing.T) {
 		// then runs against the restored VM's vsock and API sockets.
 		then func(t *testing.T, sock, api string)
 	}{
+		{name: "one", present: []string{"first"}, absent: []string{"second"}, then: func(t *testing.T, sock, api string) {
+			// Written on this restore's own overlay: the next restore of
+			// the same snapshot does not see it.
+			run("exec", sock, "--", "sh", "-c", "echo second > /mnt/data/second; sync")
+		}},
 		{name: "one", present: []string{"first"}, absent: []string{"second"}},
 		{name: "two", lazy: true, present: []string{"first", "second"}, then: func(t *testing.T, sock, api string) {
 			// An incremental snapshot of a restored VM is relative to the
 			// snapshot it was restored from.
-			run("exec", sock, "--", "sh", "-c", "echo third > /tmp/third")
+			run("exec", sock, "--", "sh", "-c", "echo third > /tmp/third; echo third > /mnt/data/third; sync")
 			t.Logf("%s", run("snapshot", "--incremental", api, filepath.Join(snaps, "three")))
 		}},
 		{name: "two-flat", present: []string{"first", "second"}, absent: []string{"third"}},
@@ -63,8 +73,10 @@ func TestSnapshotEndToEnd(t *testing.T) {
 		{name: "roll-0002", present: []string{"first", "second"}, absent: []string{"third"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			sock2, api2 := filepath.Join(dir, c.name+".sock"), filepath.Join(dir, c.name+".api")
-			args := []string{"restore", "--vsock", sock2, "--api", api2, "--console", filepath.Join(dir, c.name+".console")}
+			restores++
+			sock2, api2 := filepath.Join(dir, fmt.Sprintf("%s-%d.sock", c.name, restores)), filepath.Join(dir, fmt.Sprintf("%s-%d.api", c.name, restores))
+			console := filepath.Join(dir, fmt.Sprintf("%s-%d.console", c.name, restores))
+			args := []string{"restore", "--vsock", sock2, "--api", api2, "--console", console}
 			if c.lazy {
 				args = append(args, "--lazy")
 			}
@@ -82,21 +94,41 @@ func TestSnapshotEndToEnd(t *testing.T) {
 				cmd.Process.Kill()
 				cmd.Wait()
 				if t.Failed() {
-					con, _ := os.ReadFile(filepath.Join(dir, c.name+".console"))
+					con, _ := os.ReadFile(console)
 					t.Logf("restore process:\n%s\nconsole:\n%s", out.String(), tail(con))
 				}
 			}()
 			run("health", "--wait", "3m", sock2)
 			t.Logf("restored %s (lazy %v): the agent answered %v after the process started", c.name, c.lazy, time.Since(start))
-			for _, f := range c.present {
-				if got := run("exec", sock2, "--", "cat", "/tmp/"+f); got != f+"\n" {
-					t.Errorf("/tmp/%s: %q", f, got)
+			// One guest command (each costs seconds of emulated kernel
+			// time here): the files in /tmp, then on the disk with the page
+			// cache dropped (so they come from the disk itself), then the
+			// kernel log.
+			var script, want strings.Builder
+			script.WriteString("sync; echo 3 > /proc/sys/vm/drop_caches; ")
+			for _, d := range []string{"/tmp/", "/mnt/data/"} {
+				for _, f := range c.present {
+					fmt.Fprintf(&script, "echo %s%s=$(cat %s%s); ", d, f, d, f)
+					fmt.Fprintf(&want, "%s%s=%s\n", d, f, f)
+				}
+				for _, f := range c.absent {
+					fmt.Fprintf(&script, "test -e %s%s && echo %s%s is there; ", d, f, d, f)
 				}
 			}
-			for _, f := range c.absent {
-				if code, got, _ := cli(t, nil, "exec", sock2, "--", "cat", "/tmp/"+f); code == 0 {
-					t.Errorf("/tmp/%s is there (%q) in a snapshot taken before it was written", f, got)
+			script.WriteString("dmesg")
+			got := run("exec", sock2, "--", "sh", "-c", script.String())
+			if !strings.HasPrefix(got, want.String()) {
+				t.Errorf("the restored guest reads\n%s\nwant\n%s(and none of %q)", got[:min(len(got), len(want.String())+200)], want.String(), c.absent)
+			}
+			for _, d := range []string{"/tmp/", "/mnt/data/"} {
+				for _, f := range c.absent {
+					if strings.Contains(got, d+f+" is there") {
+						t.Errorf("%s%s is there in a snapshot taken before it was written", d, f)
+					}
 				}
+			}
+			if strings.Contains(got, "EXT4-fs error") {
+				t.Errorf("the restored guest's kernel logged file system errors:\n%s", got)
 			}
 			if c.then != nil {
 				c.then(t, sock2, api2)

@@ -12,8 +12,10 @@ import (
 )
 
 // The Linux template: the project's kernel and initramfs booted once per
-// test binary (virtio-rng and vsock, dirty tracking on, agent answering),
-// snapshotted, and stopped. End-to-end tests that need a running Linux
+// test binary (virtio-rng, vsock and an ext4 data disk at /mnt/data, a
+// copy of $WARREN_TESTDISK; dirty tracking on, agent answering),
+// snapshotted (which freezes the disk: the snapshot's layer), and stopped.
+// Each restore gets its own overlay over the template's disk layer. End-to-end tests that need a running Linux
 // guest with its agent restore it instead of booting (a boot takes about a
 // minute on a PVM host); tests about booting itself, and those needing
 // other devices (disk, tap), still boot.
@@ -53,8 +55,9 @@ func linuxTemplate(t *testing.T) string {
 		}
 		sock := filepath.Join(template.dir, "template.sock")
 		api := filepath.Join(template.dir, "template.api")
+		data := testDiskAt(t, filepath.Join(template.dir, "data.img"))
 		o := vmOptions{rng: true, vsock: sock, cid: 3, trackDirty: true, memMiB: 256, cpus: 1,
-			cmdline: "warren.hostname=template"}
+			cmdline: "warren.hostname=template", disks: []diskSpec{{path: data}}}
 		g := bootGuest(t, o)
 		defer g.vm.Stop(nil)
 		stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), "", "")
@@ -95,12 +98,15 @@ func restoreTemplate(t *testing.T, sock string) *guest {
 	if err := applyOptions(&o, snap.Meta.Options); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := restoreDisks(&o, snap, nil); err != nil {
+		t.Fatal(err)
+	}
 	o.vsock = sock
 	g, err := startGuest(t, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.snapLayer, g.snapName = snap.Layer(), snap.Name()
+	g.snapLayer, g.snapName, g.opts = snap.Layer(), snap.Name(), o
 	return g
 }
 
@@ -112,7 +118,8 @@ func templateWithAPI(t *testing.T) (g *guest, dir, sock, api string) {
 	dir = t.TempDir()
 	sock, api = filepath.Join(dir, "vm.sock"), filepath.Join(dir, "api.sock")
 	g = restoreTemplate(t, sock)
-	o := vmOptions{rng: true, vsock: sock, cid: 3, trackDirty: true, memMiB: 256, cpus: 1}
+	o := g.opts
+	o.restore = nil
 	stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), g.snapLayer, g.snapName)
 	if err != nil {
 		t.Fatal(err)

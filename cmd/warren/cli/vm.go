@@ -34,8 +34,15 @@ type vmOptions struct {
 	log          *slog.Logger
 	rng          bool // attach a virtio-rng device
 	disks        []diskSpec
-	tap          string // virtio-net on this tap device, when set
-	mac          net.HardwareAddr
+	// diskChains, by disk index, is the chain the image of a writable
+	// disk restored over a snapshot's layer must have under it (the
+	// snapshot's record, its layer first), checked when it is opened;
+	// ownDisks marks the disks whose image was made for this VM
+	// (cow.Disk.OwnTop).
+	diskChains map[int][]string
+	ownDisks   map[int]bool
+	tap        string // virtio-net on this tap device, when set
+	mac        net.HardwareAddr
 	// privateNet puts the tap and its egress services in a network
 	// namespace of the VMM's own (privnet.go).
 	privateNet bool
@@ -100,8 +107,10 @@ type vmDevices struct {
 	// sync is the vsock re-sync service (nil without vsock): it tells the
 	// guest agent the time, entropy and, for a fork child, its identity.
 	sync *agent.SyncService
-	// disks are the VM's disks in order, for forks.
-	disks []cow.Disk
+	// disks are the VM's disks in order; diskSet the same as snapshots,
+	// rollbacks and forks change them.
+	disks   []cow.Disk
+	diskSet *cow.DiskSet
 	// egress is the tap's egress services (nil without vmOptions.egress).
 	egress *egress.Sandbox
 	// netns is the VM's private network namespace (vmOptions.privateNet;
@@ -147,6 +156,12 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 			// down its chain).
 			var be blk.Backend
 			if be, err = cow.OpenDisk(disk.path, false); err == nil {
+				if chain, ok := o.diskChains[i]; ok {
+					if err = cow.CheckChain(be, chain); err != nil {
+						be.Close()
+						return nil, d, nil, fmt.Errorf("--disk %s: not an overlay over the snapshot's layer %s: %w", disk.path, chain[0], err)
+					}
+				}
 				name, _ := filepath.Abs(disk.path)
 				if disk.name != "" {
 					name = disk.name
@@ -161,8 +176,9 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 		}
 		closers = append(closers, dev.Close)
 		add(fmt.Sprintf("blk%d", i), 1, dev)
-		d.disks = append(d.disks, cow.Disk{Dev: dev, ReadOnly: disk.readOnly})
+		d.disks = append(d.disks, cow.Disk{Dev: dev, ReadOnly: disk.readOnly, OwnTop: o.ownDisks[i]})
 	}
+	d.diskSet = cow.NewDiskSet(d.disks)
 	if o.tap != "" {
 		var dev *vnet.Device
 		if dev, err = openNet(o, &d, &closers); err != nil {
