@@ -336,7 +336,7 @@ func imageTemplate(ctx context.Context, c config, d *daemon) (*client.Template, 
 		}
 		pr, pw := io.Pipe()
 		go func() { pw.CloseWithError(image.WriteArchive(pw, img, "bench/image:latest")) }()
-		u, err := d.c.UploadImage(ctx, pr)
+		u, err := d.c.UploadImage(ctx, pr, c.image)
 		pr.Close()
 		if err != nil {
 			return nil, 0, err

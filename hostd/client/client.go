@@ -282,8 +282,15 @@ func (c *Client) DeleteTemplate(ctx context.Context, id string) error {
 // (warren templates create --image oci-layout:DIR, docker-archive:FILE
 // and --rootfs do this: the daemon never reads a host path a client
 // names.)
-func (c *Client) UploadImage(ctx context.Context, r io.Reader) (*wire.ImageUpload, error) {
-	req, err := c.newRequest(ctx, http.MethodPost, "/v1/images", r)
+//
+// ref, when set, says where the image came from, for people (it becomes the
+// base's recorded reference).
+func (c *Client) UploadImage(ctx context.Context, r io.Reader, ref string) (*wire.ImageUpload, error) {
+	path := "/v1/images"
+	if ref != "" {
+		path += "?ref=" + url.QueryEscape(ref)
+	}
+	req, err := c.newRequest(ctx, http.MethodPost, path, r)
 	if err != nil {
 		return nil, err
 	}

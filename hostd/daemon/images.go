@@ -69,6 +69,35 @@ const (
 
 var uploadIDRE = regexp.MustCompile(`^up-[0-9a-f]{16}$`)
 
+// Uploads that no template build used are removed after uploadTTL; a
+// tenant has at most maxPendingUploads waiting (each can be up to
+// Config.MaxUploadBytes).
+const (
+	uploadTTL         = 24 * time.Hour
+	maxPendingUploads = 8
+)
+
+// pruneUploads removes the uploads in dir older than uploadTTL (and
+// interrupted ones' temporary files) and returns how many are left.
+func pruneUploads(dir string) int {
+	ents, _ := os.ReadDir(dir)
+	left := 0
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		if time.Since(fi.ModTime()) > uploadTTL {
+			os.Remove(filepath.Join(dir, e.Name()))
+			continue
+		}
+		if strings.HasSuffix(e.Name(), ".tar") {
+			left++
+		}
+	}
+	return left
+}
+
 // imageStore is tenant's image base store.
 func (d *Daemon) imageStore(tenant string) *image.Store {
 	return &image.Store{Dir: d.store.ImageDir(tenant)}
@@ -82,6 +111,11 @@ func (d *Daemon) postImage(w http.ResponseWriter, r *http.Request, tenant string
 	if limit <= 0 {
 		limit = defaultMaxUpload
 	}
+	ref := r.URL.Query().Get("ref")
+	if len(ref) > 1024 || strings.ContainsFunc(ref, func(c rune) bool { return c < ' ' || c == 0x7f }) {
+		writeErr(w, errf(400, "ref: at most 1024 printable characters"))
+		return
+	}
 	if r.ContentLength > limit {
 		writeErr(w, errf(413, "image archive of %d bytes: the daemon takes at most %d", r.ContentLength, limit))
 		return
@@ -89,6 +123,10 @@ func (d *Daemon) postImage(w http.ResponseWriter, r *http.Request, tenant string
 	dir := d.store.UploadDir(tenant)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		writeErr(w, err)
+		return
+	}
+	if n := pruneUploads(dir); n >= maxPendingUploads {
+		writeErr(w, errf(429, "%d uploaded images wait for a template build already (at most %d; unused ones go after %s)", n, maxPendingUploads, uploadTTL))
 		return
 	}
 	var rb [8]byte
@@ -113,6 +151,10 @@ func (d *Daemon) postImage(w http.ResponseWriter, r *http.Request, tenant string
 	}
 	if err == nil && n == 0 {
 		err = errf(400, "empty image archive")
+	}
+	if err == nil && ref != "" {
+		// What the client uploaded, for people (the base's Ref).
+		err = os.WriteFile(filepath.Join(dir, id+".ref"), []byte(ref), 0o600)
 	}
 	if err == nil {
 		err = os.Rename(tmp, filepath.Join(dir, id+".tar"))
@@ -240,12 +282,16 @@ func (d *Daemon) openImage(ctx context.Context, tenant string, req wire.Template
 		if err != nil || !fi.Mode().IsRegular() {
 			return nil, nil, errf(404, "no upload %q (POST /v1/images first; an upload serves one template build)", id)
 		}
+		refFile := filepath.Join(d.store.UploadDir(tenant), id+".ref")
+		done := func() { os.Remove(p); os.Remove(refFile) }
 		img, err := image.Open(ctx, "docker-archive:"+p, image.OpenOptions{})
 		if err != nil {
-			os.Remove(p)
-			return nil, nil, errf(400, "upload %s: %v", id, err)
+			done()
+			// (The daemon's own path is not the tenant's business.)
+			msg := strings.ReplaceAll(err.Error(), "docker-archive:"+p, "the archive")
+			return nil, nil, errf(400, "upload %s: %s", id, strings.ReplaceAll(msg, p, "the archive"))
 		}
-		return img, func() { os.Remove(p) }, nil
+		return img, done, nil
 	}
 	img, err = image.Open(ctx, req.Image, image.OpenOptions{Insecure: req.InsecureRegistry, Transport: d.pullTransport()})
 	if err != nil {
@@ -275,8 +321,14 @@ func (d *Daemon) buildImageBase(o *op, t *store.Template, req wire.TemplateReque
 		diskMiB = defaultImageDiskMiB
 	}
 	last, shown := time.Time{}, pct0
+	ref := req.Image
+	if id, ok := strings.CutPrefix(ref, uploadPrefix); ok {
+		if b, err := os.ReadFile(filepath.Join(d.store.UploadDir(t.Tenant), id+".ref")); err == nil && len(b) > 0 {
+			ref = string(b) + " (uploaded)"
+		}
+	}
 	base, err := d.imageStore(t.Tenant).Build(ctx, img, image.BuildOptions{
-		DiskBytes: int64(diskMiB) << 20, MaxUncompressed: d.cfg.MaxImageBytes, Ref: req.Image,
+		DiskBytes: int64(diskMiB) << 20, MaxUncompressed: d.cfg.MaxImageBytes, Ref: ref,
 		Progress: func(p image.Progress) {
 			// At most a line a second, and every layer's start.
 			if time.Since(last) < time.Second && p.Bytes != 0 {

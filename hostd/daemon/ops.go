@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -135,6 +136,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 		}
 		disks = append([]templateDisk{{path: ov, own: true}}, disks...)
 		d.saveTemplate(ts)
+		o.from = 40 // the boot's steps report from there on
 	}
 	bases, err := cloneTemplateDisks(dir, disks)
 	if err != nil {
@@ -200,7 +202,8 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 			return fail(fmt.Errorf("pause before the snapshot: %w", err))
 		}
 	}
-	if err := vmmCall(ctx, api, http.MethodPost, "snapshot", map[string]string{"path": snap, "kind": "full"}, nil); err != nil {
+	var srep vmmSnapshotReply
+	if err := vmmCall(ctx, api, http.MethodPost, "snapshot", map[string]string{"path": snap, "kind": "full"}, &srep); err != nil {
 		return fail(fmt.Errorf("snapshot: %w", err))
 	}
 	if h := d.cfg.Hooks.SnapshotWritten; h != nil {
@@ -212,6 +215,9 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	stopProc(t.PID, t.StartTime, StopGrace)
 	os.Remove(api)
 	os.Remove(vs)
+	if err := settleTemplateDisks(t, srep.Disks); err != nil {
+		return fail(err)
+	}
 	if err := freezeBases(t.DiskBases); err != nil {
 		return fail(err)
 	}
@@ -355,9 +361,10 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 
 // startVMM restores snap in a new VMM for s, puts it in s's cgroup and
 // waits for its agent; on success s is running (caller holds s.mu).
-// diskArgs are the restore's --disk-path arguments: only a restore of the
-// template's snapshot has them (the sandbox's own snapshots record its
-// overlays).
+// diskArgs are the restore's --disk-path arguments: the sandbox's own
+// overlays over the template's bases (a create) or over its snapshot's
+// disk layers (a resume). Once the agent answers, the record gets the
+// VMM's live disks (GET /v1/disks).
 func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) error {
 	sb := s.rec
 	use, lasting := snap, false
@@ -414,6 +421,7 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 		return err
 	}
 	sb.Status, sb.Reason = store.Running, ""
+	d.refreshDisks(s)
 	d.save(s)
 	o.progress("running", 100)
 	return nil
@@ -522,7 +530,7 @@ func (d *Daemon) resume(ctx context.Context, s *sbState, o *op) (any, error) {
 		if err := d.keyUsable(sb.Tenant); err != nil {
 			return nil, err
 		}
-		if err := d.startVMM(o, s, latest.Path); err != nil {
+		if err := d.resumeFrom(o, s, *latest); err != nil {
 			sb.Reason = "resume failed: " + err.Error()
 			d.save(s)
 			d.obs.ObserveOp("resume_from_disk", time.Since(start), err)
@@ -531,6 +539,7 @@ func (d *Daemon) resume(ctx context.Context, s *sbState, o *op) (any, error) {
 		if sb.Rolling != nil {
 			d.startRolling(s)
 		}
+		d.collectDisksLater(sb.Tenant) // the previous VMM's tops
 		d.obs.ObserveOp("resume_from_disk", time.Since(start), nil)
 		d.events.publish(sb.Tenant, wire.Event{Type: "resumed", Sandbox: sb.ID, Detail: "from " + latest.Name})
 		return copyRec(sb), nil
@@ -591,7 +600,12 @@ func (d *Daemon) takeSnapshot(ctx context.Context, s *sbState, name, kind string
 	// A sealed layer cannot be the parent of the VMM's next incremental
 	// one (it opens it by path): a tenant with a key gets full ones.
 	s.chainOK = !d.encrypts(sb.Tenant)
-	snap := store.Snapshot{Name: name, Path: path, Kind: kind, Time: time.Now().UTC(), Bytes: rep.LayerBytes, PauseMS: rep.PauseMS, Rolling: rolling}
+	snap := store.Snapshot{Name: name, Path: path, Kind: kind, Time: time.Now().UTC(), Bytes: rep.LayerBytes, PauseMS: rep.PauseMS, Rolling: rolling,
+		Disks: snapshotDisks(rep.Disks)}
+	if rep.Disks != nil {
+		// The snapshot froze the disks: the VMM writes to new tops.
+		sb.Disks = liveDisks(rep.Disks)
+	}
 	sb.Snapshots = append(sb.Snapshots, snap)
 	d.save(s)
 	d.events.publish(sb.Tenant, wire.Event{Type: "snapshotted", Sandbox: sb.ID, Detail: name + " (" + kind + ")"})
@@ -624,10 +638,23 @@ func (d *Daemon) rollback(ctx context.Context, s *sbState, name string) (any, er
 			defer done()
 		}
 	}
-	var rep map[string]any
-	if err := vmmCall(ctx, sb.API, http.MethodPost, "rollback", map[string]string{"path": use}, &rep); err != nil {
+	// The VMM puts the writable disks back too, on new overlays over the
+	// snapshot's layers (it refuses, 409, a snapshot without disk state
+	// for a VMM with writable disks), and removes the replaced tops.
+	var raw json.RawMessage
+	if err := vmmCall(ctx, sb.API, http.MethodPost, "rollback", map[string]string{"path": use}, &raw); err != nil {
 		return nil, err
 	}
+	var rep map[string]any
+	var drep vmmDisksReply
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return nil, fmt.Errorf("the VMM's rollback answer: %w", err)
+	}
+	if json.Unmarshal(raw, &drep) == nil && drep.Disks != nil {
+		sb.Disks = liveDisks(drep.Disks)
+		d.save(s)
+	}
+	d.collectDisksLater(sb.Tenant) // layers only the replaced tops stood on
 	s.chainOK, s.chain = false, 0
 	// The rollback reset the vsock transport: connections to the agent
 	// are gone, and it answers again once it has reconnected.
@@ -656,9 +683,35 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 	o.progress(fmt.Sprintf("forking into %d", n), 10)
 	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Minute)
 	defer cancel()
+	// The children's ids and directories come first: a parent with
+	// writable disks makes each child's disk overlays in the child's own
+	// directory, so that the layers the child's snapshots make are its own
+	// and the parent's stay foreign to it (never merged by it).
+	ids, dirs := make([]string, n), make([]string, n)
+	for k := range ids {
+		ids[k] = newID("sb")
+		dirs[k] = d.store.SandboxDir(parent.Tenant, ids[k])
+		os.MkdirAll(dirs[k], 0o700)
+	}
+	freq := map[string]any{"n": n, "prefix": prefix}
+	if len(parent.Disks) > 0 {
+		freq["disk_dirs"] = dirs
+	}
 	var rep vmmForkReply
-	err := vmmCall(ctx, parent.API, http.MethodPost, "fork", map[string]any{"n": n, "prefix": prefix}, &rep)
+	err := vmmCall(ctx, parent.API, http.MethodPost, "fork", freq, &rep)
+	if err == nil && rep.Disks != nil {
+		s.rec.Disks = liveDisks(rep.Disks) // the parent's new tops
+		d.save(s)
+	}
 	s.mu.Unlock()
+	used := map[int]bool{}
+	defer func() {
+		for k, dir := range dirs { // a child that never was
+			if !used[k] {
+				os.RemoveAll(dir)
+			}
+		}
+	}()
 	if err != nil {
 		d.obs.ObserveOp("fork", time.Since(start), err)
 		return 0, nil, err
@@ -667,6 +720,11 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 	var kids []store.Sandbox
 	var errs []string
 	for _, ch := range rep.Children {
+		if ch.Index < 0 || ch.Index >= n || used[ch.Index] {
+			errs = append(errs, fmt.Sprintf("child %d: the VMM answered a child index out of range", ch.Index))
+			continue
+		}
+		used[ch.Index] = true // its directory holds its disks, whatever follows
 		// A jailed VMM reports its children's PIDs in its own pid
 		// namespace: the daemon supervises them by their PIDs in its own.
 		pid, err := jail.HostPID(parent.PID, ch.PID)
@@ -675,14 +733,13 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 			continue
 		}
 		ch.PID = pid
-		id := newID("sb")
-		dir := d.store.SandboxDir(parent.Tenant, id)
-		os.MkdirAll(dir, 0o700)
+		id := ids[ch.Index]
 		st, _ := procStartTime(ch.PID)
 		now := time.Now().UTC()
 		sb := &store.Sandbox{ID: id, Tenant: parent.Tenant, Template: parent.Template, Status: store.Creating, PID: ch.PID,
 			StartTime: st, API: ch.API, Vsock: ch.Vsock, Console: ch.Console, Log: ch.Log, MemMiB: parent.MemMiB,
-			CPUs: parent.CPUs, Network: parent.Network, Egress: parent.Egress, Env: parent.Env, Secrets: parent.Secrets, Parent: parent.ID, Created: now}
+			CPUs: parent.CPUs, Network: parent.Network, Egress: parent.Egress, Env: parent.Env, Secrets: parent.Secrets, Parent: parent.ID, Created: now,
+			Disks: liveDisks(ch.Disks)}
 		ks := &sbState{rec: sb, agent: agentclient.New(ch.Vsock)}
 		ks.mu.Lock()
 		d.placeInCgroup(ks, ch.PID)
@@ -749,7 +806,8 @@ func (d *Daemon) deleteSandbox(s *sbState) error {
 	d.mu.Lock()
 	delete(d.sandboxes, sb.ID)
 	d.mu.Unlock()
-	d.sealIdleDisks(sb.Tenant) // its ancestors' and template's disks may be idle now
+	d.sealIdleDisks(sb.Tenant)     // its ancestors' and template's disks may be idle now
+	d.collectDisksLater(sb.Tenant) // and its parent's layers only it stood on unreferenced
 	d.events.publish(sb.Tenant, wire.Event{Type: "deleted", Sandbox: sb.ID})
 	d.log.Info("sandbox deleted", "tenant", sb.Tenant, "sandbox", sb.ID)
 	return nil

@@ -29,12 +29,20 @@ type op struct {
 	result   any
 	err      error
 	finished bool
+	// from, when set, maps the percentages reported after it into
+	// [from, 100] (an op with a first phase of its own before the usual
+	// steps: an image template's base build). Set by the op's goroutine
+	// only, between progress calls.
+	from int
 }
 
 func newOp() *op { return &op{ch: make(chan wire.Progress, 64), done: make(chan struct{})} }
 
 // progress reports a step; dropped when nobody reads fast enough.
 func (o *op) progress(msg string, pct int) {
+	if o.from > 0 {
+		pct = o.from + pct*(100-o.from)/100
+	}
 	select {
 	case o.ch <- wire.Progress{Step: msg, Pct: pct}:
 	default:

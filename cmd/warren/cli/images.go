@@ -59,7 +59,7 @@ func imageForTemplate(ctx context.Context, c *client.Client, ref, rootfs string,
 			}
 		}
 	}()
-	u, err := c.UploadImage(ctx, pr)
+	u, err := c.UploadImage(ctx, pr, source)
 	close(stop)
 	pr.CloseWithError(io.ErrClosedPipe) // stops the writer if the upload failed first
 	if err != nil {
