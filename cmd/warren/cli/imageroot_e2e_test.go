@@ -5,18 +5,21 @@ import (
 	"context"
 	"debug/elf"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+
 	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/guestinit/imageconfig"
 	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/image"
 )
 
 // busyboxStatic is where Debian's busybox-static puts its binary.
@@ -26,7 +29,7 @@ const busyboxStatic = "/bin/busybox"
 // busybox with its applet links, an /etc with a non-root user (app, uid
 // 1000, in the supplementary group staff), an /etc/hosts with a line of
 // the image's own, and an image configuration (env, working directory,
-// user), in an ext4 made by guestinit/mkdisk.sh. /dev, /proc, /sys, /run
+// user), in an ext4 made by package image. /dev, /proc, /sys, /run
 // and /tmp are left out: PID 1 must make them.
 func imageRootDisk(t *testing.T) string {
 	t.Helper()
@@ -71,30 +74,41 @@ func imageRootDisk(t *testing.T) string {
 		must(os.MkdirAll(filepath.Join(tree, filepath.Dir(name)), 0o755))
 		must(os.WriteFile(filepath.Join(tree, name), []byte(content), 0o644))
 	}
-	// mkdisk.sh makes root own everything: the app's working directory
-	// is world-writable so that app can write there.
+	// The app's working directory is world-writable so that app can
+	// write there (the tree is root's).
 	for _, d := range []string{"srv/app", "home/app", "root"} {
 		must(os.MkdirAll(filepath.Join(tree, d), 0o755))
 	}
 	must(os.Chmod(filepath.Join(tree, "srv/app"), 0o1777))
-	cfg, err := imageconfig.Config{
-		Ref:        "warren-test/busybox",
+
+	// The product's path: the tree as an image with a config, made an
+	// ext4 base by package image (e2fsprogs, no bash: it runs in the
+	// nested KVM host too), copied to a disk of the test's own.
+	img, err := image.FromRootfs(tree)
+	must(err)
+	img, err = mutate.Config(img, v1.Config{
 		Env:        []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "GREETING=hello-from-the-image"},
 		WorkingDir: "/srv/app",
 		User:       "app",
 		Cmd:        []string{"sh"},
-	}.Marshal()
+	})
 	must(err)
-	must(os.MkdirAll(filepath.Join(tree, filepath.Dir(imageconfig.Path)), 0o755))
-	must(os.WriteFile(filepath.Join(tree, imageconfig.Path), cfg, 0o644))
-
-	img := filepath.Join(t.TempDir(), "root.img")
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "..", "guestinit", "mkdisk.sh")
-	if out, err := exec.Command("bash", script, img, "32", tree).CombinedOutput(); err != nil {
-		t.Fatalf("mkdisk.sh: %v\n%s", err, out)
+	st := &image.Store{Dir: t.TempDir()}
+	base, err := st.Build(t.Context(), img, image.BuildOptions{DiskBytes: 64 << 20, Ref: "warren-test/busybox"})
+	must(err)
+	if base.Config.User != "app" || base.Config.WorkingDir != "/srv/app" {
+		t.Fatalf("the base's image config: %+v", base.Config)
 	}
-	return img
+	out := filepath.Join(t.TempDir(), "root.img")
+	src, err := os.Open(base.Path)
+	must(err)
+	defer src.Close()
+	dst, err := os.OpenFile(out, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	must(err)
+	_, err = io.Copy(dst, src)
+	must(err)
+	must(dst.Close())
+	return out
 }
 
 // TestImageRoot boots the guest with warren.root on a busybox image root
