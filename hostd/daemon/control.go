@@ -10,6 +10,9 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/warrenvm/warren/cow"
+	"github.com/warrenvm/warren/hostd/store"
 )
 
 // The VMM's control API (`warren run|restore --api PATH`, see
@@ -21,6 +24,34 @@ type vmmSnapshotReply struct {
 	PauseMS    float64 `json:"pause_ms"`
 	TotalMS    float64 `json:"total_ms"`
 	LayerBytes int64   `json:"layer_bytes"`
+	// Disks name each writable disk's layer in the snapshot, its chain
+	// and the VMM's new live top (absent from a VMM from before
+	// snapshots held disks).
+	Disks []cow.DiskFiles `json:"disks"`
+}
+
+// vmmDisksReply is the answer of GET /v1/disks, and the part of the
+// rollback answer the daemon reads.
+type vmmDisksReply struct {
+	Disks []cow.DiskFiles `json:"disks"`
+}
+
+// snapshotDisks turns a snapshot answer's disks into the record's.
+func snapshotDisks(ds []cow.DiskFiles) []store.DiskLayer {
+	var out []store.DiskLayer
+	for _, d := range ds {
+		out = append(out, store.DiskLayer{Index: d.Index, Layer: d.Layer, Chain: d.Chain})
+	}
+	return out
+}
+
+// liveDisks turns an answer's disks into the live tops the record keeps.
+func liveDisks(ds []cow.DiskFiles) []store.LiveDisk {
+	var out []store.LiveDisk
+	for _, d := range ds {
+		out = append(out, store.LiveDisk{Index: d.Index, Top: d.Top, Chain: d.Chain})
+	}
+	return out
 }
 
 type vmmForkChild struct {
@@ -33,12 +64,16 @@ type vmmForkChild struct {
 	Log     string `json:"log"`
 	// Hostname is the child's new guest hostname.
 	Hostname string `json:"hostname"`
+	// Disks are the child's writable disks: its overlays and their chains.
+	Disks []cow.DiskFiles `json:"disks"`
 }
 
 type vmmForkReply struct {
 	PauseMS  float64        `json:"pause_ms"`
 	TotalMS  float64        `json:"total_ms"`
 	Children []vmmForkChild `json:"children"`
+	// Disks are the parent's writable disks after the fork.
+	Disks []cow.DiskFiles `json:"disks"`
 }
 
 // vmmCall sends body (JSON-encoded, nil for none) with method to
@@ -79,6 +114,11 @@ func vmmCall(ctx context.Context, sock, method, verb string, req, resp any) erro
 			Error string `json:"error"`
 		}
 		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			if res.StatusCode == http.StatusConflict {
+				// The VM refuses in its current state (e.g. a rollback to
+				// a snapshot without disk state): the caller's conflict too.
+				return errf(http.StatusConflict, "VMM: %s", e.Error)
+			}
 			return fmt.Errorf("VMM: %s", e.Error)
 		}
 		return fmt.Errorf("VMM: %s: %s", res.Status, bytes.TrimSpace(b))

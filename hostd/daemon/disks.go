@@ -7,7 +7,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/cow/disk"
+	"github.com/warrenvm/warren/hostd/store"
 )
 
 // Template disks. A template's disk given as "PATH,ro" is shared: the
@@ -26,10 +28,22 @@ import (
 //     <sandboxdir>/disk<I>.overlay, given to the restore of the template's
 //     snapshot as `warren restore --disk-path I=OVERLAY` (the VMM opens it
 //     under the base's name, the one the snapshot's device state knows).
-//     The sandbox's own snapshots record the overlay, so its later restores
-//     need no flag, and a fork of it freezes the overlay under new ones
-//     beside it (cow.forkDisks), in the sandbox's directory: a sandbox
-//     with fork children cannot be deleted before them (diskDependents).
+//   - every snapshot of the sandbox freezes its disk's live top in place
+//     (the snapshot records that layer and its chain, store.Snapshot.Disks)
+//     and the VMM goes on writing to a new top beside it,
+//     disk<I>.<unique>.wcow; a full snapshot merges the sandbox's own
+//     layers into one over the template's base. A resume from disk gives
+//     the disk a new overlay over the latest snapshot's layer
+//     (snapshotOverlays, --disk-path again), a rollback one over the
+//     snapshot's layer (made by the VMM), so the files are exactly as at
+//     the snapshot; layers nothing references any more are deleted
+//     (diskgc.go). A fork of the sandbox freezes its top as well, under a
+//     new one for it and one per child in the child's own directory: a
+//     sandbox with fork children cannot be deleted before them
+//     (diskDependents).
+//   - the template's build is a snapshot too: it freezes the clone in
+//     place (the base) and leaves a new top in the template's directory,
+//     removed once the build VMM stops (settleTemplateDisks).
 //
 // I is the disk's index in the template's disks, which is also its index
 // in the snapshot's run options.
@@ -219,4 +233,50 @@ func copyImage(src, dst string) error {
 		b = r
 	}
 	return disk.Flatten(b, dst)
+}
+
+// resumeFrom restores s from its snapshot snap in a new VMM (caller holds
+// s.mu): each writable disk on a new overlay over the snapshot's layer,
+// made in the sandbox's directory with the layers unsealed
+// (snapshotOverlays), so that the files are exactly as at the snapshot.
+// The overlays are removed if the VMM does not start.
+func (d *Daemon) resumeFrom(o *op, s *sbState, snap store.Snapshot) error {
+	release, err := d.acquireDisks(*s.rec)
+	if err != nil {
+		return cryptStatus(fmt.Errorf("disks: %w", err))
+	}
+	defer release()
+	args, made, err := snapshotOverlays(d.store.SandboxDir(s.rec.Tenant, s.rec.ID), snap)
+	if err != nil {
+		return fmt.Errorf("disks: %w", err)
+	}
+	if err := d.startVMM(o, s, snap.Path, args...); err != nil {
+		for _, p := range made {
+			os.Remove(p)
+		}
+		return err
+	}
+	return nil
+}
+
+// settleTemplateDisks makes the template's record match what the build
+// VMM's snapshot froze (its answer's disks): each writable disk's base is
+// the layer the snapshot recorded (the clone, frozen in place), and the
+// live top the build VMM went on writing to after the snapshot, in the
+// template's directory and referenced by nothing, is removed (the VMM has
+// stopped). A VMM from before snapshots held disks answers none: the clones
+// are the bases, as they were.
+func settleTemplateDisks(t *store.Template, disks []cow.DiskFiles) error {
+	for _, df := range disks {
+		if df.Index < 0 || df.Index >= len(t.DiskBases) || t.DiskBases[df.Index] == "" {
+			return fmt.Errorf("the build snapshot froze disk %d, which is not one of the template's writable disks", df.Index)
+		}
+		t.DiskBases[df.Index] = df.Layer
+		if df.Top != "" && df.Top != df.Layer && filepath.Dir(df.Top) == filepath.Dir(df.Layer) {
+			if err := os.Remove(df.Top); err != nil && !os.IsNotExist(err) {
+				return fmt.Errorf("remove the build's leftover disk top: %w", err)
+			}
+		}
+	}
+	return nil
 }

@@ -24,8 +24,11 @@ import (
 // files must besides be sealed (hostd/crypt) whenever no VMM needs them:
 // the template's base after the build and once its last sandbox is gone,
 // a sandbox's overlay once it is paused to disk, with none of its bytes
-// in plaintext in its directory. WARREN_TESTDISK names the image (make
-// testdisk).
+// in plaintext in its directory. Then the files in snapshots
+// (filesScenario): snapshot, write, rollback; two fork children; pause to
+// disk, daemon restart, resume; rolling snapshots with a bounded chain and
+// no layer file left that nothing references. WARREN_TESTDISK names the
+// image (make testdisk).
 func TestE2EDisks(t *testing.T) {
 	warren, kernel, initrd := e2ePaths(t)
 	img := os.Getenv("WARREN_TESTDISK")
@@ -41,7 +44,8 @@ func TestE2EDisks(t *testing.T) {
 	if err := os.Mkdir(keys.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	td := startE2EDaemon(t, state, warren, func(c *Config) { c.Keys = keys })
+	mod := func(c *Config) { c.Keys = keys }
+	td := startE2EDaemon(t, state, warren, mod)
 	for _, keyed := range []bool{false, true} {
 		name := map[bool]string{false: "plain", true: "sealed"}[keyed]
 		t.Run(name, func(t *testing.T) {
@@ -50,13 +54,20 @@ func TestE2EDisks(t *testing.T) {
 			if keyed {
 				c.ok(201, "POST", "/v1/keys", nil, nil)
 			}
-			diskScenario(t, c, state, tenant, kernel, initrd, img, orig, keyed, step)
+			restart := func() *client {
+				// The daemon goes away, its VMMs run on; a new one adopts them.
+				td.Close()
+				<-td.done
+				td = startE2EDaemon(t, state, warren, mod)
+				return td.client(t, tenant)
+			}
+			diskScenario(t, c, state, tenant, kernel, initrd, img, orig, keyed, step, restart)
 		})
 	}
 }
 
 // diskScenario is TestE2EDisks for one tenant.
-func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img string, orig []byte, keyed bool, step func(string, ...any)) {
+func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img string, orig []byte, keyed bool, step func(string, ...any), restart func() *client) {
 	var all []store.Sandbox
 	defer func() {
 		for _, sb := range all { // leave no VMM behind, whatever happened
@@ -167,9 +178,136 @@ func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img st
 		t.Fatalf("after a second pause to disk and resume %s reads %q", a.ID, got)
 	}
 	c.ok(200, "DELETE", "/v1/sandboxes/"+a.ID, nil, nil)
+	c = filesScenario(t, c, state, tenant, tp, keyed, step, restart, &all)
 	sealed(true, "all sandboxes deleted", base)
 	c.ok(200, "DELETE", "/v1/templates/"+tp.ID, nil, nil)
 	step("deleted")
+}
+
+// filesScenario is the files-in-snapshots part of TestE2EDisks, on a new
+// sandbox of tp with the ext4 data disk at /mnt/data: a snapshot, a write,
+// a rollback (the file as at the snapshot, read back from the disk with
+// the page cache dropped, no file system error); two fork children, each
+// seeing only its own writes, each with its overlay in its own directory;
+// a pause to disk, a daemon restart and a resume (the files intact); and
+// rolling snapshots for a while: the disk's chain stays bounded and every
+// layer file left in the sandbox's directory is referenced by a snapshot
+// or the VMM (the others are collected). It returns the client of the
+// daemon that runs at its end.
+func filesScenario(t *testing.T, c *client, state, tenant string, tp store.Template, keyed bool, step func(string, ...any), restart func() *client, all *[]store.Sandbox) *client {
+	sh := func(id, cmd string) string {
+		t.Helper()
+		out, errOut, code, err := c.tryExec(id, "sh", "-c", cmd)
+		if err != nil || code != 0 {
+			t.Fatalf("%q in %s: %v exit %d %q %q", cmd, id, err, code, out, errOut)
+		}
+		return out
+	}
+	// read returns /mnt/data/f from the disk itself and whether g is there,
+	// and fails on a file system error in the kernel's log.
+	read := func(id string) (string, bool) {
+		t.Helper()
+		out := sh(id, "sync; echo 3 > /proc/sys/vm/drop_caches; echo f=$(cat /mnt/data/f); test -e /mnt/data/g && echo g-there; dmesg")
+		if strings.Contains(out, "EXT4-fs error") || strings.Contains(out, "I/O error") {
+			t.Fatalf("%s's kernel logged disk errors:\n%s", id, out)
+		}
+		f, _, _ := strings.Cut(strings.TrimPrefix(out, "f="), "\n")
+		return f, strings.Contains(out, "\ng-there\n")
+	}
+	sbDir := func(id string) string { return filepath.Join(state, "tenants", tenant, "sandboxes", id) }
+	f := c.create(tp.ID)
+	*all = append(*all, f)
+	sh(f.ID, "echo v1 > /mnt/data/f; sync")
+	var s1 store.Snapshot
+	c.ok(201, "POST", "/v1/sandboxes/"+f.ID+"/snapshots", map[string]any{"name": "s1"}, &s1)
+	if len(s1.Disks) != 1 || filepath.Dir(s1.Disks[0].Layer) != sbDir(f.ID) || s1.Disks[0].Chain[len(s1.Disks[0].Chain)-1] != tp.DiskBases[0] {
+		t.Fatalf("snapshot s1 records disks %+v", s1.Disks)
+	}
+	sh(f.ID, "echo v2 > /mnt/data/f; echo x > /mnt/data/g; sync")
+	c.ok(200, "POST", "/v1/sandboxes/"+f.ID+"/rollback", map[string]any{"snapshot": "s1"}, nil)
+	if got, g := read(f.ID); got != "v1" || g {
+		t.Fatalf("after the rollback to s1, %s reads f=%q (g there: %v), want v1 and no g", f.ID, got, g)
+	}
+	step("%s: snapshot s1 froze its disk (%s); after a write, the rollback gives the files as at s1", f.ID, filepath.Base(s1.Disks[0].Layer))
+
+	var fr struct{ Children []store.Sandbox }
+	c.ok(201, "POST", "/v1/sandboxes/"+f.ID+"/fork", map[string]any{"n": 2}, &fr)
+	if len(fr.Children) != 2 {
+		t.Fatalf("fork: %+v", fr)
+	}
+	*all = append(*all, fr.Children...)
+	for k, kid := range fr.Children {
+		if len(kid.Disks) != 1 || filepath.Dir(kid.Disks[0].Top) != sbDir(kid.ID) {
+			t.Fatalf("child %s's disks %+v: not in its own directory", kid.ID, kid.Disks)
+		}
+		sh(kid.ID, fmt.Sprintf("echo kid%d > /mnt/data/f; sync", k))
+	}
+	for k, kid := range fr.Children {
+		if got, _ := read(kid.ID); got != fmt.Sprintf("kid%d", k) {
+			t.Fatalf("child %d reads f=%q", k, got)
+		}
+	}
+	if got, _ := read(f.ID); got != "v1" {
+		t.Fatalf("after its children wrote, the parent reads f=%q", got)
+	}
+	for _, kid := range fr.Children {
+		c.ok(200, "DELETE", "/v1/sandboxes/"+kid.ID, nil, nil)
+	}
+	step("two fork children each see only their own writes, on overlays in their own directories; deleted")
+
+	sh(f.ID, "echo v3 > /mnt/data/f; sync")
+	c.ok(200, "POST", "/v1/sandboxes/"+f.ID+"/pause?to_disk=true", nil, nil)
+	c = restart()
+	var rf store.Sandbox
+	c.ok(200, "POST", "/v1/sandboxes/"+f.ID+"/resume", nil, &rf)
+	*all = append(*all, rf)
+	if got, _ := read(f.ID); got != "v3" {
+		t.Fatalf("after pause to disk, a daemon restart and resume, f=%q, want v3", got)
+	}
+	step("%s paused to disk, daemon restarted, resumed: the files as at the suspend snapshot", f.ID)
+
+	c.ok(202, "POST", "/v1/sandboxes/"+f.ID+"/snapshots", map[string]any{"every": "2s", "keep": 2}, nil)
+	rolls := func() int {
+		n := 0
+		for _, x := range c.get(f.ID).Snapshots {
+			if x.Rolling {
+				n++
+			}
+		}
+		return n
+	}
+	waitFor(t, 5*time.Minute, "rolling snapshots", func() bool { return rolls() >= 8 || t.Failed() })
+	c.ok(200, "POST", "/v1/sandboxes/"+f.ID+"/snapshots", map[string]any{"every": "0"}, nil)
+	// Every layer file left is referenced; the others go (in the background).
+	leftover := func() (extra []string, rec store.Sandbox) {
+		rec = c.get(f.ID)
+		refs := map[string]bool{}
+		addRecordRefs(refs, rec)
+		for _, p := range diskFiles(sbDir(f.ID)) {
+			if !refs[p] {
+				extra = append(extra, filepath.Base(p))
+			}
+		}
+		return extra, rec
+	}
+	waitFor(t, 2*time.Minute, "unreferenced layers to be collected", func() bool { extra, _ := leftover(); return len(extra) == 0 })
+	_, rec := leftover()
+	if len(rec.Disks) != 1 {
+		t.Fatalf("the record's live disks: %+v", rec.Disks)
+	}
+	chain := rec.Disks[0].Chain
+	// The live top's chain: the incremental layers since the last full
+	// snapshot (at most keep-1), its merged layer, the template's base.
+	if len(chain) > 2+1 {
+		t.Errorf("after %d rolling snapshots the disk's chain has %d images: %q", rolls(), len(chain), chain)
+	}
+	if got, _ := read(f.ID); got != "v3" {
+		t.Fatalf("after the rolling snapshots f=%q", got)
+	}
+	step("%d rolling snapshots (keep 2): the disk's chain has %d images, %d layer files in the sandbox's directory, all referenced",
+		rolls(), len(chain), len(diskFiles(sbDir(f.ID))))
+	c.ok(200, "DELETE", "/v1/sandboxes/"+f.ID, nil, nil)
+	return c
 }
 
 // readHead returns the first n bytes of the file at path.

@@ -15,9 +15,10 @@ import (
 
 // Disks at rest. For a tenant with a key, every disk file of the tenant —
 // its templates' frozen bases (TEMPLATEDIR/disk<I>.base), its sandboxes'
-// overlays (SANDBOXDIR/disk<I>.overlay) and the layers forks froze beside
-// them (SANDBOXDIR/disk<I>.<unique>.wcow, also the fork children's own
-// overlays) — is sealed (crypt.EncryptSparseFile: the file's data extents,
+// overlays (SANDBOXDIR/disk<I>.overlay) and every layer made after them
+// (SANDBOXDIR/disk<I>.<unique>.wcow: the layers snapshots and forks froze,
+// merged layers, the overlays rollbacks and resumes put on a snapshot's
+// layer, a fork child's own overlays in its directory) — is sealed (crypt.EncryptSparseFile: the file's data extents,
 // holes left out, chunked and authenticated as a whole under the tenant's
 // key) whenever no VMM needs it, and is plaintext, where it is, only while
 // one does. A VMM opens its disk chain by the paths recorded in the
@@ -52,6 +53,9 @@ type diskSeal struct {
 	mu sync.Mutex
 	// pins counts, per sandbox ID, the VMM starts under way (mu).
 	pins map[string]int
+	// gc coalesces the sweeps of unreferenced disk layers (diskgc.go),
+	// which delete under mu.
+	gc gcState
 }
 
 // isDiskFile reports whether name is a disk file the daemon seals.

@@ -18,7 +18,9 @@ import (
 // `warren snapshot --every --max-chain` does). When a new chain starts,
 // the rolling snapshots older than the previous chain are deleted: at most
 // 2×Keep rolling snapshots stay, and every one left restores (its whole
-// chain is there). Compacting a chain in place (`warren compact`) would
+// chain is there); the disk layers only the deleted ones held go too (a
+// full snapshot merges the sandbox's own layers into one, so the disks'
+// chains stay as short as the memory's). Compacting a chain in place (`warren compact`) would
 // not let its layers go: the VMM's next incremental layer names the
 // chain's top layer as its parent.
 
@@ -110,6 +112,9 @@ func (d *Daemon) rollOnce(ctx context.Context, s *sbState) error {
 	for _, x := range gone {
 		removeSnapshotFiles(x.Path)
 	}
+	// Their disk layers, unless a kept snapshot's chain or a VMM's stands
+	// on them (diskgc.go).
+	d.collectDisksLater(sb.Tenant)
 	return nil
 }
 

@@ -139,6 +139,30 @@ type Snapshot struct {
 	PauseMS float64 `json:"pause_ms,omitempty"`
 	// Rolling marks a snapshot taken by the rolling snapshotter (pruned by it).
 	Rolling bool `json:"rolling,omitempty"`
+	// Disks are the sandbox's writable disks as the snapshot holds them:
+	// each one's frozen layer and the chain under it (from the VMM's
+	// answer). None for a snapshot taken before snapshots held disks, or
+	// of a sandbox without writable disks.
+	Disks []DiskLayer `json:"disks,omitempty"`
+}
+
+// DiskLayer is one writable disk in a snapshot: the frozen cow/disk layer
+// that holds it as it was at the snapshot's instant, never written again.
+type DiskLayer struct {
+	// Index is the disk's index in its template's disks.
+	Index int `json:"index"`
+	// Layer is the layer's absolute path; Chain is Layer and every image
+	// under it, top first, down to the bottom image.
+	Layer string   `json:"layer"`
+	Chain []string `json:"chain"`
+}
+
+// LiveDisk is one writable disk of a sandbox's VMM: the live top it writes
+// to and the chain of frozen images under it.
+type LiveDisk struct {
+	Index int      `json:"index"`
+	Top   string   `json:"top"`
+	Chain []string `json:"chain"`
 }
 
 // Rolling is a sandbox's rolling-snapshot setting.
@@ -180,6 +204,10 @@ type Sandbox struct {
 	Parent    string     `json:"parent,omitempty"`
 	Snapshots []Snapshot `json:"snapshots,omitempty"`
 	Rolling   *Rolling   `json:"rolling,omitempty"`
+	// Disks are its VMM's writable disks as last reported (live top and
+	// chain), kept once the VMM is gone until the next one replaces them:
+	// with the snapshots' disks, what its disk files are referenced by.
+	Disks []LiveDisk `json:"disks,omitempty"`
 	// RestoredFrom is the snapshot its current VMM was restored from.
 	RestoredFrom string    `json:"restored_from,omitempty"`
 	Created      time.Time `json:"created"`
