@@ -6,6 +6,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/warrenvm/warren/cow/disk"
+	"github.com/warrenvm/warren/memsnap/vmsnap"
 )
 
 // TestReplaceDisks checks `warren restore --disk-path`'s rewriting of the
@@ -105,5 +108,65 @@ func TestDiskPathsFlag(t *testing.T) {
 	code, _, errOut := cli(t, nil, "restore", "--disk-path", "zero=/a", filepath.Join(t.TempDir(), "snap"))
 	if code != 2 || !strings.Contains(errOut, "is not I=PATH") {
 		t.Errorf("restore --disk-path zero=/a: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// TestRestoreDisks checks how a restore settles the snapshot's writable
+// disks: a version 1 snapshot (no disk state) reopens them as recorded; a
+// version 2 one puts each on a new overlay beside its layer (the device
+// keeping its saved name), or checks the --disk-path image's chain; a
+// snapshot missing a writable disk's layer, or recording one for a
+// read-only disk, is refused and leaves no file behind.
+func TestRestoreDisks(t *testing.T) {
+	dir := t.TempDir()
+	layer := filepath.Join(dir, "disk0.img")
+	if err := os.WriteFile(layer, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts := func() vmOptions {
+		return vmOptions{disks: []diskSpec{{path: "/old/disk0.overlay", name: "/tpl/disk0.base"}, {path: "/ro.img", readOnly: true}}}
+	}
+	l0 := vmsnap.DiskLayer{Index: 0, Layer: layer, Chain: []string{layer}}
+
+	o := opts()
+	if _, err := restoreDisks(&o, &vmsnap.Snapshot{Meta: vmsnap.Meta{Version: 1}}, nil); err != nil || !reflect.DeepEqual(o.disks, opts().disks) || o.diskChains != nil {
+		t.Errorf("version 1: %v, disks %+v", err, o.disks)
+	}
+
+	o = opts()
+	undo, err := restoreDisks(&o, &vmsnap.Snapshot{Meta: vmsnap.Meta{Version: 2}, Disks: []vmsnap.DiskLayer{l0}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := o.disks[0]
+	if filepath.Dir(d.path) != dir || d.name != "/tpl/disk0.base" || !o.ownDisks[0] || !reflect.DeepEqual(o.diskChains[0], l0.Chain) {
+		t.Errorf("version 2: disk %+v, own %v, chain %v", d, o.ownDisks, o.diskChains)
+	}
+	if ok, err := disk.IsOverlay(d.path); !ok || err != nil {
+		t.Errorf("%s is not an overlay: %v", d.path, err)
+	}
+	undo()
+	if _, err := os.Stat(d.path); !os.IsNotExist(err) {
+		t.Errorf("undo left %s", d.path)
+	}
+
+	// --disk-path: the caller's image is used, its chain checked at open.
+	o = opts()
+	if _, err := restoreDisks(&o, &vmsnap.Snapshot{Meta: vmsnap.Meta{Version: 2}, Disks: []vmsnap.DiskLayer{l0}}, diskPaths{0: "/given.wcow"}); err != nil ||
+		o.disks[0].path != "/old/disk0.overlay" || !reflect.DeepEqual(o.diskChains[0], l0.Chain) {
+		t.Errorf("--disk-path: %v, %+v %v", err, o.disks[0], o.diskChains)
+	}
+
+	for name, layers := range map[string][]vmsnap.DiskLayer{
+		"missing":   {},
+		"read-only": {l0, {Index: 1, Layer: "/ro.img", Chain: []string{"/ro.img"}}},
+	} {
+		o = opts()
+		if _, err := restoreDisks(&o, &vmsnap.Snapshot{Path: "/s/x.wstate", Meta: vmsnap.Meta{Version: 2}, Disks: layers}, nil); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+			t.Errorf("%s: a refused restore left files: %v", name, ents)
+		}
 	}
 }
