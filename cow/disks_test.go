@@ -2,6 +2,7 @@ package cow
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/warrenvm/warren/cow/disk"
+	"github.com/warrenvm/warren/devices/virtio/blk"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 )
 
@@ -123,5 +125,58 @@ func TestDiskSetRollbackKeepsUserImage(t *testing.T) {
 		if got := set.Live()[0].Chain; len(got) != 2 || got[0] != snapTop {
 			t.Errorf("own=%v: live chain %q", own, got)
 		}
+	}
+}
+
+// BenchmarkFreeze times the part of a snapshot's pause the disks take
+// (DiskSet Freeze, after Prepare; Settle outside the timer) for a writable
+// disk of 4 MiB and of 64 GiB (sparse), with 64 random 4 KiB writes since
+// the previous snapshot: it must not grow with the disk's size.
+func BenchmarkFreeze(b *testing.B) {
+	for _, size := range []int64{4 << 20, 64 << 30} {
+		b.Run(fmt.Sprintf("disk=%dMiB", size>>20), func(b *testing.B) {
+			dir := b.TempDir()
+			p := filepath.Join(dir, "disk0.img")
+			f, err := os.Create(p)
+			if err != nil {
+				b.Fatal(err)
+			}
+			f.Truncate(size)
+			f.Close()
+			be, err := OpenDisk(p, false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			dev, err := blk.NewWithBackend(be, p, blk.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer dev.Close()
+			set := NewDiskSet([]Disk{{Dev: dev}})
+			r := rand.New(rand.NewPCG(1, 2))
+			page := bytes.Repeat([]byte{7}, 4096)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				for range 64 {
+					dev.Backend().WriteAt(page, r.Int64N(size/4096)*4096)
+				}
+				set.Lock()
+				if err := set.Prepare(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				frozen, err := set.Freeze()
+				b.StopTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := set.Settle(frozen, i%8 == 7); err != nil {
+					b.Fatal(err)
+				}
+				set.Unlock()
+				b.StartTimer()
+			}
+		})
 	}
 }
