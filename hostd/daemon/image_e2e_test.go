@@ -142,7 +142,7 @@ func TestE2EImage(t *testing.T) {
 	want(sb.ID, `python3 -c 'import sys; print(6*7, sys.version_info[0])'`, "42 3\n")
 	want(sb.ID, `echo "$(id -un) $(pwd) $LANG"`, "root /root C.UTF-8\n")
 	want(sb.ID, "curl -fsS http://127.0.0.1:8000/index.html", "served\n")
-	want(sb.ID, "grep -c ' / ext4 ' /proc/self/mountinfo", "1\n")
+	want(sb.ID, "grep -c ' / / .* - ext4 /dev/vda ' /proc/self/mountinfo", "1\n")
 	step("python3, the image's environment, the start command's server, an ext4 root")
 
 	want(sb.ID, "echo v1 > /root/state.txt && sync && cat /root/state.txt", "v1\n")

@@ -500,7 +500,11 @@ func (d *Daemon) startTemplateCmd(o *op, t *store.Template, req wire.TemplateReq
 		return serviceRunning(ctx, c)
 	}
 	o.progress("waiting for the ready command: "+req.ReadyCmd, 77)
-	n, err := c.PollExec(ctx, agent.ExecRequest{Argv: []string{"/bin/sh", "-c", req.ReadyCmd}, TimeoutMS: 10_000}, 500*time.Millisecond)
+	// Each try is bounded too, by a quarter of the whole wait (at least
+	// 30 s): a first curl in a guest whose kernel is emulated (a PVM
+	// host) takes tens of seconds.
+	try := max(30*time.Second, timeout/4)
+	n, err := c.PollExec(ctx, agent.ExecRequest{Argv: []string{"/bin/sh", "-c", req.ReadyCmd}, TimeoutMS: try.Milliseconds()}, 500*time.Millisecond)
 	if err != nil {
 		return errf(504, "the ready command did not succeed within %s: %v", timeout, err)
 	}
