@@ -46,6 +46,7 @@ func TestE2EDisks(t *testing.T) {
 	}
 	mod := func(c *Config) { c.Keys = keys }
 	td := startE2EDaemon(t, state, warren, mod)
+	outer := t // a restarted daemon outlives the subtest that restarts it
 	for _, keyed := range []bool{false, true} {
 		name := map[bool]string{false: "plain", true: "sealed"}[keyed]
 		t.Run(name, func(t *testing.T) {
@@ -58,7 +59,7 @@ func TestE2EDisks(t *testing.T) {
 				// The daemon goes away, its VMMs run on; a new one adopts them.
 				td.Close()
 				<-td.done
-				td = startE2EDaemon(t, state, warren, mod)
+				td = startE2EDaemon(outer, state, warren, mod)
 				return td.client(t, tenant)
 			}
 			diskScenario(t, c, state, tenant, kernel, initrd, img, orig, keyed, step, restart)
@@ -267,16 +268,25 @@ func filesScenario(t *testing.T, c *client, state, tenant string, tp store.Templ
 	step("%s paused to disk, daemon restarted, resumed: the files as at the suspend snapshot", f.ID)
 
 	c.ok(202, "POST", "/v1/sandboxes/"+f.ID+"/snapshots", map[string]any{"every": "2s", "keep": 2}, nil)
+	// rolls is the number of rolling snapshots taken so far (the newest's
+	// sequence number: older ones are pruned).
 	rolls := func() int {
 		n := 0
 		for _, x := range c.get(f.ID).Snapshots {
-			if x.Rolling {
-				n++
+			var seq int
+			if _, err := fmt.Sscanf(x.Name, "roll-%d", &seq); err == nil && x.Rolling {
+				n = max(n, seq)
 			}
 		}
 		return n
 	}
-	waitFor(t, 5*time.Minute, "rolling snapshots", func() bool { return rolls() >= 8 || t.Failed() })
+	deadline := time.Now().Add(10 * time.Minute)
+	for n := rolls(); n < 8; n = rolls() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rolling snapshots in 10 minutes; the VMM's log:\n%s", n, tail(f.Log, 3000))
+		}
+		time.Sleep(5 * time.Second)
+	}
 	c.ok(200, "POST", "/v1/sandboxes/"+f.ID+"/snapshots", map[string]any{"every": "0"}, nil)
 	// Every layer file left is referenced; the others go (in the background).
 	leftover := func() (extra []string, rec store.Sandbox) {
