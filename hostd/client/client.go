@@ -174,6 +174,25 @@ func readError(resp *http.Response) error {
 	return &Error{Status: resp.StatusCode, Message: e.Error}
 }
 
+// send sends body (of type contentType, not JSON: an upload) and returns
+// the answer, or the daemon's error; the caller closes the answer's body.
+func (c *Client) send(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Response, error) {
+	req, err := c.newRequest(ctx, method, path, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", contentType)
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("warren-hostd: %w", err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		return nil, readError(resp)
+	}
+	return resp, nil
+}
+
 // call sends a request and decodes its JSON answer into out (if not nil).
 func (c *Client) call(ctx context.Context, method, path string, body, out any) error {
 	resp, err := c.do(ctx, method, path, body, "")
@@ -290,19 +309,11 @@ func (c *Client) UploadImage(ctx context.Context, r io.Reader, ref string) (*wir
 	if ref != "" {
 		path += "?ref=" + url.QueryEscape(ref)
 	}
-	req, err := c.newRequest(ctx, http.MethodPost, path, r)
+	resp, err := c.send(ctx, http.MethodPost, path, "application/x-tar", r)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Content-Type", "application/x-tar")
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("warren-hostd: %w", err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return nil, readError(resp)
-	}
 	var u wire.ImageUpload
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&u); err != nil {
 		return nil, fmt.Errorf("warren-hostd: bad answer to POST /v1/images: %w", err)
@@ -477,19 +488,11 @@ func (c *Client) ReadFile(ctx context.Context, id, path string, w io.Writer) (fs
 // permission bits.
 func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, mode fs.FileMode) (*wire.FileInfo, error) {
 	q := "/files?path=" + url.QueryEscape(path) + "&mode=" + strconv.FormatUint(uint64(mode.Perm()), 8)
-	req, err := c.newRequest(ctx, http.MethodPut, sbPath(id, q), r)
+	resp, err := c.send(ctx, http.MethodPut, sbPath(id, q), "application/octet-stream", r)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Content-Type", "application/octet-stream")
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("warren-hostd: %w", err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return nil, readError(resp)
-	}
 	var fi wire.FileInfo
 	if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
 		return nil, fmt.Errorf("warren-hostd: bad answer to file upload: %w", err)
@@ -520,19 +523,11 @@ func (c *Client) SetEgress(ctx context.Context, id string, policy json.RawMessag
 // SetSecret creates or replaces the tenant's secret name with value's
 // bytes (at most 64 KiB of UTF-8).
 func (c *Client) SetSecret(ctx context.Context, name string, value io.Reader) error {
-	req, err := c.newRequest(ctx, http.MethodPut, "/v1/secrets/"+url.PathEscape(name), value)
+	resp, err := c.send(ctx, http.MethodPut, "/v1/secrets/"+url.PathEscape(name), "application/octet-stream", value)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/octet-stream")
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("warren-hostd: %w", err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return readError(resp)
-	}
 	io.Copy(io.Discard, resp.Body)
 	return nil
 }
