@@ -40,6 +40,28 @@ type Stub struct {
 	keys      map[string]*wire.KeyInfo     // tenant -> its key
 	// Requests records "TENANT METHOD PATH" of every request.
 	Requests []string
+	// Uploads holds the bodies of POST /v1/images by upload id, and
+	// TemplateRequests every POST /v1/templates body, in order.
+	Uploads          map[string][]byte
+	TemplateRequests []wire.TemplateRequest
+}
+
+// Upload returns the body uploaded as id (POST /v1/images).
+func (s *Stub) Upload(id string) ([]byte, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.Uploads[id]
+	return b, ok
+}
+
+// LastTemplateRequest returns the last POST /v1/templates body.
+func (s *Stub) LastTemplateRequest() wire.TemplateRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.TemplateRequests) == 0 {
+		return wire.TemplateRequest{}
+	}
+	return s.TemplateRequests[len(s.TemplateRequests)-1]
 }
 
 // New starts a Stub, stopped at the test's end.
@@ -50,7 +72,8 @@ func New(t testing.TB) *Stub {
 	}
 	s := &Stub{Socket: filepath.Join(dir, "hostd.sock"), Token: "0123456789abcdef-token",
 		templates: map[string]*store.Template{}, sandboxes: map[string]*store.Sandbox{}, files: map[string][]byte{},
-		secrets: map[string]map[string]string{}, egress: map[string]json.RawMessage{}, keys: map[string]*wire.KeyInfo{}}
+		secrets: map[string]map[string]string{}, egress: map[string]json.RawMessage{}, keys: map[string]*wire.KeyInfo{},
+		Uploads: map[string][]byte{}}
 	ul, err := net.Listen("unix", s.Socket)
 	if err != nil {
 		t.Fatal(err)
@@ -150,15 +173,47 @@ func (s *Stub) handler() http.Handler {
 	mux.HandleFunc("POST /v1/templates", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
 		var req wire.TemplateRequest
 		json.NewDecoder(r.Body).Decode(&req)
-		if req.Kernel == "" {
+		if req.Kernel == "" && req.Image == "" {
 			fail(w, 400, "kernel is required")
 			return
 		}
 		s.mu.Lock()
+		s.TemplateRequests = append(s.TemplateRequests, req)
+		if id, ok := strings.CutPrefix(req.Image, "upload:"); ok && s.Uploads[id] == nil {
+			s.mu.Unlock()
+			fail(w, 404, "no upload "+id)
+			return
+		}
 		t := &store.Template{ID: s.id("tp"), Tenant: tenant, Status: "ready", Kernel: req.Kernel, Initramfs: req.Initramfs, MemMiB: req.MemMiB, CPUs: req.CPUs, Network: req.Network, Created: time.Now()}
+		if req.Image != "" {
+			t.Image = &store.TemplateImage{Ref: req.Image, Digest: "sha256:0000", Base: "base0"}
+		}
 		s.templates[t.ID] = t
 		s.mu.Unlock()
 		long(w, r, []string{"booting the guest", "waiting for the agent", "snapshotting"}, 201, t)
+	}))
+	mux.HandleFunc("POST /v1/images", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		b, err := io.ReadAll(io.LimitReader(r.Body, 1<<30))
+		if err != nil || len(b) == 0 {
+			fail(w, 400, "empty image archive")
+			return
+		}
+		s.mu.Lock()
+		id := s.id("up")
+		s.Uploads[id] = b
+		s.mu.Unlock()
+		reply(w, 201, wire.ImageUpload{ID: id, Ref: "upload:" + id, Bytes: int64(len(b))})
+	}))
+	mux.HandleFunc("GET /v1/images", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		l := wire.ImageList{Images: []store.Image{}}
+		for _, t := range s.templates {
+			if t.Tenant == tenant && t.Image != nil {
+				l.Images = append(l.Images, store.Image{Key: t.Image.Base, Digest: t.Image.Digest, Ref: t.Image.Ref, Templates: []string{t.ID}})
+			}
+		}
+		reply(w, 200, l)
 	}))
 	mux.HandleFunc("GET /v1/templates", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
 		s.mu.Lock()
