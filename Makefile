@@ -82,9 +82,11 @@ vet:
 	$(GO) vet ./...
 
 # Unit tests everywhere; the KVM tests run here when /dev/kvm exists,
-# otherwise test-kvm runs them in the nested KVM host.
+# otherwise test-kvm runs them in the nested KVM host. -timeout: a package
+# whose tests boot Linux guests takes longer than go test's default 10
+# minutes where the guest kernel is emulated (a PVM host).
 test: vet kernel initramfs testguests testdisk warren rootfs
-	$(TEST_ENV) $(GO) test -count=1 ./...
+	$(TEST_ENV) $(GO) test -count=1 -timeout 50m ./...
 ifneq ($(HAVE_KVM),yes)
 	$(MAKE) test-kvm
 endif
