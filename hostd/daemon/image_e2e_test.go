@@ -41,9 +41,12 @@ func rootfsLayout(t *testing.T) string {
 // TestE2EImage is issue 15 end to end, as a user runs it: the Debian
 // image of `make rootfs` pushed to a registry server on loopback
 // (go-containerregistry's registry, a real implementation of the
-// distribution API), then through the daemon: a template from the
+// distribution API), then through the daemon: a network template from the
 // registry reference with a supervised start command and a ready command,
-// a sandbox where python3 runs in the image's environment, a file written,
+// a sandbox where python3 runs in the image's environment, curl and
+// python3 reach an HTTPS upstream through the credential proxy (the
+// placeholder in the image's environment, the sandbox CA in its trust
+// store), a file written,
 // a snapshot, more writes, a rollback (the files as at the snapshot), a
 // fork into two children that each see only their own file, pause to
 // disk, a daemon restart, resume (every file intact), the template's image
@@ -72,6 +75,10 @@ func TestE2EImage(t *testing.T) {
 	}
 	step("pushed %s to the registry at %s", layout, reg.URL)
 
+	if os.Geteuid() != 0 {
+		t.Skip("skipped: needs root (network namespaces, taps, eBPF)")
+	}
+	up := startUpstream(t, state)
 	keys := &crypt.LocalProvider{Dir: filepath.Join(state, "keys")}
 	if err := os.Mkdir(keys.Dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -81,6 +88,7 @@ func TestE2EImage(t *testing.T) {
 		c.GuestKernel, c.GuestInitramfs = kernel, initrd
 		c.Registries = []string{host}
 		c.ImageDiskMiB = 2048
+		c.EgressHosts, c.UpstreamCA = up.hosts, up.ca
 		c.BootTimeout, c.RestoreTimeout = 6*time.Minute, 3*time.Minute
 		c.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
@@ -94,6 +102,9 @@ func TestE2EImage(t *testing.T) {
 	}()
 	var ki KeyInfo
 	a.ok(201, "POST", "/v1/keys", nil, &ki)
+	if st, b := a.do("PUT", "/v1/secrets/API_KEY", []byte(up.secret)); st/100 != 2 {
+		t.Fatalf("PUT secret: %d %s", st, b)
+	}
 
 	// Refusals before anything runs: a host path, an insecure pull from a
 	// registry the operator did not allow, a private address without it.
@@ -114,7 +125,7 @@ func TestE2EImage(t *testing.T) {
 
 	step("template from %s (pull, ext4 base, boot, start command, snapshot)", refStr)
 	var tp store.Template
-	a.ok(201, "POST", "/v1/templates", map[string]any{"image": refStr, "insecure_registry": true, "mem_mib": 512,
+	a.ok(201, "POST", "/v1/templates", map[string]any{"image": refStr, "insecure_registry": true, "mem_mib": 512, "network": true,
 		"start_cmd": "cd /srv 2>/dev/null || mkdir -p /srv && cd /srv && echo served > index.html && exec python3 -m http.server 8000 --bind 127.0.0.1",
 		"ready_cmd": "curl -fsS http://127.0.0.1:8000/index.html", "ready_timeout_s": 600}, &tp)
 	if tp.Image == nil || tp.Image.Digest == "" || tp.Image.Base == "" || len(tp.DiskBases) != 1 {
@@ -130,8 +141,10 @@ func TestE2EImage(t *testing.T) {
 		t.Fatalf("deleting the image base a template uses: %d, want 409", st)
 	}
 
-	sb := a.create(tp.ID)
-	step("sandbox %s running", sb.ID)
+	var sb store.Sandbox
+	pol := map[string]any{"credentials": []map[string]any{{"secret": "API_KEY", "hosts": []string{"api.test"}}}}
+	a.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": pol, "secrets": []string{"API_KEY"}}, &sb)
+	step("sandbox %s running (API_KEY scoped to api.test)", sb.ID)
 	want := func(id, cmd, out string) {
 		t.Helper()
 		got, errOut, code := a.exec(id, "sh", "-c", cmd)
@@ -144,6 +157,22 @@ func TestE2EImage(t *testing.T) {
 	want(sb.ID, "curl -fsS http://127.0.0.1:8000/index.html", "served\n")
 	want(sb.ID, "grep -c ' / / .* - ext4 /dev/vda ' /proc/self/mountinfo", "1\n")
 	step("python3, the image's environment, the start command's server, an ext4 root")
+
+	// Egress and credentials in the image: the placeholder is in the
+	// image's environment, the sandbox CA in the image's trust store, so
+	// that curl and Python's ssl reach the upstream through the
+	// credential proxy, which puts the real secret in.
+	ph, _, _ := a.exec(sb.ID, "sh", "-c", `echo -n "$API_KEY"`)
+	if ph == "" || strings.Contains(ph, up.secret) {
+		t.Fatalf("the guest's $API_KEY is %q", ph)
+	}
+	want(sb.ID, `curl -fsS "https://api.test/v1/echo?key=$API_KEY&from=curl"`, "upstream saw key="+ph+"&from=curl\n")
+	want(sb.ID, `python3 -c 'import os, urllib.request as u; print(u.urlopen("https://api.test/v1/echo?from=python&key=" + os.environ["API_KEY"]).read().decode(), end="")'`,
+		"upstream saw from=python&key="+ph+"\n")
+	if got := up.seen(); !strings.Contains(got, "key="+up.secret+"&from=curl") || !strings.Contains(got, "from=python&key="+up.secret) {
+		t.Fatalf("the upstream saw %q, not the secret from both", got)
+	}
+	step("curl and python3 reach https://api.test through the credential proxy; the guest holds only %q", ph)
 
 	want(sb.ID, "echo v1 > /root/state.txt && sync && cat /root/state.txt", "v1\n")
 	var snap store.Snapshot

@@ -34,32 +34,8 @@ func TestE2ENetwork(t *testing.T) {
 		t.Skip("skipped: needs root (network namespaces, taps, eBPF)")
 	}
 	state, step := e2eState(t, "hostd-net-")
-	tok := make([]byte, 16)
-	rand.Read(tok)
-	secret := "sk-live-" + hex.EncodeToString(tok)
-
-	// The upstream API on 127.0.0.1:443 of this (L1's) namespace, where
-	// the VMMs' proxies connect from.
-	caPEM, cert := testtls.Upstream(t, "api.test")
-	upCA := filepath.Join(state, "upstream-ca.pem")
-	os.WriteFile(upCA, caPEM, 0o644)
-	hosts := filepath.Join(state, "hosts")
-	os.WriteFile(hosts, []byte("127.0.0.1 api.test\n"), 0o644)
-	var seenMu sync.Mutex
-	var seen []string
-	upLn, err := tls.Listen("tcp", "127.0.0.1:443", &tls.Config{Certificates: []tls.Certificate{cert}})
-	if err != nil {
-		t.Skipf("skipped: cannot listen on 127.0.0.1:443 for the upstream: %v", err)
-	}
-	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		seenMu.Lock()
-		seen = append(seen, r.URL.RawQuery)
-		seenMu.Unlock()
-		fmt.Fprintf(w, "upstream saw %s\n", r.URL.RawQuery)
-	})}
-	go up.Serve(upLn)
-	defer up.Close()
-
+	u := startUpstream(t, state)
+	secret, hosts, upCA := u.secret, u.hosts, u.ca
 	td := startE2EDaemon(t, state, warren, func(c *Config) { c.EgressHosts, c.UpstreamCA = hosts, upCA })
 	a := td.client(t, "tenant-n")
 	var sbs []store.Sandbox
@@ -116,10 +92,7 @@ func TestE2ENetwork(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "upstream saw key="+ph) || strings.Contains(out, secret) {
 		t.Fatalf("%s in %s: exit %d %q", fetch, s1.ID, code, out)
 	}
-	seenMu.Lock()
-	got := strings.Join(seen, " ")
-	seenMu.Unlock()
-	if !strings.Contains(got, "key="+secret) {
+	if got := u.seen(); !strings.Contains(got, "key="+secret) {
 		t.Fatalf("the upstream saw %q, not the secret", got)
 	}
 	step("%s: the guest holds %q; the upstream saw the real secret", s1.ID, ph)
@@ -188,4 +161,47 @@ func TestE2ENetwork(t *testing.T) {
 			bytes.Contains(replies.Bytes(), []byte(secret)), strings.Contains(td.audit.String(), secret))
 	}
 	step("deleted; the secret is in no file but secrets.json, no reply, no audit log")
+}
+
+// upstream is an HTTPS API for network sandboxes' credential proxies to
+// reach: api.test on 127.0.0.1:443 of this (L1's) namespace, where the
+// VMMs' proxies connect from, with its CA and an /etc/hosts-style file
+// for the daemon (Config.UpstreamCA, Config.EgressHosts), and a fresh
+// secret for the tenant to store.
+type upstream struct {
+	secret, hosts, ca string
+	mu                sync.Mutex
+	queries           []string
+}
+
+// seen is every query string the upstream was sent, space-separated.
+func (u *upstream) seen() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return strings.Join(u.queries, " ")
+}
+
+// startUpstream starts the upstream for the rest of the test, or skips it
+// where 127.0.0.1:443 cannot be had.
+func startUpstream(t *testing.T, state string) *upstream {
+	t.Helper()
+	tok := make([]byte, 16)
+	rand.Read(tok)
+	u := &upstream{secret: "sk-live-" + hex.EncodeToString(tok), ca: filepath.Join(state, "upstream-ca.pem"), hosts: filepath.Join(state, "hosts")}
+	caPEM, cert := testtls.Upstream(t, "api.test")
+	os.WriteFile(u.ca, caPEM, 0o644)
+	os.WriteFile(u.hosts, []byte("127.0.0.1 api.test\n"), 0o644)
+	ln, err := tls.Listen("tcp", "127.0.0.1:443", &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Skipf("skipped: cannot listen on 127.0.0.1:443 for the upstream: %v", err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.mu.Lock()
+		u.queries = append(u.queries, r.URL.RawQuery)
+		u.mu.Unlock()
+		fmt.Fprintf(w, "upstream saw %s\n", r.URL.RawQuery)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return u
 }
