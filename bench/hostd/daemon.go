@@ -41,8 +41,10 @@ func startHostd(ctx context.Context, c config, work, data string) (*hostd, error
 		return nil, err
 	}
 	defer logf.Close()
+	// The template names its kernel and initramfs in the daemon's guest
+	// directory: theirs (run checks they share one).
 	args := []string{"--state", state, "--socket", d.sock, "--warren", c.warren,
-		"--cgroup-root", c.cgroupRoot, "--stop-on-exit"}
+		"--cgroup-root", c.cgroupRoot, "--stop-on-exit", "--guest-dir", filepath.Dir(c.kernel)}
 	if c.encrypted {
 		keys := filepath.Join(work, "keys")
 		if err := os.Mkdir(keys, 0o700); err != nil {

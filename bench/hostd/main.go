@@ -8,7 +8,8 @@
 //
 // It starts warren-hostd itself (--hostd, with --warren) on a temporary
 // state directory and unix socket, builds a template through the API
-// (POST /v1/templates, --kernel, --initramfs, --mem MiB, progress streamed
+// (POST /v1/templates, --kernel, --initramfs: files of one directory, the
+// daemon's --guest-dir, named by name; --mem MiB, progress streamed
 // as NDJSON and printed), then for each level of --concurrency runs one
 // unrecorded create and --runs recorded ones, with that many clients,
 // each looping: create (timed), then DELETE /v1/sandboxes/{id} (not
@@ -192,6 +193,9 @@ func run(ctx context.Context, c config) error {
 		}
 		*f = abs
 	}
+	if filepath.Dir(c.kernel) != filepath.Dir(c.initramfs) {
+		return fmt.Errorf("--kernel and --initramfs must be in one directory (the daemon's --guest-dir): %s, %s", c.kernel, c.initramfs)
+	}
 	if c.useQEMU && !haveQEMU(c.qemu) {
 		return fmt.Errorf("--qemu: %s or /dev/vhost-vsock not found", c.qemu)
 	}
@@ -230,7 +234,7 @@ func run(ctx context.Context, c config) error {
 	fmt.Printf("warren-hostd serving on %s; building a template (%s, %s, %d MiB)\n", d.sock, c.kernel, c.initramfs, c.memMiB)
 	t0 := time.Now()
 	tctx, cancel := context.WithTimeout(ctx, c.timeout)
-	tpl, err := a.buildTemplate(tctx, templateRequest{Kernel: c.kernel, Initramfs: c.initramfs, MemMiB: c.memMiB, CPUs: 1, Cmdline: guestArgs}, os.Stdout)
+	tpl, err := a.buildTemplate(tctx, templateRequest{Kernel: filepath.Base(c.kernel), Initramfs: filepath.Base(c.initramfs), MemMiB: c.memMiB, CPUs: 1, Cmdline: guestArgs}, os.Stdout)
 	cancel()
 	if err != nil {
 		return d.withLog(err)

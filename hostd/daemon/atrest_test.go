@@ -345,7 +345,7 @@ func TestKeysAPI(t *testing.T) {
 	} {
 		var body any = map[string]any{"template": tp.ID}
 		if c.path == "/v1/templates" {
-			body = map[string]any{"kernel": "/bin/sh"}
+			body = map[string]any{"kernel": fakeKernel(t)}
 		}
 		st, out := a.do(c.method, c.path, body)
 		if st != 403 || !strings.Contains(string(out), "tenant acme: key revoked at") || !strings.Contains(string(out), "can no longer be read") {

@@ -115,8 +115,14 @@ type Config struct {
 	// trusts upstream. Empty: the VMM's defaults (the host's
 	// /etc/resolv.conf, the system's roots).
 	EgressHosts, DNSUpstream, UpstreamCA string
+	// GuestDir is the operator's guest directory: the kernels, initramfs
+	// and raw disk images templates name, by name (guestfiles.go); ""
+	// for none (templates then come from images only). It must be owned
+	// by root or the daemon's user and writable by no one else.
+	GuestDir string
 	// GuestKernel and GuestInitramfs are the guest kernel and initramfs
-	// of templates made from images whose requests name none (images.go).
+	// of templates made from images whose requests name none (images.go):
+	// names in GuestDir, or paths of the operator's.
 	GuestKernel, GuestInitramfs string
 	// ImageDiskMiB is the default size of an image's root file system
 	// (default 4096); MaxImageBytes bounds an image's uncompressed layers

@@ -10,17 +10,22 @@ import (
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/hostd/store"
+	"golang.org/x/sys/unix"
 )
 
-// Template disks. A template's disk given as "PATH,ro" is shared: the
-// build VMM and every sandbox attach PATH read-only. A disk given as
-// "PATH" is writable, copy-on-write all the way down:
+// Template disks. A template's disks are raw images of the operator's
+// guest directory, named by their names (guestfiles.go): never host
+// paths. The daemon opens each one itself (openat2 under the directory,
+// regular files only) and copies it from that descriptor into the
+// template's own directory (a reflink where the file system can, else a
+// sparse full copy: copyImageFile); the VMMs only ever see those copies.
+// A disk given as "NAME,ro" is shared: its copy, disk<I>.ro (mode 0400),
+// is attached read-only by the build VMM and by every sandbox. A disk
+// given as "NAME" is writable, copy-on-write all the way down:
 //
-//   - before the build, PATH is copied (a reflink where the file system
-//     can, else a sparse full copy: copyImage) into the template's
-//     directory as disk<I>.base, and the build VMM attaches that copy
-//     writable (the guest may write to it while it boots); PATH is not
-//     needed after;
+//   - before the build, NAME is copied into the template's directory as
+//     disk<I>.base, and the build VMM attaches that copy writable (the
+//     guest may write to it while it boots); NAME is not needed after;
 //   - once the template is snapshotted and its VMM stopped, the clone is
 //     the template's frozen base: mode 0400, recorded in
 //     store.Template.DiskBases, never written again;
@@ -51,19 +56,28 @@ import (
 // For a tenant with an encryption key, the base, the overlays and the
 // fork layers are sealed on disk whenever no VMM needs them (diskseal.go).
 
-// templateDisk is one disk of a template request: PATH[,ro|,rw].
+// templateDisk is one disk of a template request: NAME[,ro|,rw].
 type templateDisk struct {
-	path     string
+	// name is the file's name in the guest directory.
+	name     string
 	readOnly bool
+	// file is name opened read-only by the daemon (openGuestFile), what
+	// the template's copy is made from; the caller closes it.
+	file *os.File
 	// own: path is already the template's own writable image (an image
 	// template's overlay over its base, images.go), used as it is.
-	own bool
+	own  bool
+	path string
 }
 
-// parseTemplateDisk parses PATH[,ro|,rw] as `warren run --disk` does.
+// parseTemplateDisk parses NAME[,ro|,rw], NAME a file of the guest
+// directory (checked, not opened: a host path is refused with a 400).
 func parseTemplateDisk(v string) (templateDisk, error) {
 	parts := strings.Split(v, ",")
-	td := templateDisk{path: parts[0]}
+	td := templateDisk{name: parts[0]}
+	if err := checkGuestName("disk", td.name); err != nil {
+		return td, err
+	}
 	for _, opt := range parts[1:] {
 		switch opt {
 		case "ro":
@@ -74,13 +88,37 @@ func parseTemplateDisk(v string) (templateDisk, error) {
 			return td, errf(400, "disk %q: unknown option %q (want ro)", v, opt)
 		}
 	}
-	if !filepath.IsAbs(td.path) {
-		return td, errf(400, "%q: paths must be absolute (they are read by the daemon)", td.path)
-	}
-	if _, err := os.Stat(td.path); err != nil {
-		return td, errf(400, "%v", err)
-	}
 	return td, nil
+}
+
+// openTemplateDisks opens every disk's file of the guest directory dir
+// (all names are checked before the first is opened). On an error the
+// files opened are closed.
+func openTemplateDisks(dir string, disks []templateDisk) error {
+	for i := range disks {
+		f, err := openGuestFile(dir, "disk", disks[i].name)
+		if err == nil {
+			if err = checkRawImage(f, disks[i].name); err != nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			closeTemplateDisks(disks)
+			return err
+		}
+		disks[i].file = f
+	}
+	return nil
+}
+
+// closeTemplateDisks closes the disks' files of the guest directory.
+func closeTemplateDisks(disks []templateDisk) {
+	for i := range disks {
+		if disks[i].file != nil {
+			disks[i].file.Close()
+			disks[i].file = nil
+		}
+	}
 }
 
 // baseName is the file name, in the template's directory, of the clone of
@@ -91,41 +129,59 @@ func baseName(i int) string { return "disk" + strconv.Itoa(i) + ".base" }
 // over the template's disk i.
 func overlayName(i int) string { return "disk" + strconv.Itoa(i) + ".overlay" }
 
-// cloneTemplateDisks clones each writable disk into dir and returns, by
-// disk index, the clones' paths ("" for a read-only disk), or nil when no
-// disk is writable. On an error the clones made are removed.
-func cloneTemplateDisks(dir string, disks []templateDisk) (_ []string, err error) {
-	var bases []string
+// roName is the file name, in the template's directory, of the copy of
+// its read-only disk i.
+func roName(i int) string { return "disk" + strconv.Itoa(i) + ".ro" }
+
+// cloneTemplateDisks copies each disk into dir from its file (an own disk
+// is used as it is) and returns, by disk index, the path the build VMM
+// attaches and, for DiskBases, the writable disks' clones ("" for a
+// read-only disk; nil when no disk is writable). A read-only disk's copy
+// is made read-only on disk at once. On an error the copies made are
+// removed.
+func cloneTemplateDisks(dir string, disks []templateDisk) (paths, bases []string, err error) {
+	var made []string
 	defer func() {
 		if err != nil {
-			for _, b := range bases {
-				if b != "" {
-					os.Remove(b)
-				}
+			for _, p := range made {
+				os.Remove(p)
 			}
 		}
 	}()
 	writable := false
 	for i, td := range disks {
+		switch {
+		case td.own:
+			paths, bases = append(paths, td.path), append(bases, td.path)
+			writable = true
+			continue
+		case td.file == nil:
+			return nil, nil, fmt.Errorf("disk %d (%q): not opened", i, td.name)
+		}
+		name := baseName(i)
 		if td.readOnly {
+			name = roName(i)
+		}
+		dst := filepath.Join(dir, name)
+		if err := copyImageFile(td.file, dst); err != nil {
+			return nil, nil, fmt.Errorf("disk %d (%q): %w", i, td.name, err)
+		}
+		made = append(made, dst)
+		paths = append(paths, dst)
+		if td.readOnly {
+			if err := os.Chmod(dst, 0o400); err != nil {
+				return nil, nil, fmt.Errorf("disk %d: %w", i, err)
+			}
 			bases = append(bases, "")
 			continue
 		}
 		writable = true
-		if td.own {
-			bases = append(bases, td.path)
-			continue
-		}
-		dst := filepath.Join(dir, baseName(i))
-		if err := copyImage(td.path, dst); err != nil {
-			return nil, fmt.Errorf("disk %d: %w", i, err)
-		}
 		bases = append(bases, dst)
 	}
 	if !writable {
-		return nil, nil
+		bases = nil
 	}
-	return bases, nil
+	return paths, bases, nil
 }
 
 // freezeBases makes the template's disk clones read-only on disk: they are
@@ -199,41 +255,44 @@ func createOverlays(dir string, bases []string) (_ []string, err error) {
 	return args, nil
 }
 
-// copyImage makes dst an independent copy of the disk image at src: a
-// reflink where the file system can (instant), else a sparse full copy
-// (disk.Flatten). Never an overlay over src: the template would then
-// change whenever the user's image does.
-func copyImage(src, dst string) error {
-	kind, err := disk.Clone(src, dst)
+// copyImageFile makes dst (which must not exist) an independent copy of
+// the raw image open as src: a reflink where the file system can
+// (FICLONE, instant), else a sparse full copy (disk.Flatten). Never an
+// overlay over src: the template would then change whenever the
+// operator's image does, and its base would be opened by path.
+func copyImageFile(src *os.File, dst string) error {
+	fi, err := src.Stat()
 	if err != nil {
 		return err
 	}
-	if kind == disk.Reflinked {
-		return nil
-	}
-	os.Remove(dst) // the overlay Clone fell back to
-	ov, err := disk.IsOverlay(src)
+	d, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
 	}
-	var b disk.Backing
-	if ov {
-		o, err := disk.OpenChain(src, true)
-		if err != nil {
-			return err
+	err = unix.IoctlFileClone(int(d.Fd()), int(src.Fd()))
+	if err == nil {
+		err = d.Sync()
+		if cerr := d.Close(); err == nil {
+			err = cerr
 		}
-		defer o.Close()
-		b = o
-	} else {
-		r, err := disk.OpenRaw(src, false)
 		if err != nil {
-			return err
+			os.Remove(dst)
 		}
-		defer r.Close()
-		b = r
+		return err
 	}
-	return disk.Flatten(b, dst)
+	d.Close()
+	os.Remove(dst)
+	return disk.Flatten(fileImage{src, fi.Size()}, dst)
 }
+
+// fileImage is an open raw image as a disk.Backing.
+type fileImage struct {
+	*os.File
+	size int64
+}
+
+// Size is the image's size.
+func (f fileImage) Size() int64 { return f.size }
 
 // resumeFrom restores s from its snapshot snap in a new VMM (caller holds
 // s.mu): each writable disk on a new overlay over the snapshot's layer,

@@ -44,7 +44,12 @@ func TestE2EDisks(t *testing.T) {
 	if err := os.Mkdir(keys.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	mod := func(c *Config) { c.Keys = keys }
+	// The guest directory: the build's kernel and initramfs and the test
+	// disk, linked (or copied) under their names.
+	root := repoRoot(t)
+	gd := guestDir(t, map[string]string{kernel: "@" + filepath.Join(root, "build", kernel),
+		initrd: "@" + filepath.Join(root, "build", initrd), "testdisk.img": "@" + img})
+	mod := func(c *Config) { c.Keys, c.GuestDir = keys, gd }
 	td := startE2EDaemon(t, state, warren, mod)
 	outer := t // a restarted daemon outlives the subtest that restarts it
 	for _, keyed := range []bool{false, true} {
@@ -62,7 +67,7 @@ func TestE2EDisks(t *testing.T) {
 				td = startE2EDaemon(outer, state, warren, mod)
 				return td.client(t, tenant)
 			}
-			diskScenario(t, c, state, tenant, kernel, initrd, img, orig, keyed, step, restart)
+			diskScenario(t, c, state, tenant, kernel, initrd, "testdisk.img", orig, keyed, step, restart)
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/warrenvm/warren/cow/disk"
@@ -16,23 +17,20 @@ import (
 // directory, attached writable to the build and frozen after it; each
 // sandbox restores the template's snapshot with an overlay of its own over
 // that clone (--disk-path), which its later restores do not need and its
-// delete removes. A ",ro" disk stays shared read-only.
+// delete removes. A ",ro" disk is copied into the template's directory
+// too, read-only, and shared read-only by its sandboxes. The disks are
+// files of the guest directory, named by name.
 func TestTemplateWritableDisks(t *testing.T) {
 	state := t.TempDir()
 	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
-
-	src := t.TempDir()
 	data := bytes.Repeat([]byte("warren disk\n"), 300000) // 3.6 MB: both Identity windows differ from zeros
-	rw, ro := filepath.Join(src, "rw.img"), filepath.Join(src, "ro.img")
-	for _, p := range []string{rw, ro} {
-		if err := os.WriteFile(p, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	src := guestDir(t, map[string]string{"rw.img": string(data), "ro.img": string(data)})
+	td := startDaemon(t, state, f, func(c *Config) { c.GuestDir = src })
+	c := td.client(t, "alice")
+	rw := filepath.Join(src, "rw.img")
+
 	var tp store.Template
-	c.ok(201, "POST", "/v1/templates", map[string]any{"kernel": fakeKernel(t), "mem_mib": 128, "disks": []string{rw, ro + ",ro"}}, &tp)
+	c.ok(201, "POST", "/v1/templates", map[string]any{"kernel": fakeKernel(t), "mem_mib": 128, "disks": []string{"rw.img", "ro.img,ro"}}, &tp)
 	if tp.Status != store.TemplateReady {
 		t.Fatalf("template %+v", tp)
 	}
@@ -50,8 +48,15 @@ func TestTemplateWritableDisks(t *testing.T) {
 			disks = append(disks, run[i+1])
 		}
 	}
-	if want := []string{base, ro + ",ro"}; !reflect.DeepEqual(disks, want) {
+	roCopy := filepath.Join(tdir, "disk1.ro")
+	if want := []string{base, roCopy + ",ro"}; !reflect.DeepEqual(disks, want) {
 		t.Errorf("build disks %q, want %q (in %q)", disks, want, run)
+	}
+	if b, err := os.ReadFile(roCopy); err != nil || !bytes.Equal(b, data) {
+		t.Errorf("the read-only disk's copy: %v", err)
+	}
+	if fi, err := os.Stat(roCopy); err != nil || fi.Mode().Perm()&0o222 != 0 {
+		t.Errorf("the read-only disk's copy: %v, %v; want read-only", fi.Mode(), err)
 	}
 	fi, err := os.Stat(base)
 	if err != nil {
@@ -113,9 +118,9 @@ func TestTemplateWritableDisks(t *testing.T) {
 		t.Errorf("the overlay outlived its sandbox: %v", err)
 	}
 
-	// Only ",ro" disks: no clone, and creates restore exactly as without disks.
+	// Only ",ro" disks: no base, and creates restore exactly as without disks.
 	var rot store.Template
-	c.ok(201, "POST", "/v1/templates", map[string]any{"kernel": fakeKernel(t), "mem_mib": 128, "disks": []string{ro + ",ro"}}, &rot)
+	c.ok(201, "POST", "/v1/templates", map[string]any{"kernel": fakeKernel(t), "mem_mib": 128, "disks": []string{"ro.img,ro"}}, &rot)
 	if rot.Status != store.TemplateReady || rot.DiskBases != nil {
 		t.Fatalf("template %+v", rot)
 	}
@@ -126,7 +131,7 @@ func TestTemplateWritableDisks(t *testing.T) {
 	}
 
 	// A bad disk option is refused before anything is built.
-	if st, b := c.do("POST", "/v1/templates", map[string]any{"kernel": fakeKernel(t), "disks": []string{rw + ",rx"}}); st != 400 {
+	if st, b := c.do("POST", "/v1/templates", map[string]any{"kernel": fakeKernel(t), "disks": []string{"rw.img,rx"}}); st != 400 {
 		t.Errorf("disk option rx: %d %s", st, b)
 	}
 }
@@ -137,14 +142,11 @@ func TestTemplateWritableDisks(t *testing.T) {
 // not held back by its children.
 func TestDeleteDiskParentRefused(t *testing.T) {
 	state := t.TempDir()
-	td := startDaemon(t, state, newFakeLauncher(t))
+	gd := guestDir(t, map[string]string{"rw.img": strings.Repeat("warren disk\n", 300000)})
+	td := startDaemon(t, state, newFakeLauncher(t), func(c *Config) { c.GuestDir = gd })
 	c := td.client(t, "alice")
-	img := filepath.Join(t.TempDir(), "rw.img")
-	if err := os.WriteFile(img, bytes.Repeat([]byte("warren disk\n"), 300000), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	var tp store.Template
-	c.ok(201, "POST", "/v1/templates", map[string]any{"kernel": fakeKernel(t), "mem_mib": 128, "disks": []string{img}}, &tp)
+	c.ok(201, "POST", "/v1/templates", map[string]any{"kernel": fakeKernel(t), "mem_mib": 128, "disks": []string{"rw.img"}}, &tp)
 	sb := c.create(tp.ID)
 	var fr struct{ Children []store.Sandbox }
 	c.ok(201, "POST", "/v1/sandboxes/"+sb.ID+"/fork", map[string]any{"n": 1}, &fr)

@@ -50,20 +50,19 @@ func TestDisksSealedAtRest(t *testing.T) {
 	fl := newFakeLauncher(t)
 	keys := newProvider(t)
 	state := t.TempDir()
+	needle := []byte("customer-disk-secret\n")
+	data := bytes.Repeat(needle, 200000) // 4.2 MB
+	gd := guestDir(t, map[string]string{"rw.img": string(data)})
+	const img = "rw.img" // in the guest directory
 	cfg := func(c *Config) {
 		c.Keys = keys
 		c.DecryptDir = filepath.Join(t.TempDir(), "decrypted")
+		c.GuestDir = gd
 	}
 	td := startDaemon(t, state, fl, cfg)
 	a := td.client(t, "acme")
 	a.ok(201, "POST", "/v1/keys", nil, nil)
 
-	needle := []byte("customer-disk-secret\n")
-	img := filepath.Join(t.TempDir(), "rw.img")
-	data := bytes.Repeat(needle, 200000) // 4.2 MB
-	if err := os.WriteFile(img, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	var tp store.Template
 	a.ok(201, "POST", "/v1/templates", map[string]any{"kernel": fakeKernel(t), "mem_mib": 128, "disks": []string{img}}, &tp)
 	base := tp.DiskBases[0]

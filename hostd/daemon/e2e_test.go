@@ -16,7 +16,7 @@ import (
 )
 
 // repoRoot walks up from the package directory to go.mod.
-func repoRoot(t *testing.T) string {
+func repoRoot(t testing.TB) string {
 	dir, _ := os.Getwd()
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/guestinit/agent"
 )
@@ -39,8 +41,17 @@ type fakeLauncher struct {
 	// its arguments.
 	lastRestore string
 	lastArgs    []string
-	// lastRunArgs are the arguments of the last `run` (a template build).
-	lastRunArgs []string
+	// lastRunArgs are the arguments of the last `run` (a template build),
+	// lastRunFiles what its LaunchSpec.ExtraFiles held when it started.
+	lastRunArgs  []string
+	lastRunFiles []fakeFile
+}
+
+// fakeFile is one of a LaunchSpec's ExtraFiles as the fake saw it.
+type fakeFile struct {
+	// data is its content; flags its open flags (F_GETFL).
+	data  []byte
+	flags int
 }
 
 // restored returns the snapshot path the last `restore` was given.
@@ -116,8 +127,25 @@ func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
 		f.lastArgs = spec.Args
 		f.mu.Unlock()
 	} else {
+		var files []fakeFile
+		for _, x := range spec.ExtraFiles {
+			fi, err := x.Stat()
+			if err != nil {
+				return Proc{}, fmt.Errorf("fake: extra file: %w", err)
+			}
+			b := make([]byte, fi.Size())
+			if _, err := x.ReadAt(b, 0); err != nil && len(b) > 0 {
+				return Proc{}, fmt.Errorf("fake: extra file: %w", err)
+			}
+			fl, err := unix.FcntlInt(x.Fd(), unix.F_GETFL, 0)
+			if err != nil {
+				return Proc{}, fmt.Errorf("fake: extra file: %w", err)
+			}
+			files = append(files, fakeFile{b, fl})
+		}
 		f.mu.Lock()
 		f.lastRunArgs = spec.Args
+		f.lastRunFiles = files
 		f.mu.Unlock()
 	}
 	f.starts.Add(1)

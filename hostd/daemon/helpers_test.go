@@ -38,6 +38,15 @@ func startDaemon(t testing.TB, state string, l Launcher, mod ...func(*Config)) *
 	for _, m := range mod {
 		m(&cfg)
 	}
+	if cfg.GuestDir == "" {
+		if _, fake := l.(*fakeLauncher); fake {
+			// The fake VMMs' templates name fakeKernel's file.
+			cfg.GuestDir = guestDir(t, nil)
+		} else {
+			// The real ones boot the build's files (e2ePaths' names).
+			cfg.GuestDir = filepath.Join(repoRoot(t), "build")
+		}
+	}
 	audit := &syncBuffer{}
 	cfg.Audit = audit
 	d, err := New(cfg)
@@ -226,11 +235,40 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// fakeKernel writes a file to pass as a template's kernel.
-func fakeKernel(t testing.TB) string {
-	p := filepath.Join(t.TempDir(), "vmlinux")
-	os.WriteFile(p, []byte("not a kernel"), 0o600)
-	return p
+// fakeKernel is the name of the kernel file in every fake-launcher test
+// daemon's guest directory (guestDir).
+func fakeKernel(t testing.TB) string { return "vmlinux" }
+
+// guestDir makes a guest directory for a test daemon: a fake kernel,
+// "vmlinux", and files with the given names and contents (a value that
+// starts with '@' is a file to hard-link, or copy, from that path).
+func guestDir(t testing.TB, files map[string]string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "guest")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	all := map[string]string{"vmlinux": "not a kernel"}
+	for k, v := range files {
+		all[k] = v
+	}
+	for name, v := range all {
+		p := filepath.Join(dir, name)
+		if src, ok := strings.CutPrefix(v, "@"); ok {
+			if err := os.Link(src, p); err == nil {
+				continue
+			}
+			b, err := os.ReadFile(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v = string(b)
+		}
+		if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 type osCmd = exec.Cmd

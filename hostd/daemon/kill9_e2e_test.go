@@ -42,8 +42,10 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// e2ePaths returns the warren binary, kernel and initramfs the end-to-end
-// tests run, skipping the test when /dev/kvm or one of them is missing.
+// e2ePaths returns the warren binary the end-to-end tests run and the
+// names of the kernel and initramfs their templates boot (files of
+// build/, the guest directory startDaemon gives a daemon with a real
+// launcher), skipping the test when /dev/kvm or one of them is missing.
 func e2ePaths(t *testing.T) (warren, kernel, initrd string) {
 	t.Helper()
 	if _, err := os.Stat("/dev/kvm"); err != nil {
@@ -60,7 +62,7 @@ func e2ePaths(t *testing.T) (warren, kernel, initrd string) {
 			t.Skipf("skipped: %v (make warren kernel initramfs)", err)
 		}
 	}
-	return warren, kernel, initrd
+	return warren, filepath.Base(kernel), filepath.Base(initrd)
 }
 
 // e2eState makes an end-to-end test's state directory (removed when the
@@ -119,7 +121,7 @@ func startHostd(t *testing.T, state, warren string, n int) *hostdProc {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	h.cmd = exec.Command(self, "--state", state, "--socket", h.sock, "--warren", warren)
+	h.cmd = exec.Command(self, "--state", state, "--socket", h.sock, "--warren", warren, "--guest-dir", filepath.Join(repoRoot(t), "build"))
 	h.cmd.Env = append(os.Environ(), roleEnv+"=hostd")
 	h.cmd.Stdout, h.cmd.Stderr = logf, logf
 	if err := h.cmd.Start(); err != nil {

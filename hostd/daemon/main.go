@@ -44,8 +44,9 @@ func Main(args []string, stderr io.Writer) int {
 	egressHosts := fs.String("egress-hosts", "", "network templates: an /etc/hosts-style file of fixed addresses for the sandboxes' resolvers and credential proxies (warren run --hosts)")
 	dnsUpstream := fs.String("dns-upstream", "", "network templates: the DNS server IP:PORT the sandboxes' resolvers ask allowed names of (warren run --dns-upstream; default the host's /etc/resolv.conf)")
 	upstreamCA := fs.String("upstream-ca", "", "network templates: PEM roots the credential proxies trust upstream instead of the system's (warren run --upstream-ca)")
-	guestKernel := fs.String("guest-kernel", "", "the guest kernel of templates made from images (--image) that name none")
-	guestInitramfs := fs.String("guest-initramfs", "", "the guest initramfs of templates made from images that name none")
+	guestDir := fs.String("guest-dir", "", "the guest directory: the kernels, initramfs and raw disk images templates name (by name, never a path; owned by root or this user, writable by no one else); unset: templates from images only")
+	guestKernel := fs.String("guest-kernel", "", "the guest kernel of templates made from images (--image) that name none: a name in --guest-dir, or a path")
+	guestInitramfs := fs.String("guest-initramfs", "", "the guest initramfs of templates made from images that name none: a name in --guest-dir, or a path")
 	imageDisk := fs.Int("image-disk-mib", 0, "default size of an image template's root file system in MiB (sparse; default 4096)")
 	maxImage := fs.Int64("max-image-bytes", 0, "most uncompressed bytes an image's layers may hold (default: package image's, 16 GiB)")
 	var registries stringList
@@ -102,12 +103,32 @@ func Main(args []string, stderr io.Writer) int {
 			return fail(fmt.Errorf("--dns-upstream: %w", err))
 		}
 	}
+	if *guestDir != "" {
+		p, err := filepath.Abs(*guestDir)
+		if err == nil {
+			err = CheckGuestDir(p)
+		}
+		if err != nil {
+			return fail(fmt.Errorf("--guest-dir: %w", err))
+		}
+		cfg.GuestDir = p
+	}
 	for _, f := range []struct {
 		flag, val string
 		dst       *string
 	}{{"--egress-hosts", *egressHosts, &cfg.EgressHosts}, {"--upstream-ca", *upstreamCA, &cfg.UpstreamCA},
 		{"--guest-kernel", *guestKernel, &cfg.GuestKernel}, {"--guest-initramfs", *guestInitramfs, &cfg.GuestInitramfs}} {
 		if f.val == "" {
+			continue
+		}
+		if strings.HasPrefix(f.flag, "--guest-") && !strings.ContainsRune(f.val, '/') {
+			// A name in the guest directory, checked now.
+			fl, err := openGuestFile(cfg.GuestDir, strings.TrimPrefix(f.flag, "--guest-"), f.val)
+			if err != nil {
+				return fail(fmt.Errorf("%s: %w", f.flag, err))
+			}
+			fl.Close()
+			*f.dst = f.val
 			continue
 		}
 		// The VMMs read it: an absolute path, checked now.

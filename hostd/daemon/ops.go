@@ -50,11 +50,25 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	if err := d.checkImageRequest(&req); err != nil {
 		return 0, nil, err
 	}
+	// The kernel, initramfs and disks are files of the operator's guest
+	// directory, by name (guestfiles.go): every name is checked before
+	// anything is opened, and a host path is refused. An image template
+	// that names none boots the operator's defaults.
+	boot := []bootFile{{what: "kernel", v: req.Kernel}, {what: "initramfs", v: req.Initramfs}}
+	for i := range boot {
+		if boot[i].v != "" {
+			if err := checkGuestName(boot[i].what, boot[i].v); err != nil {
+				return 0, nil, err
+			}
+		}
+	}
 	if req.Image != "" {
 		if req.Kernel == "" {
+			boot[0] = bootFile{what: "kernel", v: d.cfg.GuestKernel, operator: true}
 			req.Kernel = d.cfg.GuestKernel
 		}
 		if req.Initramfs == "" {
+			boot[1] = bootFile{what: "initramfs", v: d.cfg.GuestInitramfs, operator: true}
 			req.Initramfs = d.cfg.GuestInitramfs
 		}
 	}
@@ -63,17 +77,6 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 			return 0, nil, errf(400, "kernel is required (this daemon has no --guest-kernel for image templates)")
 		}
 		return 0, nil, errf(400, "kernel is required")
-	}
-	for _, p := range []string{req.Kernel, req.Initramfs} {
-		if p == "" {
-			continue
-		}
-		if !filepath.IsAbs(p) {
-			return 0, nil, errf(400, "%q: paths must be absolute (they are read by the daemon)", p)
-		}
-		if _, err := os.Stat(p); err != nil {
-			return 0, nil, errf(400, "%v", err)
-		}
 	}
 	var disks []templateDisk
 	for _, v := range req.Disks {
@@ -95,6 +98,22 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	if req.MemMiB < 64 || req.CPUs < 1 || req.CPUs > 64 {
 		return 0, nil, errf(400, "mem_mib must be at least 64 and cpus 1 to 64")
 	}
+	// Opened by the daemon (read-only, regular files only); the VMM gets
+	// the kernel's and initramfs's descriptors, and the disks are copied
+	// from theirs into the template's directory.
+	bootArgs, bootFiles, err := d.openBootFiles(boot)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer func() {
+		for _, f := range bootFiles {
+			f.Close()
+		}
+	}()
+	if err := openTemplateDisks(d.cfg.GuestDir, disks); err != nil {
+		return 0, nil, err
+	}
+	defer closeTemplateDisks(disks)
 	t := &store.Template{ID: newID("tp"), Tenant: tenant, Status: store.TemplateBuilding, Kernel: req.Kernel,
 		Initramfs: req.Initramfs, Disks: req.Disks, MemMiB: req.MemMiB, CPUs: req.CPUs, Cmdline: req.Cmdline,
 		Network: req.Network, Created: time.Now().UTC()}
@@ -138,25 +157,25 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 		d.saveTemplate(ts)
 		o.from = 40 // the boot's steps report from there on
 	}
-	bases, err := cloneTemplateDisks(dir, disks)
+	paths, bases, err := cloneTemplateDisks(dir, disks)
+	closeTemplateDisks(disks)
 	if err != nil {
-		return fail(fmt.Errorf("clone the template's writable disks: %w", err))
+		return fail(fmt.Errorf("copy the template's disks: %w", err))
 	}
 	t.DiskBases = bases
 	o.progress("template "+t.ID+": starting the VMM", 5)
-	args := []string{"run", "--kernel", req.Kernel, "--mem", strconv.Itoa(req.MemMiB), "--cpus", strconv.Itoa(req.CPUs),
+	args := []string{"run", "--mem", strconv.Itoa(req.MemMiB), "--cpus", strconv.Itoa(req.CPUs),
 		"--vsock", vs, "--api", api, "--console", filepath.Join(dir, "console.log")}
-	if req.Initramfs != "" {
-		args = append(args, "--initramfs", req.Initramfs)
-	}
+	args = append(args, bootArgs...)
 	for i, td := range disks {
 		if td.readOnly {
-			// Every sandbox of the template shares it, read-only.
-			args = append(args, "--disk", td.path+",ro")
+			// Its copy in the template's directory: every sandbox of
+			// the template shares it, read-only.
+			args = append(args, "--disk", paths[i]+",ro")
 		} else {
 			// The template's own clone, which the guest may write to
 			// while it boots; frozen once snapshotted (see disks.go).
-			args = append(args, "--disk", t.DiskBases[i])
+			args = append(args, "--disk", paths[i])
 		}
 	}
 	cmdline := req.Cmdline
@@ -174,7 +193,12 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 		}
 		args = append(args, na...)
 	}
-	p, err := d.launcher.Start(LaunchSpec{Tenant: tenant, ID: t.ID, Kind: "template", Args: args, Log: filepath.Join(dir, "vmm.log"), Network: req.Network})
+	p, err := d.launcher.Start(LaunchSpec{Tenant: tenant, ID: t.ID, Kind: "template", Args: args, Log: filepath.Join(dir, "vmm.log"), Network: req.Network,
+		ExtraFiles: bootFiles})
+	for _, f := range bootFiles {
+		f.Close() // the VMM has its own
+	}
+	bootFiles = nil
 	if err != nil {
 		return fail(fmt.Errorf("start VMM: %w", err))
 	}
@@ -232,6 +256,49 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	d.log.Info("template ready", "tenant", tenant, "template", t.ID, "ms", t.BuildMS)
 	c := *t
 	return http.StatusCreated, c, nil
+}
+
+// bootFile is a template's kernel or initramfs (what): v names a file of
+// the guest directory, or, for an operator's default (operator), is a
+// name there or a path of the operator's.
+type bootFile struct {
+	what, v  string
+	operator bool
+}
+
+// openBootFiles opens the template's kernel and initramfs (those given)
+// and returns the build VMM's arguments naming their descriptors
+// (--kernel-fd, --initramfs-fd: LaunchSpec.ExtraFiles in that order) and
+// the files, which the caller closes. On an error none is left open.
+func (d *Daemon) openBootFiles(boot []bootFile) (args []string, files []*os.File, err error) {
+	defer func() {
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			files = nil
+		}
+	}()
+	for _, b := range boot {
+		if b.v == "" {
+			continue
+		}
+		var f *os.File
+		if b.operator {
+			f, err = openOperatorFile(d.cfg.GuestDir, b.what, b.v)
+		} else {
+			f, err = openGuestFile(d.cfg.GuestDir, b.what, b.v)
+		}
+		if err != nil {
+			return nil, files, err
+		}
+		files = append(files, f)
+		if err = checkBootFile(f, b.what, b.v); err != nil {
+			return nil, files, err
+		}
+		args = append(args, "--"+b.what+"-fd", strconv.Itoa(FirstExtraFD+len(files)-1))
+	}
+	return args, files, nil
 }
 
 // waitAgent waits until the agent behind vsock answers, the VMM p ends,

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,7 +31,18 @@ type LaunchSpec struct {
 	// the host's for its upstream connections. Any other VMM is started
 	// in a new, empty network namespace when jailed.
 	Network bool
+	// ExtraFiles are open files the VMM inherits: ExtraFiles[i] is its
+	// descriptor FirstExtraFD+i, jailed or not (under jail-init too), and
+	// Args name them by number (`warren run --kernel-fd N`): the daemon
+	// opens a template's kernel and initramfs itself and the VMM never
+	// opens them by path. The launcher does not close them.
+	ExtraFiles []*os.File
 }
+
+// FirstExtraFD is the descriptor number of LaunchSpec.ExtraFiles[0] in the
+// VMM. Descriptor 3 is jail-init's report socket under the jail (closed
+// in the VMM) and left closed without it.
+const FirstExtraFD = 4
 
 // Proc is a started VMM process.
 type Proc struct {
@@ -83,6 +95,15 @@ func (l *ExecLauncher) Start(spec LaunchSpec) (Proc, error) {
 		}
 		defer report.Close()
 		cmd.ExtraFiles = []*os.File{child}
+	}
+	if len(spec.ExtraFiles) > 0 {
+		if report == nil {
+			cmd.ExtraFiles = []*os.File{nil} // fd 3 stays closed
+		} else {
+			// jail-init passes them on to the VMM at the same numbers.
+			cmd.Args = slices.Insert(cmd.Args, 2, "--pass-fds", strconv.Itoa(len(spec.ExtraFiles)))
+		}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, spec.ExtraFiles...)
 	}
 	err = cmd.Start()
 	if report != nil {

@@ -43,7 +43,11 @@ const InitVerb = "jail-init"
 // VMM's PID: the kernel translates it into the receiver's pid namespace,
 // so the daemon learns the VMM's PID in its own (ReceivePID), whatever
 // /proc it has mounted.
-func RunInit(argv []string, reportFD int) int {
+//
+// passFDs are descriptors RunInit inherited for the VMM (the daemon's
+// files for it: a template's kernel and initramfs): the VMM inherits each
+// at the same number, and RunInit closes its own copies once it started.
+func RunInit(argv []string, reportFD int, passFDs ...int) int {
 	if len(argv) == 0 {
 		fmt.Fprintln(os.Stderr, "jail-init: no command")
 		return 2
@@ -58,7 +62,23 @@ func RunInit(argv []string, reportFD int) int {
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}})
+	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
+	for _, fd := range passFDs {
+		if fd < 3 || fd == reportFD || fd > 1<<16 {
+			fmt.Fprintf(os.Stderr, "jail-init: cannot pass descriptor %d\n", fd)
+			return 2
+		}
+		for len(files) <= fd {
+			files = append(files, nil) // closed in the VMM
+		}
+		files[fd] = os.NewFile(uintptr(fd), "passed-"+strconv.Itoa(fd))
+	}
+	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Files: files})
+	for _, f := range files[3:] {
+		if f != nil {
+			f.Close()
+		}
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "jail-init:", err)
 		return 1

@@ -77,10 +77,19 @@ func vmMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fs := flag.NewFlagSet("warren "+jail.InitVerb, flag.ContinueOnError)
 		fs.SetOutput(stderr)
 		fd := fs.Int("report-fd", -1, "unix socket to report the command's pid on (SCM_CREDENTIALS)")
+		pass := fs.Int("pass-fds", 0, "pass descriptors 4 to 3+N on to the command at the same numbers (the daemon's files for the VMM)")
 		if err := fs.Parse(args[1:]); err != nil {
 			return 2
 		}
-		return jail.RunInit(fs.Args(), *fd)
+		if *pass < 0 || *pass > 64 {
+			fmt.Fprintf(stderr, "warren %s: --pass-fds %d: want 0 to 64\n", jail.InitVerb, *pass)
+			return 2
+		}
+		var fds []int
+		for i := range *pass {
+			fds = append(fds, 4+i)
+		}
+		return jail.RunInit(fs.Args(), *fd, fds...)
 	case "flatten":
 		return flattenCmd(args[1:], stdout, stderr)
 	case "rollback":
@@ -103,6 +112,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	kernel := fs.String("kernel", "", "guest kernel: an ELF vmlinux with a PVH note, or a bzImage (required)")
 	initramfs := fs.String("initramfs", "", "initramfs (cpio) to pass to the guest")
+	kernelFD := fs.Int("kernel-fd", -1, "read the guest kernel from this inherited descriptor instead of --kernel (a regular file; warren-hostd opens a template's kernel itself)")
+	initramfsFD := fs.Int("initramfs-fd", -1, "read the initramfs from this inherited descriptor instead of --initramfs")
 	memMiB := fs.Int("mem", 256, "guest memory in MiB")
 	cpus := fs.Int("cpus", 1, "number of vCPUs")
 	cmdline := fs.String("cmdline", "", "extra kernel command-line arguments")
@@ -131,8 +142,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "warren run: "+format+"\n", a...)
 		return 1
 	}
-	if *kernel == "" {
-		return fail("--kernel is required")
+	if *kernel == "" && *kernelFD < 0 {
+		return fail("--kernel or --kernel-fd is required")
 	}
 	js, err := parseJail(*jailFlag)
 	if err != nil {
@@ -141,15 +152,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if *memMiB <= 0 {
 		return fail("--mem must be a positive number of MiB, got %d", *memMiB)
 	}
-	k, err := os.ReadFile(*kernel)
+	k, err := readBootFile("kernel", *kernel, *kernelFD)
 	if err != nil {
-		return fail("read kernel: %v", err)
+		return fail("%v", err)
 	}
-	var rd []byte
-	if *initramfs != "" {
-		if rd, err = os.ReadFile(*initramfs); err != nil {
-			return fail("read initramfs: %v", err)
-		}
+	rd, err := readBootFile("initramfs", *initramfs, *initramfsFD)
+	if err != nil {
+		return fail("%v", err)
 	}
 	out, closeOut, err := openConsole(*console, stdout)
 	if err != nil {
@@ -193,6 +202,51 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return fail("%v", err)
 	}
 	return runForeground(b.vm, stdin, fail)
+}
+
+// maxBootFile bounds a kernel or initramfs read from a descriptor.
+const maxBootFile = 1 << 30
+
+// readBootFile reads a kernel or initramfs (what) from the file at path
+// or, when fd is not negative, from the inherited descriptor fd (a
+// regular file, closed once read: a forked child of the VMM must not
+// inherit it); neither gives nil. Both at once is an error.
+func readBootFile(what, path string, fd int) ([]byte, error) {
+	switch {
+	case fd < 0 && path == "":
+		return nil, nil
+	case fd < 0:
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", what, err)
+		}
+		return b, nil
+	case path != "":
+		return nil, fmt.Errorf("--%s and --%s-fd: give one", what, what)
+	case fd < 3:
+		return nil, fmt.Errorf("--%s-fd %d: not an inherited descriptor (3 or more)", what, fd)
+	}
+	f := os.NewFile(uintptr(fd), what)
+	if f == nil {
+		return nil, fmt.Errorf("--%s-fd %d: not open", what, fd)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("--%s-fd %d: %w", what, fd, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("--%s-fd %d: not a regular file (%s)", what, fd, fi.Mode().Type())
+	}
+	if fi.Size() > maxBootFile {
+		return nil, fmt.Errorf("--%s-fd %d: %d bytes, more than %d", what, fd, fi.Size(), maxBootFile)
+	}
+	// ReadAt from 0: the descriptor's offset is shared with the daemon's.
+	b := make([]byte, fi.Size())
+	if _, err := f.ReadAt(b, 0); err != nil && !(errors.Is(err, io.EOF) && fi.Size() == 0) {
+		return nil, fmt.Errorf("read %s from descriptor %d: %w", what, fd, err)
+	}
+	return b, nil
 }
 
 // runForeground feeds stdin to the guest's console and runs vm until it
