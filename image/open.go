@@ -226,6 +226,16 @@ func pickPlatform(idx v1.ImageIndex, blobs blobChecker, depth int) (v1.Image, er
 	return nil, fmt.Errorf("an index with no linux/amd64 image (it has %s)", strings.Join(seen, ", "))
 }
 
+// checkManifest checks that m's manifest is the one d describes (its
+// digest and size), for an index or an image alike.
+func checkManifest(d v1.Descriptor, m interface{ RawManifest() ([]byte, error) }) error {
+	raw, err := m.RawManifest()
+	if err != nil {
+		return err
+	}
+	return checkDescriptor(d, raw)
+}
+
 func childImage(idx v1.ImageIndex, d v1.Descriptor, blobs blobChecker, depth int) (v1.Image, error) {
 	if err := blobs.check(d); err != nil {
 		return nil, err
@@ -235,11 +245,7 @@ func childImage(idx v1.ImageIndex, d v1.Descriptor, blobs blobChecker, depth int
 		if err != nil {
 			return nil, err
 		}
-		raw, err := child.RawManifest()
-		if err != nil {
-			return nil, err
-		}
-		if err := checkDescriptor(d, raw); err != nil {
+		if err := checkManifest(d, child); err != nil {
 			return nil, err
 		}
 		return pickPlatform(child, blobs, depth+1)
@@ -248,11 +254,7 @@ func childImage(idx v1.ImageIndex, d v1.Descriptor, blobs blobChecker, depth int
 	if err != nil {
 		return nil, err
 	}
-	raw, err := img.RawManifest()
-	if err != nil {
-		return nil, err
-	}
-	if err := checkDescriptor(d, raw); err != nil {
+	if err := checkManifest(d, img); err != nil {
 		return nil, err
 	}
 	if l, ok := blobs.(layoutBlobs); ok {
