@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -19,20 +20,103 @@ import (
 type DialFunc func(ctx context.Context) (net.Conn, error)
 
 // Client talks to one agent over connections from a DialFunc.
+//
+// The agent runs in the guest, and the guest is hostile: the client runs
+// in the host daemon, outside any jail, on behalf of every tenant. So
+// every reply it reads is bounded in size and, but for the streams a
+// caller asked for (exec output, file contents), in time: a reply past
+// its limit fails with an error wrapping ErrReplyTooLarge, a reply that
+// does not end in time with one wrapping context.DeadlineExceeded, and
+// neither grows the host's memory.
 type Client struct {
-	hc *http.Client
+	hc     *http.Client
+	limits Limits
 }
 
-// NewClient returns a client that reaches the agent through dial.
-func NewClient(dial DialFunc) *Client {
+// Limits bound what a Client reads from the agent. Zero fields take the
+// DefaultLimits' values.
+type Limits struct {
+	// Reply is the most bytes of one JSON reply (health, stat, a
+	// directory listing, a service's status, an exec's exit or error
+	// frame) the client reads before it gives up.
+	Reply int64
+	// File is the most bytes ReadFile copies from one guest file.
+	File int64
+	// ReplyTimeout bounds each call that answers with one JSON reply
+	// (from the request until its reply is read in full) when the
+	// caller's context has no earlier deadline; a guest that trickles or
+	// never ends its reply cannot hold a daemon request forever.
+	ReplyTimeout time.Duration
+	// Header is the most bytes of a reply's header (http.Transport's
+	// MaxResponseHeaderBytes).
+	Header int64
+}
+
+// DefaultLimits are a Client's limits when NewClient is given none:
+// 4 MiB replies (a directory of some ten thousand entries), 64 GiB files,
+// 2 minutes per JSON reply, 64 KiB headers.
+var DefaultLimits = Limits{Reply: 4 << 20, File: 64 << 30, ReplyTimeout: 2 * time.Minute, Header: 64 << 10}
+
+// ErrReplyTooLarge is wrapped by the error of a call whose reply, or a
+// file ReadFile copies, exceeds the client's Limits.
+var ErrReplyTooLarge = errors.New("agent: reply too large")
+
+// NewClient returns a client that reaches the agent through dial, with
+// DefaultLimits.
+func NewClient(dial DialFunc) *Client { return NewClientLimits(dial, Limits{}) }
+
+// NewClientLimits is NewClient with limits (zero fields: DefaultLimits').
+func NewClientLimits(dial DialFunc, limits Limits) *Client {
+	if limits.Reply <= 0 {
+		limits.Reply = DefaultLimits.Reply
+	}
+	if limits.File <= 0 {
+		limits.File = DefaultLimits.File
+	}
+	if limits.ReplyTimeout <= 0 {
+		limits.ReplyTimeout = DefaultLimits.ReplyTimeout
+	}
+	if limits.Header <= 0 {
+		limits.Header = DefaultLimits.Header
+	}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dial(ctx)
 		},
-		MaxIdleConnsPerHost: 16,
-		DisableCompression:  true,
+		MaxIdleConnsPerHost:    16,
+		DisableCompression:     true,
+		MaxResponseHeaderBytes: limits.Header,
 	}
-	return &Client{hc: &http.Client{Transport: tr}}
+	return &Client{hc: &http.Client{Transport: tr}, limits: limits}
+}
+
+// Limits returns c's limits.
+func (c *Client) Limits() Limits { return c.limits }
+
+// replyCtx bounds a call answered with one JSON reply by ReplyTimeout,
+// unless ctx already ends sooner.
+func (c *Client) replyCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= c.limits.ReplyTimeout {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, c.limits.ReplyTimeout)
+}
+
+// decodeReply decodes one JSON value from body into v, reading at most
+// limit bytes: a longer reply (an endless value, or trailing bytes past
+// the limit) is an error wrapping ErrReplyTooLarge. What is left unread
+// is not read: the caller closes body, which drops the connection.
+func decodeReply(body io.Reader, limit int64, v any) error {
+	lr := &io.LimitedReader{R: body, N: limit + 1}
+	dec := json.NewDecoder(lr)
+	err := dec.Decode(v)
+	if lr.N <= 0 {
+		return fmt.Errorf("%w: more than %d bytes", ErrReplyTooLarge, limit)
+	}
+	if err != nil {
+		return fmt.Errorf("agent: decode response: %w", err)
+	}
+	return nil
 }
 
 // Close closes idle connections.
@@ -74,15 +158,20 @@ func decodeError(resp *http.Response) error {
 }
 
 func (c *Client) getJSON(ctx context.Context, u string, v any) error {
-	resp, err := c.do(ctx, http.MethodGet, u, nil)
+	return c.callJSON(ctx, http.MethodGet, u, nil, v)
+}
+
+// callJSON sends a request answered with one JSON reply (decoded into v
+// within the client's Limits).
+func (c *Client) callJSON(ctx context.Context, method, u string, body io.Reader, v any) error {
+	ctx, cancel := c.replyCtx(ctx)
+	defer cancel()
+	resp, err := c.do(ctx, method, u, body)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		return fmt.Errorf("agent: decode response: %w", err)
-	}
-	return nil
+	return decodeReply(resp.Body, c.limits.Reply, v)
 }
 
 // Exec runs req.Argv in the guest, copying its standard output and error
@@ -138,6 +227,9 @@ func (c *Client) ExecStatus(ctx context.Context, req ExecRequest, stdout, stderr
 		}
 		if cap(payload) > cap(buf) {
 			buf = payload
+		}
+		if (typ == FrameExit || typ == FrameError) && int64(len(payload)) > c.limits.Reply {
+			return fail, fmt.Errorf("agent: exec stream: %w: a %d-byte status frame", ErrReplyTooLarge, len(payload))
 		}
 		switch typ {
 		case FrameStdout, FrameStderr:
@@ -216,13 +308,15 @@ func (c *Client) WaitHealth(ctx context.Context, deadline time.Time, attempt tim
 // report it.
 func (c *Client) HealthTimed(ctx context.Context) (Health, time.Duration, error) {
 	var h Health
+	ctx, cancel := c.replyCtx(ctx)
+	defer cancel()
 	resp, err := c.do(ctx, http.MethodGet, endpoint("/health", nil), nil)
 	if err != nil {
 		return h, 0, err
 	}
 	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
-		return h, 0, fmt.Errorf("agent: decode response: %w", err)
+	if err := decodeReply(resp.Body, c.limits.Reply, &h); err != nil {
+		return h, 0, err
 	}
 	return h, AgentTime(resp.Header), nil
 }
@@ -238,7 +332,8 @@ func AgentTime(h http.Header) time.Duration {
 }
 
 // ReadFile copies the guest file at path (absolute) to w and returns its
-// permission bits.
+// permission bits. A file longer than the client's Limits.File fails
+// with an error wrapping ErrReplyTooLarge once that much has been copied.
 func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (fs.FileMode, error) {
 	resp, err := c.do(ctx, http.MethodGet, endpoint("/files", url.Values{"path": {path}}), nil)
 	if err != nil {
@@ -249,8 +344,12 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (fs.Fil
 	if err != nil {
 		return 0, fmt.Errorf("agent: bad %s header: %w", ModeHeader, err)
 	}
-	if _, err := io.Copy(w, resp.Body); err != nil {
+	n, err := io.Copy(w, io.LimitReader(resp.Body, c.limits.File+1))
+	if err != nil {
 		return 0, err
+	}
+	if n > c.limits.File {
+		return 0, fmt.Errorf("%w: %s: more than %d bytes", ErrReplyTooLarge, path, c.limits.File)
 	}
 	return fs.FileMode(mode), nil
 }
@@ -269,14 +368,23 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode f
 		m |= 0o1000
 	}
 	q := url.Values{"path": {path}, "mode": {strconv.FormatUint(m, 8)}}
+	// The upload may take any time; its reply, once the agent answers,
+	// may not.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	resp, err := c.do(ctx, http.MethodPut, endpoint("/files", q), r)
 	if err != nil {
 		return FileInfo{}, err
 	}
 	defer resp.Body.Close()
+	t := time.AfterFunc(c.limits.ReplyTimeout, cancel)
+	defer t.Stop()
 	var fi FileInfo
-	if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
-		return FileInfo{}, fmt.Errorf("agent: decode response: %w", err)
+	if err := decodeReply(resp.Body, c.limits.Reply, &fi); err != nil {
+		if !t.Stop() && ctx.Err() != nil {
+			return FileInfo{}, fmt.Errorf("agent: write %s: reply not read in %v: %w", path, c.limits.ReplyTimeout, context.DeadlineExceeded)
+		}
+		return FileInfo{}, err
 	}
 	return fi, nil
 }
@@ -306,15 +414,8 @@ func (c *Client) StartService(ctx context.Context, spec ServiceSpec) (ServiceSta
 	if err != nil {
 		return st, err
 	}
-	resp, err := c.do(ctx, http.MethodPost, endpoint("/services", nil), bytes.NewReader(b))
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return st, fmt.Errorf("agent: decode response: %w", err)
-	}
-	return st, nil
+	err = c.callJSON(ctx, http.MethodPost, endpoint("/services", nil), bytes.NewReader(b), &st)
+	return st, err
 }
 
 // Services returns the status of every supervised service, sorted by name.
@@ -337,15 +438,8 @@ func (c *Client) Service(ctx context.Context, name string) (ServiceStatus, error
 // status once its process has been reaped.
 func (c *Client) StopService(ctx context.Context, name string) (ServiceStatus, error) {
 	var st ServiceStatus
-	resp, err := c.do(ctx, http.MethodDelete, endpoint("/services", url.Values{"name": {name}}), nil)
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return st, fmt.Errorf("agent: decode response: %w", err)
-	}
-	return st, nil
+	err := c.callJSON(ctx, http.MethodDelete, endpoint("/services", url.Values{"name": {name}}), nil, &st)
+	return st, err
 }
 
 // maxPollOutput bounds the output of PollExec's last attempt that its

@@ -19,10 +19,16 @@ import (
 
 // New returns a client of the agent of the VM whose vsock unix socket is
 // at udsPath. Each HTTP connection is one vsock stream to agent.Port.
-func New(udsPath string) *agent.Client {
-	return agent.NewClient(func(ctx context.Context) (net.Conn, error) {
+// The guest is not trusted: every reply is read within
+// agent.DefaultLimits (size and time; see agent.Client).
+func New(udsPath string) *agent.Client { return NewLimits(udsPath, agent.Limits{}) }
+
+// NewLimits is New with limits on what the client reads from the guest
+// (zero fields: agent.DefaultLimits').
+func NewLimits(udsPath string, limits agent.Limits) *agent.Client {
+	return agent.NewClientLimits(func(ctx context.Context) (net.Conn, error) {
 		return vsock.Dial(ctx, udsPath, agent.Port)
-	})
+	}, limits)
 }
 
 // Target is one side of a copy: a host path, or a path inside the guest of

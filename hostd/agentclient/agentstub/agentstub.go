@@ -1,0 +1,155 @@
+// Package agentstub is a hostile guest agent for tests: a unix socket
+// that answers the VMM's hybrid-vsock CONNECT handshake (as
+// vsock.Dial expects) and then serves HTTP the way a guest that wants to
+// hurt the host would, so that tests of the agent client and of the
+// daemon can check that nothing the guest sends grows the host's memory
+// or holds a request forever.
+package agentstub
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warrenvm/warren/guestinit/agent"
+)
+
+// Mode is how a Stub answers.
+type Mode int
+
+const (
+	// Endless answers every request with 200 and a body that never
+	// ends: a JSON array of ones, or zeros for a file download.
+	Endless Mode = iota
+	// Trickle answers every request with 200 and a JSON value that
+	// never ends, a byte every 200 ms.
+	Trickle
+)
+
+// Stub is a hostile agent listening on Path. It stops when the test ends.
+type Stub struct {
+	// Path is the unix socket to hand to agentclient.New, as a VM's
+	// vsock socket.
+	Path string
+	sent atomic.Int64
+	done chan struct{}
+}
+
+// Sent returns how many body bytes the stub has written so far.
+func (s *Stub) Sent() int64 { return s.sent.Load() }
+
+// Start starts a stub answering in mode m.
+func Start(t testing.TB, m Mode) *Stub {
+	var s *Stub
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
+		w.Header().Set(agent.ModeHeader, "644")
+		w.Header().Set(agent.PidHeader, "1")
+		w.WriteHeader(200)
+		fl := w.(http.Flusher)
+		chunk := []byte(strings.Repeat("1,", 16<<10))
+		if r.Method == http.MethodGet && r.URL.Path == "/files" {
+			chunk = make([]byte, 32<<10)
+		} else {
+			w.Write([]byte("["))
+		}
+		for {
+			select {
+			case <-s.done:
+				return
+			case <-r.Context().Done():
+				return
+			default:
+			}
+			p := chunk
+			if m == Trickle {
+				p = chunk[:1]
+				time.Sleep(200 * time.Millisecond)
+			}
+			n, err := w.Write(p)
+			s.sent.Add(int64(n))
+			fl.Flush()
+			if err != nil {
+				return
+			}
+		}
+	})
+	s = StartHandler(t, h)
+	return s
+}
+
+// StartHandler starts a stub that serves h behind the handshake.
+func StartHandler(t testing.TB, h http.Handler) *Stub {
+	t.Helper()
+	// A short path: unix socket paths are limited to 108 bytes.
+	dir, err := os.MkdirTemp("", "agentstub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Stub{Path: filepath.Join(dir, "vsock"), done: make(chan struct{})}
+	l, err := net.Listen("unix", s.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := &connListener{ch: make(chan net.Conn), done: s.done, addr: l.Addr()}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(conns)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				br := bufio.NewReader(io.LimitReader(c, 64))
+				line, err := br.ReadString('\n')
+				if err != nil || !strings.HasPrefix(line, "CONNECT ") {
+					c.Close()
+					return
+				}
+				fmt.Fprintf(c, "OK 1073741824\n")
+				select {
+				case conns.ch <- c:
+				case <-s.done:
+					c.Close()
+				}
+			}()
+		}
+	}()
+	var once sync.Once
+	t.Cleanup(func() {
+		once.Do(func() { close(s.done) })
+		l.Close()
+		srv.Close()
+		os.RemoveAll(dir)
+	})
+	return s
+}
+
+// connListener is a net.Listener fed with handshaken connections.
+type connListener struct {
+	ch   chan net.Conn
+	done chan struct{}
+	addr net.Addr
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *connListener) Close() error   { return nil }
+func (l *connListener) Addr() net.Addr { return l.addr }
