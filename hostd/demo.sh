@@ -15,7 +15,7 @@ S=$(mktemp -d /tmp/warren-demo-XXXXXX)
 export WARREN_HOST=$S/hostd.sock WARREN_TENANT=demo
 W=$ROOT/bin/warren
 "$ROOT/bin/warren-hostd" --state "$S/state" --socket "$WARREN_HOST" --warren "$W" --stop-on-exit \
-	--guest-kernel "$ROOT/build/vmlinux" --guest-initramfs "$ROOT/build/initramfs.cpio" 2>"$S/hostd.log" &
+	--guest-dir "$ROOT/build" --guest-kernel vmlinux --guest-initramfs initramfs.cpio 2>"$S/hostd.log" &
 HOSTD=$!
 cleanup() {
 	local rc=$?

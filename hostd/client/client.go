@@ -268,6 +268,9 @@ func (c *Client) Health(ctx context.Context) (tenant string, err error) {
 }
 
 // CreateTemplate builds a template: boot, wait for the agent, snapshot.
+// req's kernel, initramfs and disks are names of files in the daemon's
+// guest directory (warren-hostd --guest-dir), never host paths: the
+// daemon answers a path with a 400 (wire.TemplateRequest).
 func (c *Client) CreateTemplate(ctx context.Context, req wire.TemplateRequest, fn ProgressFunc) (*Template, error) {
 	var t Template
 	if err := c.long(ctx, http.MethodPost, "/v1/templates", req, &t, fn); err != nil {

@@ -24,7 +24,7 @@ func TestClientUnixSocket(t *testing.T) {
 		t.Fatalf("health: %q %v, want the default tenant", tenant, err)
 	}
 	var steps []wire.Progress
-	tpl, err := c.CreateTemplate(ctx, wire.TemplateRequest{Kernel: "/k"}, func(p wire.Progress) { steps = append(steps, p) })
+	tpl, err := c.CreateTemplate(ctx, wire.TemplateRequest{Kernel: "vmlinux"}, func(p wire.Progress) { steps = append(steps, p) })
 	if err != nil || tpl.Status != "ready" || len(steps) != 3 || steps[0].Step != "booting the guest" || steps[2].Pct != 75 {
 		t.Fatalf("template: %+v %v, progress %+v", tpl, err, steps)
 	}
@@ -123,7 +123,7 @@ func TestClientTenants(t *testing.T) {
 	ctx := context.Background()
 	a, _ := client.New("unix://"+stub.Socket, "alice", "")
 	b, _ := client.New(stub.Socket, "bob", "")
-	tpl, err := a.CreateTemplate(ctx, wire.TemplateRequest{Kernel: "/k"}, nil)
+	tpl, err := a.CreateTemplate(ctx, wire.TemplateRequest{Kernel: "vmlinux"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestClientSecretsAndEgress(t *testing.T) {
 	if l, err := c.Secrets(ctx); err != nil || len(l) != 1 || l[0] != "API_KEY" {
 		t.Errorf("secrets: %v %v", l, err)
 	}
-	tpl, err := c.CreateTemplate(ctx, wire.TemplateRequest{Kernel: "/k", Network: true}, nil)
+	tpl, err := c.CreateTemplate(ctx, wire.TemplateRequest{Kernel: "vmlinux", Network: true}, nil)
 	if err != nil || !tpl.Network {
 		t.Fatalf("template: %+v %v", tpl, err)
 	}

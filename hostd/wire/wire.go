@@ -21,11 +21,16 @@ import (
 
 // TemplateRequest is the body of POST /v1/templates.
 type TemplateRequest struct {
-	// Kernel (a vmlinux or bzImage), Initramfs and Disks are absolute
-	// paths on the daemon's host. A disk "PATH,ro" is shared read-only by
-	// every sandbox; a disk "PATH" is writable: the template freezes its
-	// own clone of it and each sandbox writes to an overlay of its own.
-	// With Image, Kernel and Initramfs default to the daemon's guest
+	// Kernel (a vmlinux or bzImage), Initramfs and Disks (raw images) are
+	// names of files in the daemon's guest directory (warren-hostd
+	// --guest-dir), which its operator keeps; never host paths: a name
+	// with a '/' (absolute or relative), "." or "..", a symbolic link or
+	// anything but a regular file is refused (400). The daemon opens them
+	// itself and the VMM gets descriptors or copies, never their paths.
+	// A disk "NAME,ro" is copied into the template read-only and shared
+	// by every sandbox; a disk "NAME" is writable: the template freezes
+	// its own clone of it and each sandbox writes to an overlay of its
+	// own. With Image, Kernel and Initramfs default to the daemon's guest
 	// kernel and initramfs (warren-hostd --guest-kernel, --guest-initramfs).
 	Kernel    string   `json:"kernel,omitempty"`
 	Initramfs string   `json:"initramfs,omitempty"`

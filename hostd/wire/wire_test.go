@@ -26,12 +26,12 @@ func TestJSON(t *testing.T) {
 		want   string
 		oldMap any // the map the daemon wrote before, if it did
 	}{
-		{"TemplateRequest", TemplateRequest{Kernel: "/k", Initramfs: "/i", Disks: []string{"/d"}, MemMiB: 256, CPUs: 2, Cmdline: "quiet"},
-			`{"kernel":"/k","initramfs":"/i","disks":["/d"],"mem_mib":256,"cpus":2,"cmdline":"quiet"}`, nil},
+		{"TemplateRequest", TemplateRequest{Kernel: "vmlinux", Initramfs: "initramfs.cpio", Disks: []string{"data.img,ro"}, MemMiB: 256, CPUs: 2, Cmdline: "quiet"},
+			`{"kernel":"vmlinux","initramfs":"initramfs.cpio","disks":["data.img,ro"],"mem_mib":256,"cpus":2,"cmdline":"quiet"}`, nil},
 		{"TemplateRequest empty", TemplateRequest{}, `{}`, nil},
 		{"TemplateRequest image", TemplateRequest{Image: "r/x:1", InsecureRegistry: true, DiskMiB: 2048, StartCmd: "s", ReadyCmd: "r"},
 			`{"image":"r/x:1","insecure_registry":true,"disk_mib":2048,"start_cmd":"s","ready_cmd":"r"}`, nil},
-		{"TemplateRequest network", TemplateRequest{Kernel: "/k", Network: true}, `{"kernel":"/k","network":true}`, nil},
+		{"TemplateRequest network", TemplateRequest{Kernel: "vmlinux", Network: true}, `{"kernel":"vmlinux","network":true}`, nil},
 		{"Secret", Secret{Name: "API_KEY"}, `{"name":"API_KEY"}`, nil},
 		{"SecretList", SecretList{Names: []string{}}, `{"names":[]}`, nil},
 		{"EgressReply", EgressReply{Policy: json.RawMessage(`{}`), Stats: json.RawMessage(`{"passed":1}`), Audit: "/a"},

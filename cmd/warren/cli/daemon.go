@@ -343,7 +343,7 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	case "create":
 		d := newDaemonCmd(ctx, "templates create", "templates create {--kernel K [--initramfs I] | --image REF | --rootfs DIR|FILE.tar} [--disk D]... [--mem MiB] [--cpus N] [--cmdline S] [--network]\n"+
 			"    [--disk-mib N] [--insecure-registry] [--start-cmd CMD | --start-image-cmd] [--ready-cmd CMD] [--ready-timeout D]", stdout, stderr)
-		kernel := d.fs.String("kernel", "", "guest kernel (vmlinux or bzImage; required without --image/--rootfs, whose default is the daemon's)")
+		kernel := d.fs.String("kernel", "", "guest kernel: the name of a vmlinux or bzImage in the daemon's guest directory (warren-hostd --guest-dir; required without --image/--rootfs, whose default is the daemon's)")
 		imageRef := d.fs.String("image", "", "make the root file system from an image: a registry reference (pulled by the daemon), oci-layout:DIR[:TAG] or docker-archive:FILE.tar (read here and uploaded)")
 		rootfs := d.fs.String("rootfs", "", "make the root file system from a plain tree: a directory or a tar file (read here and uploaded)")
 		insecure := d.fs.Bool("insecure-registry", false, "pull --image over plain HTTP (a registry the daemon's operator allows, e.g. on loopback)")
@@ -352,9 +352,9 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		startImage := d.fs.Bool("start-image-cmd", false, "run the image's own Entrypoint and Cmd as the start command")
 		readyCmd := d.fs.String("ready-cmd", "", "a shell command run until it exits 0 before the snapshot (with a start command)")
 		readyTimeout := d.fs.Duration("ready-timeout", 0, "how long --ready-cmd may take (default 2m)")
-		initramfs := d.fs.String("initramfs", "", "initramfs (cpio)")
+		initramfs := d.fs.String("initramfs", "", "initramfs (cpio): a name in the daemon's guest directory")
 		var disks stringsFlag
-		d.fs.Var(&disks, "disk", "raw disk image, attached read-only to every sandbox (repeatable)")
+		d.fs.Var(&disks, "disk", "a raw disk image of the daemon's guest directory, NAME[,ro]: copied into the template; ,ro shared read-only by every sandbox, else each sandbox writes to a copy-on-write overlay of its own (repeatable)")
 		mem := d.fs.Int("mem", 0, "guest memory in MiB (daemon default 256)")
 		cpus := d.fs.Int("cpus", 0, "vCPUs (daemon default 1)")
 		cmdline := d.fs.String("cmdline", "", "extra kernel command-line arguments")
@@ -365,20 +365,9 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if d.fs.NArg() != 0 || (*kernel == "" && *imageRef == "" && *rootfs == "") || (*imageRef != "" && *rootfs != "") {
 			return d.usageErr()
 		}
-		abs := func(p string) string {
-			if p == "" {
-				return ""
-			}
-			a, err := filepath.Abs(p)
-			if err != nil {
-				return p
-			}
-			return a
-		}
-		req := wire.TemplateRequest{Kernel: abs(*kernel), Initramfs: abs(*initramfs), MemMiB: *mem, CPUs: *cpus, Cmdline: *cmdline, Network: *network}
-		for _, p := range disks {
-			req.Disks = append(req.Disks, abs(p))
-		}
+		// Names of files in the daemon's guest directory, sent as they
+		// are: the daemon never opens a host path a client names.
+		req := wire.TemplateRequest{Kernel: *kernel, Initramfs: *initramfs, Disks: disks, MemMiB: *mem, CPUs: *cpus, Cmdline: *cmdline, Network: *network}
 		req.DiskMiB, req.InsecureRegistry, req.StartCmd, req.StartImageCmd, req.ReadyCmd = *diskMiB, *insecure, *startCmd, *startImage, *readyCmd
 		req.ReadyTimeoutS = int(readyTimeout.Seconds())
 		fn, done := d.progress("template")

@@ -98,7 +98,11 @@ func TestDaemonVerbs(t *testing.T) {
 	if _, errOut := run(1, "create"); !strings.Contains(errOut, "0 ready templates") {
 		t.Errorf("create without templates: %q", errOut)
 	}
-	tpl, progress := run(0, "templates", "create", "--kernel", "build/vmlinux", "--mem", "256")
+	// A host path is refused: the daemon takes names of its guest directory.
+	if _, errOut := run(1, "templates", "create", "--kernel", "build/vmlinux"); !strings.Contains(errOut, "host path") {
+		t.Errorf("templates create with a host path: %q", errOut)
+	}
+	tpl, progress := run(0, "templates", "create", "--kernel", "vmlinux", "--mem", "256")
 	tpl = strings.TrimSpace(tpl)
 	if !strings.HasPrefix(tpl, "tp-") || !strings.Contains(progress, "template: [ 25%] booting the guest\n") {
 		t.Fatalf("templates create: %q, progress %q", tpl, progress)
@@ -221,7 +225,7 @@ func TestDaemonNetworkVerbs(t *testing.T) {
 		t.Errorf("another tenant's secrets: %q", out)
 	}
 
-	tpl := strings.TrimSpace(run(0, "", "templates", "create", "--network", "--kernel", "build/vmlinux"))
+	tpl := strings.TrimSpace(run(0, "", "templates", "create", "--network", "--kernel", "vmlinux"))
 	pol := filepath.Join(dir, "p.json")
 	os.WriteFile(pol, []byte(`{"credentials":[{"secret":"A","hosts":["x.example.com"]}]}`), 0o600)
 	sb := strings.TrimSpace(run(0, "", "create", "--template", tpl, "--name", "net", "--egress", pol, "--secret", "A", "--secret", "B"))
@@ -271,7 +275,7 @@ func TestDaemonKeys(t *testing.T) {
 	}
 	run(1, "keys", "create")
 	run(1, "--tenant", "other", "keys")
-	tpl := strings.TrimSpace(mustRun(t, "templates", "create", "--kernel", "build/vmlinux"))
+	tpl := strings.TrimSpace(mustRun(t, "templates", "create", "--kernel", "vmlinux"))
 	sb := strings.TrimSpace(mustRun(t, "create", "--template", tpl))
 	if _, errOut := run(2, "keys", "revoke"); !strings.Contains(errOut, "--yes") {
 		t.Errorf("keys revoke without --yes: %q", errOut)

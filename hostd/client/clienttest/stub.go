@@ -177,6 +177,14 @@ func (s *Stub) handler() http.Handler {
 			fail(w, 400, "kernel is required")
 			return
 		}
+		// As warren-hostd: files of its guest directory by name, never a
+		// host path.
+		for _, v := range append([]string{req.Kernel, req.Initramfs}, req.Disks...) {
+			if strings.ContainsRune(v, '/') {
+				fail(w, 400, fmt.Sprintf("%q is a host path: templates name files of the daemon's guest directory (warren-hostd --guest-dir) by name", v))
+				return
+			}
+		}
 		s.mu.Lock()
 		s.TemplateRequests = append(s.TemplateRequests, req)
 		if id, ok := strings.CutPrefix(req.Image, "upload:"); ok && s.Uploads[id] == nil {
