@@ -32,9 +32,28 @@ func TestMain(m *testing.M) {
 		time.Sleep(2 * time.Minute)
 		os.Exit(0)
 	case "warren": // a stand-in warren: jail-init, and a VMM that sleeps
-		if len(os.Args) > 5 && os.Args[1] == jail.InitVerb { // jail-init --report-fd N -- ...
-			fd, _ := strconv.Atoi(os.Args[3])
-			os.Exit(jail.RunInit(os.Args[5:], fd))
+		if len(os.Args) > 2 && os.Args[1] == jail.InitVerb { // jail-init [--report-fd N] [--pass-fds N] -- ...
+			fd, pass, i := -1, 0, 2
+			for ; i+1 < len(os.Args) && os.Args[i] != "--"; i += 2 {
+				n, _ := strconv.Atoi(os.Args[i+1])
+				switch os.Args[i] {
+				case "--report-fd":
+					fd = n
+				case "--pass-fds":
+					pass = n
+				}
+			}
+			var fds []int
+			for k := range pass {
+				fds = append(fds, FirstExtraFD+k)
+			}
+			os.Exit(jail.RunInit(os.Args[i+1:], fd, fds...))
+		}
+		// The descriptors it inherited above stderr, as "fd N: TARGET".
+		for fd := 3; fd < FirstExtraFD+4; fd++ {
+			if p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err == nil {
+				fmt.Printf("fd %d: %s\n", fd, p)
+			}
 		}
 		time.Sleep(2 * time.Minute)
 		os.Exit(0)
