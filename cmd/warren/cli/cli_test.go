@@ -34,7 +34,10 @@ func TestRunBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no kernel flag", []string{"run"}, "--kernel is required"},
+		{"no kernel flag", []string{"run"}, "--kernel or --kernel-fd is required"},
+		{"kernel fd is stdin", []string{"run", "--kernel-fd", "0"}, "not an inherited descriptor"},
+		{"kernel path and fd", []string{"run", "--kernel", kernel, "--kernel-fd", "9"}, "give one"},
+		{"kernel fd not open", []string{"run", "--kernel-fd", "987"}, "--kernel-fd 987"},
 		{"missing kernel", []string{"run", "--kernel", filepath.Join(dir, "nope")}, "read kernel: open"},
 		{"garbage kernel", []string{"run", "--kernel", garbage}, "neither an ELF vmlinux nor a bzImage"},
 		{"mem 0", []string{"run", "--kernel", kernel, "--mem", "0"}, "--mem must be a positive"},
