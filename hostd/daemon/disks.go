@@ -184,6 +184,30 @@ func cloneTemplateDisks(dir string, disks []templateDisk) (paths, bases []string
 	return paths, bases, nil
 }
 
+// checkRawBases refuses the bases of the template's raw disk clones (not
+// its own overlays) that start with an overlay's magic: the build's guest
+// wrote those bytes (a raw disk's first block is the guest's), and an
+// image that reads as an overlay is opened as one, by cow/disk and by
+// every restore's VMM, with the base path its header names: a hostile
+// guest could have its sandboxes' disks read any host file.
+func checkRawBases(bases []string, disks []templateDisk) error {
+	for i, b := range bases {
+		if b == "" || i >= len(disks) || disks[i].own {
+			continue
+		}
+		f, err := os.Open(b)
+		if err != nil {
+			return fmt.Errorf("disk %d: %w", i, err)
+		}
+		err = checkRawImage(f, disks[i].name)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("disk %d after the build: the guest wrote an overlay header into its raw image: %w", i, err)
+		}
+	}
+	return nil
+}
+
 // freezeBases makes the template's disk clones read-only on disk: they are
 // the bases of its sandboxes' overlays from now on.
 func freezeBases(bases []string) error {

@@ -37,6 +37,9 @@ type fakeLauncher struct {
 	starts atomic.Int32
 	// failRestore makes `restore` fail to start.
 	failRestore atomic.Bool
+	// duringRun, when set, is called with a `run`'s arguments as it
+	// starts: what the build's guest does (to its disks, say).
+	duringRun func(args []string)
 	// lastRestore is the snapshot path of the last `restore`, lastArgs
 	// its arguments.
 	lastRestore string
@@ -146,7 +149,11 @@ func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
 		f.mu.Lock()
 		f.lastRunArgs = spec.Args
 		f.lastRunFiles = files
+		during := f.duringRun
 		f.mu.Unlock()
+		if during != nil {
+			during(spec.Args)
+		}
 	}
 	f.starts.Add(1)
 	vm, err := f.startVM(api, vs)

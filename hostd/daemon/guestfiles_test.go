@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -285,5 +286,64 @@ func TestGuestDirNotTheOperators(t *testing.T) {
 	}
 	if f.starts.Load() != 0 {
 		t.Error("a VMM started")
+	}
+}
+
+// TestGuestForgedOverlayHeader: a hostile guest writes, during its
+// template's build, an overlay header naming a host file as its base into
+// the first block of its writable raw disk; the build fails (the base
+// would be opened as an overlay, and the host file read as its base, by
+// every sandbox's restore) and no sandbox can be made of it.
+func TestGuestForgedOverlayHeader(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "host.secret")
+	os.WriteFile(secret, []byte("host secret"), 0o600)
+	gd := guestDir(t, map[string]string{"disk.img": strings.Repeat("\x00", 1<<20)})
+	f := newFakeLauncher(t)
+	f.duringRun = func(args []string) {
+		for i, a := range args {
+			if a != "--disk" || strings.HasSuffix(args[i+1], ",ro") {
+				continue
+			}
+			// The guest's write to sector 0 of /dev/vda: an overlay over
+			// the secret, as cow/disk writes one.
+			forged := filepath.Join(t.TempDir(), "forged")
+			rb, err := disk.OpenRaw(secret, false)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			o, err := disk.Create(forged, rb, disk.CreateOptions{BasePath: secret})
+			rb.Close()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			o.Close()
+			hdr := make([]byte, disk.HeaderSize)
+			ff, _ := os.Open(forged)
+			ff.ReadAt(hdr, 0)
+			ff.Close()
+			w, err := os.OpenFile(args[i+1], os.O_WRONLY, 0)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			w.WriteAt(hdr, 0)
+			w.Close()
+		}
+	}
+	td := startDaemon(t, t.TempDir(), f, func(c *Config) { c.GuestDir = gd })
+	c := td.client(t, "mallory")
+	st, b := c.do("POST", "/v1/templates", map[string]any{"kernel": "vmlinux", "mem_mib": 128, "disks": []string{"disk.img"}})
+	if st == 201 {
+		var tp store.Template
+		json.Unmarshal(b, &tp)
+		if st2, b2 := c.do("POST", "/v1/sandboxes", map[string]any{"template": tp.ID}); st2 == 201 {
+			t.Fatalf("a template whose guest forged an overlay header built, and a sandbox of it started: %s", b2)
+		}
+		t.Fatalf("a template whose guest forged an overlay header built: %s", b)
+	}
+	if !strings.Contains(string(b), "overlay header") {
+		t.Errorf("build: %d %s", st, b)
 	}
 }

@@ -242,6 +242,9 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	if err := settleTemplateDisks(t, srep.Disks); err != nil {
 		return fail(err)
 	}
+	if err := checkRawBases(t.DiskBases, disks); err != nil {
+		return fail(err)
+	}
 	if err := freezeBases(t.DiskBases); err != nil {
 		return fail(err)
 	}
