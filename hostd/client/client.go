@@ -8,6 +8,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -76,19 +79,72 @@ type Client struct {
 // New returns a client for host: a unix socket path (with or without a
 // unix:// prefix; "" is DefaultSocket) or an http:// or https:// URL,
 // which needs token. tenant "" is "default" (on TCP the token's tenant
-// rules; the header is then sent only when tenant is set).
+// rules; the header is then sent only when tenant is set). An https://
+// daemon's certificate is checked against the system's roots; NewTLS
+// takes the operator's CA and a client certificate.
 func New(host, tenant, token string) (*Client, error) {
+	return NewTLS(host, tenant, token, TLS{})
+}
+
+// TLS is how a client reaches an https:// daemon (warren-hostd
+// --tls-cert): the PEM files of the roots its certificate must chain to
+// (CAFile; "" for the system's) and, for a daemon that asks for one
+// (--client-ca), the client's certificate and key.
+type TLS struct {
+	CAFile, CertFile, KeyFile string
+}
+
+// Config returns the tls.Config t describes.
+func (t TLS) Config() (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if t.CAFile != "" {
+		b, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("CA file %s: no PEM certificates", t.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, errors.New("a client certificate needs both its certificate and its key")
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// NewTLS is New with t for an https:// host (t must be empty for another).
+func NewTLS(host, tenant, token string, t TLS) (*Client, error) {
 	if host == "" {
 		host = DefaultSocket
 	}
 	c := &Client{tenant: tenant, token: token}
+	if t != (TLS{}) && !strings.HasPrefix(host, "https://") {
+		return nil, fmt.Errorf("a CA file or client certificate needs an https:// daemon address, not %q", host)
+	}
 	if strings.HasPrefix(host, "http://") || strings.HasPrefix(host, "https://") {
 		u, err := url.Parse(host)
 		if err != nil || u.Host == "" {
 			return nil, fmt.Errorf("bad daemon address %q", host)
 		}
 		c.base = strings.TrimRight(u.String(), "/")
-		c.hc = &http.Client{}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		if u.Scheme == "https" {
+			cfg, err := t.Config()
+			if err != nil {
+				return nil, err
+			}
+			tr.TLSClientConfig = cfg
+		}
+		c.hc = &http.Client{Transport: tr}
 		return c, nil
 	}
 	sock := strings.TrimPrefix(host, "unix://")

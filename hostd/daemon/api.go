@@ -27,8 +27,10 @@ const TenantHeader = "X-Warren-Tenant"
 // An Authenticator returns the tenant a request acts for.
 type Authenticator func(r *http.Request) (string, error)
 
-// HeaderAuth takes the tenant from TenantHeader (the unix socket, whose
-// access the socket file's permissions control).
+// HeaderAuth takes the tenant from TenantHeader, whoever sends it: for a
+// socket only trusted processes can reach (tests, PeerAuth's root and
+// operator). warren-hostd's unix socket uses PeerAuth, which checks the
+// peer's uid first.
 func HeaderAuth(r *http.Request) (string, error) {
 	t := r.Header.Get(TenantHeader)
 	if t == "" {

@@ -442,9 +442,15 @@ func (d *Daemon) allSandboxes() []*sbState {
 }
 
 // Serve serves the API on l until Close; auth names the tenant of each
-// request (TenantHeader for a unix socket, TokenAuth for TCP).
+// request (PeerAuth or HeaderAuth for a unix socket, TokenAuth for TCP).
+// Each unix-socket connection's peer credentials (SO_PEERCRED) are in its
+// requests' context (PeerCredOf). l may be a TLS listener (tls.NewListener
+// with ServerTLS's configuration).
 func (d *Daemon) Serve(l net.Listener, auth Authenticator) error {
-	srv := &http.Server{Handler: d.Handler(auth), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: d.Handler(auth), ReadHeaderTimeout: 10 * time.Second, ConnContext: peerConnContext,
+		// TLS handshake failures (no client certificate, plain HTTP)
+		// and the like go to the daemon's log.
+		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	d.mu.Lock()
 	d.servers = append(d.servers, srv)
 	d.mu.Unlock()

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -29,10 +30,16 @@ func Main(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("warren-hostd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	state := fs.String("state", "/var/lib/warren", "state directory (records, snapshots, sockets)")
-	sock := fs.String("socket", "/run/warren/hostd.sock", "the API's unix socket (tenant from the X-Warren-Tenant header)")
+	sock := fs.String("socket", "/run/warren/hostd.sock", "the API's unix socket (tenant from the X-Warren-Tenant header, for uids --tenant-uid allows)")
+	var tenantUIDs stringList
+	fs.Var(&tenantUIDs, "tenant-uid", "UID=tenant[,tenant...] (repeatable): on the unix socket, processes of local user UID (SO_PEERCRED) act for these tenants (* for any); root and this daemon's uid act for any, every other uid is refused (403)")
 	warren := fs.String("warren", "", "the warren binary the VMMs run (default: warren beside this executable, else in PATH)")
 	listen := fs.String("listen", "", "also serve the API on this TCP address (needs --tokens)")
 	tokens := fs.String("tokens", "", "JSON file {\"token\": \"tenant\"} (mode 0600) for --listen")
+	tlsCert := fs.String("tls-cert", "", "--listen serves HTTPS with this PEM certificate (chain) of the operator's")
+	tlsKey := fs.String("tls-key", "", "the PEM private key of --tls-cert")
+	clientCA := fs.String("client-ca", "", "with --tls-cert: mutual TLS; clients must present a certificate that chains to these PEM roots")
+	insecureTCP := fs.Bool("insecure-tcp", false, "allow --listen on a non-loopback address without TLS (bearer tokens in cleartext)")
 	audit := fs.String("audit", "", "API audit log, JSON lines (default STATE/audit.jsonl; - for stderr)")
 	cgroups := fs.String("cgroup-root", "/sys/fs/cgroup", "cgroup mount root; \"none\" to run VMMs without cgroups")
 	verbose := fs.Bool("v", false, "debug logging")
@@ -91,6 +98,25 @@ func Main(args []string, stderr io.Writer) int {
 		}
 		if tokMap, err = LoadTokens(*tokens); err != nil {
 			return fail(err)
+		}
+	}
+	var tlsCfg *tls.Config
+	switch {
+	case *tlsCert != "" || *tlsKey != "":
+		if tlsCfg, err = ServerTLS(*tlsCert, *tlsKey, *clientCA); err != nil {
+			return fail(err)
+		}
+	case *clientCA != "":
+		return fail(errors.New("--client-ca needs --tls-cert and --tls-key"))
+	case *listen != "":
+		if err := CheckPlainTCP(*listen, *insecureTCP); err != nil {
+			return fail(fmt.Errorf("--listen: %w", err))
+		}
+	}
+	uids := TenantUIDs{}
+	for _, v := range tenantUIDs {
+		if err := uids.ParseTenantUID(v); err != nil {
+			return fail(fmt.Errorf("--tenant-uid: %w", err))
 		}
 	}
 	cfg := Config{State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups, Jail: *jailFlag, DNSUpstream: *dnsUpstream,
@@ -170,11 +196,14 @@ func Main(args []string, stderr io.Writer) int {
 	}
 	os.Chmod(*sock, 0o660)
 	errc := make(chan error, 2)
-	go func() { errc <- d.Serve(ul, HeaderAuth) }()
+	go func() { errc <- d.Serve(ul, PeerAuth(uids)) }()
 	if *listen != "" {
 		tl, err := net.Listen("tcp", *listen)
 		if err != nil {
 			return fail(err)
+		}
+		if tlsCfg != nil {
+			tl = tls.NewListener(tl, tlsCfg)
 		}
 		go func() { errc <- d.Serve(tl, TokenAuth(tokMap)) }()
 	}
@@ -187,7 +216,7 @@ func Main(args []string, stderr io.Writer) int {
 		mux.Handle("GET /metrics", mx.Handler())
 		go func() { errc <- (&http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}).Serve(ml) }()
 	}
-	log.Info("warren-hostd serving", "socket", *sock, "tcp", *listen, "state", *state, "warren", bin)
+	log.Info("warren-hostd serving", "socket", *sock, "tcp", *listen, "tls", tlsCfg != nil, "mtls", *clientCA != "", "state", *state, "warren", bin)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	select {

@@ -58,7 +58,9 @@ Sandboxes, through the host daemon (warren-hostd):
   events                    stream lifecycle events
 
   Every daemon verb takes --host (default $WARREN_HOST, else /run/warren/hostd.sock:
-  a unix socket path, or http://HOST:PORT with the bearer token $WARREN_TOKEN),
+  a unix socket path, or https://HOST:PORT (--ca-file $WARREN_CA, --client-cert
+  $WARREN_CLIENT_CERT, --client-key $WARREN_CLIENT_KEY) or http://HOST:PORT, with the
+  bearer token $WARREN_TOKEN),
   --tenant (default $WARREN_TENANT, else "default") and --json (full JSON answers).
   SANDBOX is a sandbox id (sb-...) or the name given to warren create --name.
 
@@ -83,11 +85,17 @@ var boolFlags = map[string]bool{"i": true, "json": true, "netns": true, "increme
 // daemonMain runs the daemon verbs and routes the shared ones; ok is
 // false when args are the VM-level command's.
 func daemonMain(args []string, stdin io.Reader, stdout, stderr io.Writer) (code int, ok bool) {
-	// Leading --host, --tenant and --json go to the daemon verb after them.
+	// Leading --host, --tenant, --json and the TLS flags go to the daemon
+	// verb after them.
 	var global []string
 	for len(args) > 0 && strings.HasPrefix(args[0], "-") {
 		name, _, hasVal := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
-		if name != "host" && name != "tenant" && name != "json" {
+		switch name {
+		case "host", "tenant", "json", "ca-file", "client-cert", "client-key":
+		default:
+			name = ""
+		}
+		if name == "" {
 			break
 		}
 		if hasVal || name == "json" {
@@ -189,6 +197,7 @@ type daemonCmd struct {
 	name           string
 	fs             *flag.FlagSet
 	host, tenant   *string
+	tls            client.TLS
 	asJSON         *bool
 	stdout, stderr io.Writer
 	c              *client.Client
@@ -208,7 +217,10 @@ func newDaemonCmd(ctx context.Context, verb, usageLine string, stdout, stderr io
 		host = client.DefaultSocket
 	}
 	tenant := os.Getenv("WARREN_TENANT")
-	d.host = d.fs.String("host", host, "the daemon: a unix socket path, or http://HOST:PORT (token in $WARREN_TOKEN) ($WARREN_HOST)")
+	d.host = d.fs.String("host", host, "the daemon: a unix socket path, or https://HOST:PORT or http://HOST:PORT (token in $WARREN_TOKEN) ($WARREN_HOST)")
+	d.fs.StringVar(&d.tls.CAFile, "ca-file", os.Getenv("WARREN_CA"), "https daemon: PEM roots its certificate must chain to, instead of the system's ($WARREN_CA)")
+	d.fs.StringVar(&d.tls.CertFile, "client-cert", os.Getenv("WARREN_CLIENT_CERT"), "https daemon with mutual TLS: this client's PEM certificate ($WARREN_CLIENT_CERT)")
+	d.fs.StringVar(&d.tls.KeyFile, "client-key", os.Getenv("WARREN_CLIENT_KEY"), "the PEM key of --client-cert ($WARREN_CLIENT_KEY)")
 	d.tenant = d.fs.String("tenant", tenant, "the tenant to act as ($WARREN_TENANT; default \"default\" on the unix socket)")
 	d.asJSON = d.fs.Bool("json", false, "print the daemon's full JSON answers")
 	return d
@@ -219,7 +231,19 @@ func (d *daemonCmd) parse(args []string) (code int) {
 	if err := d.fs.Parse(args); err != nil {
 		return 2
 	}
-	c, err := client.New(*d.host, *d.tenant, os.Getenv("WARREN_TOKEN"))
+	t := d.tls
+	if !strings.HasPrefix(*d.host, "https://") {
+		// $WARREN_CA and friends only apply to https daemons; the flags,
+		// given for another, are an error (NewTLS's).
+		t = client.TLS{}
+		d.fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "ca-file", "client-cert", "client-key":
+				t = d.tls
+			}
+		})
+	}
+	c, err := client.NewTLS(*d.host, *d.tenant, os.Getenv("WARREN_TOKEN"), t)
 	if err != nil {
 		fmt.Fprintf(d.stderr, "%s: %v\n", d.name, err)
 		return 2
