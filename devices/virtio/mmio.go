@@ -85,6 +85,10 @@ type MMIO struct {
 	configGen    uint32
 	activated    bool
 	brokenLogged bool
+	// brokenLogs counts the faults logged over the device's life: a
+	// guest that faults and resets the device in a loop logs at most
+	// maxBrokenLogs lines, not one a cycle.
+	brokenLogs int
 	// resetting is closed when an asynchronous device Reset started by
 	// broken has finished; activate and reset wait for it.
 	resetting chan struct{}
@@ -349,13 +353,21 @@ func (t *MMIO) activate() error {
 	return t.dev.Activate(a)
 }
 
+// maxBrokenLogs is the most driver faults an MMIO transport logs.
+const maxBrokenLogs = 8
+
 // broken marks the device as needing a reset after a driver fault and
 // tells the driver with a configuration-change interrupt (mu held).
 func (t *MMIO) broken(err error) {
-	if !t.brokenLogged {
-		t.log.Warn("virtio device needs reset", "device", t.name, "err", err)
-		t.brokenLogged = true
+	if !t.brokenLogged && t.brokenLogs < maxBrokenLogs {
+		t.brokenLogs++
+		if t.brokenLogs == maxBrokenLogs {
+			t.log.Warn("virtio device needs reset (its further faults are not logged)", "device", t.name, "err", err, "faults", t.brokenLogs)
+		} else {
+			t.log.Warn("virtio device needs reset", "device", t.name, "err", err)
+		}
 	}
+	t.brokenLogged = true
 	if t.status&StatusNeedsReset != 0 {
 		return
 	}

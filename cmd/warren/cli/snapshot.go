@@ -17,6 +17,7 @@ import (
 
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/cow/disk"
+	"github.com/warrenvm/warren/internal/logcap"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm/hostprofile"
 )
@@ -514,22 +515,37 @@ func compactCmd(args []string, stdout, stderr io.Writer) int {
 }
 
 // openConsole returns the console writer: FILE when set, else stdout.
+// The guest writes its console at will, so FILE is capped: at
+// logcap.DefaultConsoleMax bytes it rotates to FILE.1 (one older
+// generation kept), on descriptors opened now (the jail may take path
+// lookups away later).
 func openConsole(file string, stdout io.Writer) (io.Writer, func(), error) {
 	if file == "" {
 		return stdout, func() {}, nil
 	}
-	f, err := os.Create(file)
+	f, err := logcap.Create(file, logcap.DefaultConsoleMax)
 	if err != nil {
 		return nil, nil, fmt.Errorf("console: %w", err)
 	}
 	return f, func() { f.Close() }, nil
 }
 
-// newLogger logs warnings (everything with verbose) to w.
+// vmmLogMax bounds what one VMM process logs (verbose: vmmVerboseLogMax):
+// guest-triggered events (driver faults, device resets) log lines, and a
+// guest must not fill the host's disk with them.
+const (
+	vmmLogMax        = 16 << 20
+	vmmVerboseLogMax = 256 << 20
+)
+
+// newLogger logs warnings (everything with verbose) to w, at most
+// vmmLogMax bytes (logcap.Budget; a log file already that long is
+// truncated first).
 func newLogger(w io.Writer, verbose bool) *slog.Logger {
 	level := slog.LevelWarn
+	limit := int64(vmmLogMax)
 	if verbose {
-		level = slog.LevelDebug
+		level, limit = slog.LevelDebug, vmmVerboseLogMax
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	return slog.New(slog.NewTextHandler(logcap.NewBudget(w, limit), &slog.HandlerOptions{Level: level}))
 }
