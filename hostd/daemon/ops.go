@@ -867,6 +867,7 @@ func (d *Daemon) deleteSandbox(s *sbState) error {
 	os.Remove(sb.Vsock)
 	if strings.HasPrefix(sb.Console, d.store.RunDir()) { // a fork child's files
 		os.Remove(sb.Console)
+		os.Remove(sb.Console + ".1") // the console's older generation (logcap)
 		os.Remove(sb.Log)
 	}
 	s.agent.Close()
