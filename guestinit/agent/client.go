@@ -36,9 +36,11 @@ type Client struct {
 // Limits bound what a Client reads from the agent. Zero fields take the
 // DefaultLimits' values.
 type Limits struct {
-	// Reply is the most bytes of one JSON reply (health, stat, a
-	// directory listing, a service's status, an exec's exit or error
-	// frame) the client reads before it gives up.
+	// Reply is the most bytes of one JSON list reply (a directory
+	// listing, the services) the client reads before it gives up; a
+	// reply of one record (health, stat, a service's status) is held to
+	// 64 KiB or Reply, whichever is less, and an exec's status frames to
+	// MaxFrame.
 	Reply int64
 	// File is the most bytes ReadFile copies from one guest file.
 	File int64
@@ -157,13 +159,22 @@ func decodeError(resp *http.Response) error {
 	return e
 }
 
-func (c *Client) getJSON(ctx context.Context, u string, v any) error {
-	return c.callJSON(ctx, http.MethodGet, u, nil, v)
+func (c *Client) getJSON(ctx context.Context, u string, limit int64, v any) error {
+	return c.callJSON(ctx, http.MethodGet, u, nil, limit, v)
 }
 
-// callJSON sends a request answered with one JSON reply (decoded into v
-// within the client's Limits).
-func (c *Client) callJSON(ctx context.Context, method, u string, body io.Reader, v any) error {
+// maxSmallReply bounds the replies of one record (health, a FileInfo, a
+// service's status): however many requests a tenant has in flight, each
+// holds at most this much of what its guest sent.
+const maxSmallReply = 64 << 10
+
+// small is the limit of a one-record reply; the client's Limits.Reply is
+// that of a list.
+func (c *Client) small() int64 { return min(c.limits.Reply, maxSmallReply) }
+
+// callJSON sends a request answered with one JSON reply (decoded into v,
+// at most limit bytes, within the client's ReplyTimeout).
+func (c *Client) callJSON(ctx context.Context, method, u string, body io.Reader, limit int64, v any) error {
 	ctx, cancel := c.replyCtx(ctx)
 	defer cancel()
 	resp, err := c.do(ctx, method, u, body)
@@ -171,7 +182,7 @@ func (c *Client) callJSON(ctx context.Context, method, u string, body io.Reader,
 		return err
 	}
 	defer resp.Body.Close()
-	return decodeReply(resp.Body, c.limits.Reply, v)
+	return decodeReply(resp.Body, limit, v)
 }
 
 // Exec runs req.Argv in the guest, copying its standard output and error
@@ -228,7 +239,7 @@ func (c *Client) ExecStatus(ctx context.Context, req ExecRequest, stdout, stderr
 		if cap(payload) > cap(buf) {
 			buf = payload
 		}
-		if (typ == FrameExit || typ == FrameError) && int64(len(payload)) > c.limits.Reply {
+		if (typ == FrameExit || typ == FrameError) && int64(len(payload)) > c.small() {
 			return fail, fmt.Errorf("agent: exec stream: %w: a %d-byte status frame", ErrReplyTooLarge, len(payload))
 		}
 		switch typ {
@@ -315,7 +326,7 @@ func (c *Client) HealthTimed(ctx context.Context) (Health, time.Duration, error)
 		return h, 0, err
 	}
 	defer resp.Body.Close()
-	if err := decodeReply(resp.Body, c.limits.Reply, &h); err != nil {
+	if err := decodeReply(resp.Body, c.small(), &h); err != nil {
 		return h, 0, err
 	}
 	return h, AgentTime(resp.Header), nil
@@ -380,7 +391,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode f
 	t := time.AfterFunc(c.limits.ReplyTimeout, cancel)
 	defer t.Stop()
 	var fi FileInfo
-	if err := decodeReply(resp.Body, c.limits.Reply, &fi); err != nil {
+	if err := decodeReply(resp.Body, c.small(), &fi); err != nil {
 		if !t.Stop() && ctx.Err() != nil {
 			return FileInfo{}, fmt.Errorf("agent: write %s: reply not read in %v: %w", path, c.limits.ReplyTimeout, context.DeadlineExceeded)
 		}
@@ -392,14 +403,14 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode f
 // Stat returns the guest file's FileInfo, not following a final symlink.
 func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
 	var fi FileInfo
-	err := c.getJSON(ctx, endpoint("/stat", url.Values{"path": {path}}), &fi)
+	err := c.getJSON(ctx, endpoint("/stat", url.Values{"path": {path}}), c.small(), &fi)
 	return fi, err
 }
 
 // List returns the entries of the guest directory at path, sorted by name.
 func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
 	var l []FileInfo
-	err := c.getJSON(ctx, endpoint("/list", url.Values{"path": {path}}), &l)
+	err := c.getJSON(ctx, endpoint("/list", url.Values{"path": {path}}), c.limits.Reply, &l)
 	return l, err
 }
 
@@ -414,14 +425,14 @@ func (c *Client) StartService(ctx context.Context, spec ServiceSpec) (ServiceSta
 	if err != nil {
 		return st, err
 	}
-	err = c.callJSON(ctx, http.MethodPost, endpoint("/services", nil), bytes.NewReader(b), &st)
+	err = c.callJSON(ctx, http.MethodPost, endpoint("/services", nil), bytes.NewReader(b), c.small(), &st)
 	return st, err
 }
 
 // Services returns the status of every supervised service, sorted by name.
 func (c *Client) Services(ctx context.Context) ([]ServiceStatus, error) {
 	var l []ServiceStatus
-	err := c.getJSON(ctx, endpoint("/services", nil), &l)
+	err := c.getJSON(ctx, endpoint("/services", nil), c.limits.Reply, &l)
 	return l, err
 }
 
@@ -429,7 +440,7 @@ func (c *Client) Services(ctx context.Context) ([]ServiceStatus, error) {
 // *Error with Code CodeNotFound.
 func (c *Client) Service(ctx context.Context, name string) (ServiceStatus, error) {
 	var st ServiceStatus
-	err := c.getJSON(ctx, endpoint("/services", url.Values{"name": {name}}), &st)
+	err := c.getJSON(ctx, endpoint("/services", url.Values{"name": {name}}), c.small(), &st)
 	return st, err
 }
 
@@ -438,7 +449,7 @@ func (c *Client) Service(ctx context.Context, name string) (ServiceStatus, error
 // status once its process has been reaped.
 func (c *Client) StopService(ctx context.Context, name string) (ServiceStatus, error) {
 	var st ServiceStatus
-	err := c.callJSON(ctx, http.MethodDelete, endpoint("/services", url.Values{"name": {name}}), nil, &st)
+	err := c.callJSON(ctx, http.MethodDelete, endpoint("/services", url.Values{"name": {name}}), nil, c.small(), &st)
 	return st, err
 }
 
