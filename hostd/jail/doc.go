@@ -12,7 +12,13 @@
 // attach the egress filter, bind its API socket) and then calls Enter once:
 //
 //  1. PrepareMounts: make every mount private (MS_REC|MS_PRIVATE on /);
-//     optionally mount a fresh /proc for the new pid namespace.
+//     optionally mount a fresh /proc for the new pid namespace. Then,
+//     with Config.Root, PivotRoot (root.go): a tmpfs on the jail
+//     directory, the paths the VMM still needs bind-mounted at their own
+//     paths (nosuid, nodev, noexec unless asked, read-only unless asked),
+//     its device nodes made there and owned by its uid, a /proc of its
+//     pid namespace, pivot_root, the old root detached, the tmpfs
+//     remounted read-only.
 //  2. Privileges: with Config.User, empty the bounding set, switch uid/gid
 //     (SetUser) and clear every capability; otherwise DropCapabilities
 //     (Config.KeepCaps survive, everything else leaves the bounding,
@@ -136,6 +142,41 @@
 // makes its own for its tap and egress services and keeps the host's for
 // upstream connections) and no Pdeathsig (VMMs outlive the daemon, which
 // re-adopts them).
+//
+// # Threat model: what each layer stops
+//
+// The attacker is a guest that found a bug in the VMM and runs code in it.
+//
+//   - Namespaces (mount, pid, ipc, uts, net): it cannot see or signal the
+//     host's processes, reach the host's network (a VMM without one), or
+//     change the host's mounts.
+//   - The pivot_root jail (Config.Root): the host's files are not there
+//     (no /etc/shadow, no key directory, no other tenant's tree, no
+//     shell); only what the jail binds, at the same paths, and
+//     read-only where it only reads. Open descriptors from before
+//     (/dev/kvm, disks, sockets) keep working.
+//   - Its own uid/gid (Config.User): inside the binds, file permissions
+//     separate it from the other VMMs whose directories a shared bind
+//     shows (a sibling sandbox's 0700 directory answers EACCES); it owns
+//     nothing of the host's.
+//   - No capabilities (bounding, permitted, effective, ambient empty)
+//     and no_new_privs: no mount, mknod, chroot, raw I/O, module loads;
+//     no setuid binary or file capability can give any back.
+//   - Seccomp: the kernel's attack surface is the table's syscalls and
+//     ioctls; mount, pivot_root, unshare, setns, ptrace, bpf loads,
+//     keyctl, io_uring, userfaultfd and the rest fail even where a
+//     capability were left.
+//
+// Not yet done (issue 16, hole 3): the daemon does not pass Config.Root
+// and Config.User yet (hostd/daemon: a per-sandbox uid from a configured
+// range, the directories it writes owned by it, the binds a sandbox's fork
+// children need: its tenant's sandboxes directory, its template and image
+// bases, the warren binary, /sys/module, a per-family run directory for the
+// children's sockets); ProfileVMM VMMs still execve `warren fork-child`
+// (the children inherit the parent's jail, uid and filter, never more);
+// a network VMM keeps CAP_NET_ADMIN and CAP_SYS_ADMIN for its children's
+// taps and namespaces and its egress services' upstream side stays in the
+// host's network namespace; VMMs are placed in their cgroup after start.
 //
 // Run for real (hostd/daemon's e2e test in the nested KVM host, every VMM
 // under ProfileVMM, ModeLog then ModeErrno: template build, restore, exec,

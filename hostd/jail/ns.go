@@ -78,6 +78,10 @@ type Config struct {
 	// Mounts, when set, runs PrepareMounts first (the VMM must be in its
 	// own mount namespace, see SysProcAttr).
 	Mounts *MountOptions
+	// Root, when set, pivot_roots into a jail directory holding only
+	// the files the VMM needs after its setup (PivotRoot), right after
+	// PrepareMounts (which it needs: private mounts).
+	Root *RootOptions
 	// KeepCaps are the capabilities the VMM keeps (none by default). A
 	// VMM that creates taps for fork children in new network namespaces
 	// needs CAP_NET_ADMIN and CAP_SYS_ADMIN; see the package doc.
@@ -95,7 +99,7 @@ type User struct{ UID, GID int }
 
 // Enter hardens the calling VMM process after its setup, in this order:
 //
-//  1. PrepareMounts (with Config.Mounts)
+//  1. PrepareMounts (with Config.Mounts), then PivotRoot (with Config.Root)
 //  2. SetUser (with Config.User), then DropCapabilities(KeepCaps)
 //  3. PR_SET_NO_NEW_PRIVS
 //  4. the seccomp filter, on all threads
@@ -105,6 +109,11 @@ type User struct{ UID, GID int }
 func Enter(cfg Config) error {
 	if cfg.Mounts != nil {
 		if err := PrepareMounts(*cfg.Mounts); err != nil {
+			return err
+		}
+	}
+	if cfg.Root != nil {
+		if err := PivotRoot(*cfg.Root); err != nil {
 			return err
 		}
 	}
