@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,10 +31,23 @@ import (
 // what the table lacks, to find missing syscalls (dmesg | grep type=1326);
 // ",kill" kills the process instead.
 
+// The daemon confines a VMM further with options after the profile and
+// mode, comma-separated (paths may hold neither ',' nor ':'):
+//
+//	root=DIR             pivot_root into a jail on DIR (jail.PivotRoot)
+//	user=UID:GID         then leave root for this uid and gid (no capability kept)
+//	bind=PATH[:rw][:exec] a path visible in the jail, at the same path
+//	dev=kvm|tun|null     a device node made in the jail, owned by the user
+//
+// A fork child inherits them all (its parent's mount namespace, root, uid
+// and filter): the spec it is given carries the profile and mode only.
+
 // jailSpec is a parsed --jail value; the zero value is no jail.
 type jailSpec struct {
 	profile jail.Profile
 	mode    jail.Mode
+	root    *jail.RootOptions
+	user    *jail.User
 }
 
 func (j jailSpec) on() bool { return j.profile != 0 }
@@ -51,9 +65,88 @@ func (j jailSpec) String() string {
 }
 
 // parseJail parses "" / "off", "strict" or "vmm", optionally followed by
-// ",errno", ",log" or ",kill".
+// ",errno", ",log" or ",kill", then by the confinement options above.
 func parseJail(v string) (jailSpec, error) {
-	prof, mode, _ := strings.Cut(strings.TrimSpace(v), ",")
+	prof, rest, _ := strings.Cut(strings.TrimSpace(v), ",")
+	mode, opts := "", []string(nil)
+	if rest != "" {
+		for _, item := range strings.Split(rest, ",") {
+			if strings.Contains(item, "=") {
+				opts = append(opts, item)
+			} else if mode == "" && len(opts) == 0 {
+				mode = item
+			} else {
+				return jailSpec{}, fmt.Errorf("--jail %q: unexpected %q", v, item)
+			}
+		}
+	}
+	j, err := parseJailProfile(v, prof, mode)
+	if err != nil || len(opts) == 0 {
+		return j, err
+	}
+	if !j.on() {
+		return j, fmt.Errorf("--jail %q: options without a profile", v)
+	}
+	for _, o := range opts {
+		k, val, _ := strings.Cut(o, "=")
+		switch k {
+		case "root":
+			if j.root != nil || !filepath.IsAbs(val) || strings.Contains(val, ":") {
+				return j, fmt.Errorf("--jail %q: root=%q: want one absolute path", v, val)
+			}
+			j.root = &jail.RootOptions{Dir: val}
+		case "user":
+			us, gs, ok := strings.Cut(val, ":")
+			uid, err1 := strconv.Atoi(us)
+			gid, err2 := strconv.Atoi(gs)
+			if !ok || err1 != nil || err2 != nil || uid <= 0 || gid <= 0 || j.user != nil {
+				return j, fmt.Errorf("--jail %q: user=%q: want one UID:GID, not root", v, val)
+			}
+			j.user = &jail.User{UID: uid, GID: gid}
+		case "bind":
+			f := strings.Split(val, ":")
+			b := jail.Bind{Path: f[0]}
+			for _, m := range f[1:] {
+				switch m {
+				case "rw":
+					b.Writable = true
+				case "exec":
+					b.Exec = true
+				default:
+					return j, fmt.Errorf("--jail %q: bind=%q: unknown flag %q", v, val, m)
+				}
+			}
+			if !filepath.IsAbs(b.Path) || filepath.Clean(b.Path) != b.Path || b.Path == "/" {
+				return j, fmt.Errorf("--jail %q: bind=%q: want a clean absolute path", v, val)
+			}
+			if j.root == nil {
+				j.root = &jail.RootOptions{}
+			}
+			j.root.Binds = append(j.root.Binds, b)
+		case "dev":
+			dev, ok := map[string]jail.Device{"kvm": jail.DevKVM, "tun": jail.DevTun, "null": jail.DevNull}[val]
+			if !ok {
+				return j, fmt.Errorf("--jail %q: dev=%q: want kvm, tun or null", v, val)
+			}
+			if j.root == nil {
+				j.root = &jail.RootOptions{}
+			}
+			j.root.Devices = append(j.root.Devices, dev)
+		default:
+			return j, fmt.Errorf("--jail %q: unknown option %q", v, k)
+		}
+	}
+	if j.root != nil && j.root.Dir == "" {
+		return j, fmt.Errorf("--jail %q: bind= and dev= need root=", v)
+	}
+	if j.root != nil {
+		j.root.Owner = j.user
+	}
+	return j, nil
+}
+
+// parseJailProfile parses the profile and mode of the --jail value v.
+func parseJailProfile(v, prof, mode string) (jailSpec, error) {
 	var j jailSpec
 	switch prof {
 	case "", "off", "none":
@@ -97,11 +190,11 @@ func currentJail() string {
 
 // jailConfig is the jail.Config for the VM of o under j.
 func jailConfig(j jailSpec, o *vmOptions) jail.Config {
-	cfg := jail.Config{Profile: j.profile, Seccomp: jail.Options{Mode: j.mode}}
+	cfg := jail.Config{Profile: j.profile, Seccomp: jail.Options{Mode: j.mode}, Root: j.root, User: j.user}
 	if o != nil && o.egress != nil {
 		cfg.Seccomp.BPFMaps = true
 	}
-	if o != nil && o.tap != "" && j.profile == jail.ProfileVMM {
+	if o != nil && o.tap != "" && j.profile == jail.ProfileVMM && j.user == nil {
 		// A fork child creates its own tap (CAP_NET_ADMIN), maybe in a
 		// new network namespace (CAP_SYS_ADMIN): capabilities dropped
 		// here would be gone for it too.
@@ -116,6 +209,11 @@ func jailConfig(j jailSpec, o *vmOptions) jail.Config {
 	}
 	if ownMountNS() {
 		cfg.Mounts = &jail.MountOptions{}
+	} else {
+		cfg.Root = nil // only in a mount namespace of its own
+	}
+	if isForkChild() {
+		cfg.Root, cfg.User = nil, nil // inherited
 	}
 	return cfg
 }
@@ -147,6 +245,13 @@ func enterJail(j jailSpec, o *vmOptions, log *slog.Logger) error {
 		return nil
 	}
 	cfg := jailConfig(j, o)
+	if cfg.Root != nil {
+		// Fork children are started from this binary by the path it
+		// has now (bound into the jail at the same path).
+		if exe, err := forkExecutable(); err == nil {
+			forkExecutable = func() (string, error) { return exe, nil }
+		}
+	}
 	if isForkChild() {
 		if err := enterInherited(cfg); err != nil {
 			return fmt.Errorf("jail (%s): %w", j, err)

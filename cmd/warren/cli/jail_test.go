@@ -248,3 +248,38 @@ func errnoOf(err error) error {
 	}
 	return nil
 }
+
+// TestParseJailConfinement: the daemon's confinement options, and the
+// ways a command line could widen them (root as the user, relative or
+// unclean binds, binds without a root, unknown devices) refused; a fork
+// child's spec carries the profile and mode only.
+func TestParseJailConfinement(t *testing.T) {
+	j, err := parseJail("vmm,log,root=/s/jail,user=200001:200001,bind=/s/sb:rw,bind=/bin/warren:exec,dev=kvm,dev=null")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.String() != "vmm,log" || j.user == nil || j.user.UID != 200001 || j.root == nil || j.root.Dir != "/s/jail" ||
+		len(j.root.Binds) != 2 || !j.root.Binds[0].Writable || j.root.Binds[0].Exec || !j.root.Binds[1].Exec || j.root.Binds[1].Writable ||
+		len(j.root.Devices) != 2 || j.root.Owner != j.user {
+		t.Fatalf("parsed %+v root %+v", j, j.root)
+	}
+	if _, err := parseJail("vmm,user=200001:200001"); err != nil {
+		t.Errorf("user without root: %v", err)
+	}
+	for _, bad := range []string{
+		"vmm,user=0:0", "vmm,user=0:5", "vmm,user=5", "vmm,user=-1:-1", "vmm,user=1:1,user=2:2",
+		"vmm,root=rel", "vmm,root=/a,root=/b", "vmm,root=/a:b",
+		"vmm,root=/j,bind=rel", "vmm,root=/j,bind=/a/../etc", "vmm,root=/j,bind=/", "vmm,root=/j,bind=/a:suid",
+		"vmm,bind=/a", "vmm,dev=kvm", "vmm,root=/j,dev=sda", "vmm,root=/j,shell=/bin/sh",
+		"off,root=/j", "vmm,root=/j,log",
+	} {
+		if j, err := parseJail(bad); err == nil {
+			t.Errorf("parseJail(%q) accepted: %+v", bad, j)
+		}
+	}
+	// With a user, a tap's fork capabilities are not kept (they could not
+	// survive leaving root anyway).
+	if cfg := jailConfig(j, &vmOptions{tap: "t0"}); len(cfg.KeepCaps) != 0 || cfg.User == nil {
+		t.Errorf("confined VMM with a tap: keeps %v, user %v", cfg.KeepCaps, cfg.User)
+	}
+}
