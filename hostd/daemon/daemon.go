@@ -106,6 +106,10 @@ type Config struct {
 	// Jail, for the default launcher, jails every VMM: "strict" or "vmm"
 	// (see JailPrepare); "" or "off" for none.
 	Jail string
+	// VMMUIDs, when set, confines every sandbox VMM without a network
+	// further (Confinement): its own uid and gid from the range, and a
+	// pivot_root jail with only its files. Needs a jailed launcher.
+	VMMUIDs *UIDRange
 	// EgressHosts, DNSUpstream and UpstreamCA are passed to the build VMM
 	// of every network template (`warren run --hosts`, `--dns-upstream`,
 	// `--upstream-ca`; recorded in its snapshot), and so are in force in

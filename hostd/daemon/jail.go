@@ -2,8 +2,17 @@ package daemon
 
 import (
 	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/warrenvm/warren/hostd/store"
 
 	"github.com/warrenvm/warren/hostd/jail"
 )
@@ -48,11 +57,271 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 		}
 		// warren jail-init --report-fd 3 -- warren SUBCOMMAND --jail PROFILE ARGS...
 		// (ExecLauncher passes the report socket as fd 3.)
-		args := []string{cmd.Args[0], jail.InitVerb, "--report-fd", "3", "--", cmd.Path, cmd.Args[1], "--jail", profile}
+		jv := profile
+		if spec.Confine != nil {
+			opts, err := spec.Confine.jailArgs()
+			if err != nil {
+				return err
+			}
+			jv += "," + opts
+		}
+		args := []string{cmd.Args[0], jail.InitVerb, "--report-fd", "3", "--", cmd.Path, cmd.Args[1], "--jail", jv}
 		cmd.Args = append(args, cmd.Args[2:]...)
 		attr := jail.SysProcAttr(jail.NSOptions{NetNS: !spec.Network})
 		attr.Pdeathsig = 0
 		cmd.SysProcAttr = attr
 		return nil
 	}, nil
+}
+
+// Confinement is where and as whom a jailed VMM runs once its setup is
+// done (LaunchSpec.Confine): JailPrepare passes it on `--jail` (root=,
+// user=, bind=, dev=), and the VMM pivot_roots into Root, a tmpfs holding
+// only Binds at their own paths and its device nodes, and leaves root for
+// UID/GID with no capability left (hostd/jail.PivotRoot, Enter).
+type Confinement struct {
+	// UID and GID are the VMM's own, from the daemon's --vmm-uid-range.
+	UID, GID int
+	// Root is the jail directory (empty on the host; STATE/jail/ID).
+	Root string
+	// Binds are the host paths it still needs.
+	Binds []jail.Bind
+}
+
+// jailArgs is c as `--jail` options.
+func (c *Confinement) jailArgs() (string, error) {
+	opts := []string{"root=" + c.Root, fmt.Sprintf("user=%d:%d", c.UID, c.GID), "dev=kvm", "dev=null"}
+	for _, b := range c.Binds {
+		if strings.ContainsAny(b.Path, ",:") {
+			return "", fmt.Errorf("jail: bind %q holds ',' or ':'", b.Path)
+		}
+		o := "bind=" + b.Path
+		if b.Writable {
+			o += ":rw"
+		}
+		if b.Exec {
+			o += ":exec"
+		}
+		opts = append(opts, o)
+	}
+	if strings.ContainsAny(c.Root, ",:") {
+		return "", fmt.Errorf("jail: root %q holds ',' or ':'", c.Root)
+	}
+	return strings.Join(opts, ","), nil
+}
+
+// UIDRange is the range VMM uids (and gids, the same numbers) are drawn
+// from: First to First+Count-1 (warren-hostd --vmm-uid-range FIRST:COUNT,
+// Firecracker jailer's --uid/--gid). None of them may be a user of the
+// host.
+type UIDRange struct{ First, Count int }
+
+// ParseUIDRange parses "FIRST:COUNT" ("" or "off": none).
+func ParseUIDRange(v string) (*UIDRange, error) {
+	if v == "" || v == "off" {
+		return nil, nil
+	}
+	a, b, ok := strings.Cut(v, ":")
+	first, err1 := strconv.Atoi(a)
+	count, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || first < 1000 || count < 1 || first+count > 1<<31-2 {
+		return nil, fmt.Errorf("--vmm-uid-range %q: want FIRST:COUNT, FIRST at least 1000", v)
+	}
+	return &UIDRange{First: first, Count: count}, nil
+}
+
+func (r *UIDRange) has(uid int) bool { return r != nil && uid >= r.First && uid < r.First+r.Count }
+
+// uidAllocMu serializes uid allocations (an allocation is the chown of
+// the sandbox's directory: the owner is the record).
+var uidAllocMu sync.Mutex
+
+// dirOwner returns the owner of dir, or -1.
+func dirOwner(dir string) int {
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() {
+		return -1
+	}
+	return int(fi.Sys().(*syscall.Stat_t).Uid)
+}
+
+// sandboxUID returns the uid of sandbox id's VMMs: the owner of its
+// directory when that is in the range (so a restarted daemon, a resume
+// and a fork child keep it), else a new one no other sandbox directory
+// of the state owns (probed from a hash of the id), which then owns dir.
+func (d *Daemon) sandboxUID(dir, id string) (int, error) {
+	r := d.cfg.VMMUIDs
+	uidAllocMu.Lock()
+	defer uidAllocMu.Unlock()
+	if u := dirOwner(dir); r.has(u) {
+		return u, nil
+	}
+	used := map[int]bool{}
+	tenants, _ := os.ReadDir(filepath.Join(d.store.Root, "tenants"))
+	for _, t := range tenants {
+		for _, kind := range []string{"sandboxes", "templates"} {
+			ents, _ := os.ReadDir(filepath.Join(d.store.Root, "tenants", t.Name(), kind))
+			for _, e := range ents {
+				if u := dirOwner(filepath.Join(d.store.Root, "tenants", t.Name(), kind, e.Name())); r.has(u) {
+					used[u] = true
+				}
+			}
+		}
+	}
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	start := int(h.Sum32() % uint32(r.Count))
+	for i := range r.Count {
+		u := r.First + (start+i)%r.Count
+		if !used[u] {
+			if err := os.Chown(dir, u, u); err != nil {
+				return 0, err
+			}
+			return u, nil
+		}
+	}
+	return 0, fmt.Errorf("jail: every uid of --vmm-uid-range %d:%d is in use", r.First, r.Count)
+}
+
+// famRunDir is the run directory of sb's VMM family: its fork children's
+// sockets, consoles and logs (a child's is its parent's).
+func (d *Daemon) famRunDir(sb *store.Sandbox) string {
+	if dir := filepath.Dir(sb.API); dir != filepath.Clean(d.store.RunDir()) {
+		return dir
+	}
+	return filepath.Join(d.store.RunDir(), "j-"+sb.ID)
+}
+
+// confinement prepares the files of sandbox sb's next VMM for its uid and
+// returns its Confinement, or nil when VMMs are not confined (no
+// --vmm-uid-range) or sb has a network (its VMM keeps root: see
+// hostd/jail's doc, what is left).
+//
+// Its directory (and what the daemon made in it: overlays, snapshots/)
+// is owned by its uid, 0700; the tenant's sandboxes directory is bound
+// writable (a fork makes the children's directories there: the uid's
+// permissions keep the siblings' closed, 0711 lets it reach its own), its
+// template and image bases read-only (fork children follow their disk
+// chains down to them by path: made readable, under a directory only the
+// tenant's jails bind), the family's run directory writable, the warren
+// binary executable (fork children), /sys/module read-only (the host
+// profile), and the decryption directory (a rollback's working copy,
+// granted to the uid by grantVMM).
+func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
+	if d.cfg.VMMUIDs == nil || sb.Network {
+		return nil, nil
+	}
+	dir := d.store.SandboxDir(sb.Tenant, sb.ID)
+	uid, err := d.sandboxUID(dir, sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	tenant := filepath.Join(d.store.Root, "tenants", sb.Tenant)
+	sbs, tpls, imgs := filepath.Join(tenant, "sandboxes"), filepath.Join(tenant, "templates"), filepath.Join(tenant, "images")
+	if err := os.MkdirAll(filepath.Join(dir, "snapshots"), 0o700); err != nil {
+		return nil, err
+	}
+	if err := chownTree(dir, uid); err != nil {
+		return nil, fmt.Errorf("jail: %w", err)
+	}
+	run := d.famRunDir(sb)
+	if err := os.MkdirAll(run, 0o700); err != nil {
+		return nil, err
+	}
+	if dirOwner(run) != uid {
+		if err := os.Chown(run, uid, uid); err != nil {
+			return nil, err
+		}
+	}
+	os.Chmod(sbs, 0o711)
+	os.Chmod(tpls, 0o711)
+	if sb.Template != "" {
+		readableTree(filepath.Join(tpls, sb.Template))
+	}
+	readableTree(imgs)
+	c := &Confinement{UID: uid, GID: uid, Root: filepath.Join(d.store.Root, "jail", sb.ID),
+		Binds: []jail.Bind{{Path: sbs, Writable: true}, {Path: tpls}, {Path: run, Writable: true}}}
+	if err := os.MkdirAll(c.Root, 0o700); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(imgs); err == nil {
+		c.Binds = append(c.Binds, jail.Bind{Path: imgs})
+	}
+	if exe, err := filepath.Abs(d.cfg.Warren); err == nil && d.cfg.Warren != "" {
+		c.Binds = append(c.Binds, jail.Bind{Path: exe, Exec: true})
+	}
+	if _, err := os.Stat("/sys/module"); err == nil {
+		c.Binds = append(c.Binds, jail.Bind{Path: "/sys/module"})
+	}
+	if d.cfg.DecryptDir != "" {
+		if _, err := os.Stat(d.cfg.DecryptDir); err == nil {
+			os.Chmod(d.cfg.DecryptDir, 0o711)
+			c.Binds = append(c.Binds, jail.Bind{Path: filepath.Clean(d.cfg.DecryptDir), Writable: true})
+		}
+	}
+	return c, nil
+}
+
+// grantVMM gives s's confined VMM (its directory's owner, in the range)
+// the working copy at path (a rollback's, under the decryption
+// directory): its directory and files become the uid's.
+func (d *Daemon) grantVMM(sb *store.Sandbox, path string) {
+	if d.cfg.VMMUIDs == nil || d.cfg.DecryptDir == "" || sb.Network {
+		return
+	}
+	uid := dirOwner(d.store.SandboxDir(sb.Tenant, sb.ID))
+	work := filepath.Dir(path)
+	if !d.cfg.VMMUIDs.has(uid) || !strings.HasPrefix(work, filepath.Clean(d.cfg.DecryptDir)+"/") {
+		return
+	}
+	chownTree(work, uid)
+}
+
+// shareDir gives a fork child's directory to its parent's uid (the
+// parent's VMM makes the child's overlays there, and the child runs as
+// the parent's uid).
+func (d *Daemon) shareDir(parent *store.Sandbox, dir string) {
+	if d.cfg.VMMUIDs == nil || parent.Network {
+		return
+	}
+	if uid := dirOwner(d.store.SandboxDir(parent.Tenant, parent.ID)); d.cfg.VMMUIDs.has(uid) {
+		os.Chown(dir, uid, uid)
+	}
+}
+
+// chownTree gives dir and everything in it (not following symlinks, the
+// record excepted) to uid.
+func chownTree(dir string, uid int) error {
+	return filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if e.Name() == "sandbox.json" && filepath.Dir(p) == dir {
+			return nil
+		}
+		return os.Lchown(p, uid, uid)
+	})
+}
+
+// readableTree makes dir's directories 0755 and its files readable by
+// all, owned by root (a template's frozen bases, the tenant's image
+// bases: reachable only through the tenant's jails' binds, under the
+// state directory's 0700).
+func readableTree(dir string) {
+	filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.Type()&fs.ModeSymlink != 0 {
+			return nil
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return nil
+		}
+		os.Lchown(p, 0, 0)
+		if e.IsDir() {
+			os.Chmod(p, 0o755)
+		} else if fi.Mode().IsRegular() {
+			os.Chmod(p, fi.Mode().Perm()|0o444)
+		}
+		return nil
+	})
 }

@@ -47,6 +47,7 @@ func Main(args []string, stderr io.Writer) int {
 	suspendOnExit := fs.Bool("suspend-on-exit", false, "pause every sandbox to disk when the daemon exits on a signal")
 	keys := fs.String("keys", "", "at-rest encryption: tenants' keys in DIR (crypt.LocalProvider; POST /v1/keys makes one); unset: no encryption")
 	decryptDir := fs.String("decrypt-dir", "", "with --keys: where restores decrypt snapshots while the VMM loads them, and where the VMMs of network sandboxes of tenants with a key read their secrets (default: decrypted/ beside --socket, a tmpfs under /run)")
+	uidRange := fs.String("vmm-uid-range", "off", "FIRST:COUNT: every sandbox VMM without a network gets its own uid/gid from this range and pivot_roots into a jail holding only its files (needs --jail); off: VMMs stay root")
 	jailFlag := fs.String("jail", "vmm", "harden every VMM after its setup (hostd/jail): vmm, strict (forks then fail) or off; ,log logs what the seccomp filter lacks instead of refusing it")
 	egressHosts := fs.String("egress-hosts", "", "network templates: an /etc/hosts-style file of fixed addresses for the sandboxes' resolvers and credential proxies (warren run --hosts)")
 	dnsUpstream := fs.String("dns-upstream", "", "network templates: the DNS server IP:PORT the sandboxes' resolvers ask allowed names of (warren run --dns-upstream; default the host's /etc/resolv.conf)")
@@ -119,7 +120,12 @@ func Main(args []string, stderr io.Writer) int {
 			return fail(fmt.Errorf("--tenant-uid: %w", err))
 		}
 	}
-	cfg := Config{State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups, Jail: *jailFlag, DNSUpstream: *dnsUpstream,
+	vmmUIDs, err := ParseUIDRange(*uidRange)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	cfg := Config{VMMUIDs: vmmUIDs, State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups, Jail: *jailFlag, DNSUpstream: *dnsUpstream,
 		ImageDiskMiB: *imageDisk, MaxImageBytes: *maxImage, Registries: registries}
 	if *imageDisk != 0 && (*imageDisk < 64 || *imageDisk > maxImageDiskMiB) {
 		return fail(fmt.Errorf("--image-disk-mib: want 64 to %d", maxImageDiskMiB))

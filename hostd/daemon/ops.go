@@ -474,7 +474,12 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 		// atrest.go).
 		args = slices.Delete(args, 1, 2)
 	}
-	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Args: args, Log: sb.Log, Network: sb.Network})
+	confine, err := d.confinement(sb)
+	if err != nil {
+		d.dropSecrets(sb, false)
+		return fmt.Errorf("confine the VMM: %w", err)
+	}
+	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Args: args, Log: sb.Log, Network: sb.Network, Confine: confine})
 	if err != nil {
 		d.dropSecrets(sb, false)
 		return fmt.Errorf("start VMM: %w", err)
@@ -704,6 +709,7 @@ func (d *Daemon) rollback(ctx context.Context, s *sbState, name string) (any, er
 			return nil, cryptStatus(fmt.Errorf("restore hook: %w", err))
 		}
 		use = p
+		d.grantVMM(sb, use) // a confined VMM reads it as its own uid
 		if done != nil {
 			defer done()
 		}
@@ -750,6 +756,9 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 	}
 	parent := copyRec(s.rec)
 	prefix := filepath.Join(d.store.RunDir(), newID("fk"))
+	if fam := d.famRunDir(&parent); dirOwner(fam) >= 0 {
+		prefix = filepath.Join(fam, newID("fk")) // in a confined parent's jail
+	}
 	o.progress(fmt.Sprintf("forking into %d", n), 10)
 	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Minute)
 	defer cancel()
@@ -762,6 +771,7 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 		ids[k] = newID("sb")
 		dirs[k] = d.store.SandboxDir(parent.Tenant, ids[k])
 		os.MkdirAll(dirs[k], 0o700)
+		d.shareDir(&parent, dirs[k])
 	}
 	freq := map[string]any{"n": n, "prefix": prefix}
 	if len(parent.Disks) > 0 {

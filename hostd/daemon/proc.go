@@ -37,6 +37,9 @@ type LaunchSpec struct {
 	// opens a template's kernel and initramfs itself and the VMM never
 	// opens them by path. The launcher does not close them.
 	ExtraFiles []*os.File
+	// Confine, when set, is the VMM's jail and uid after its setup
+	// (JailPrepare passes it on; other launchers may ignore it).
+	Confine *Confinement
 }
 
 // FirstExtraFD is the descriptor number of LaunchSpec.ExtraFiles[0] in the
