@@ -137,7 +137,11 @@ BENCH_FORK_ARGS ?= --runs 20 --sizes 128,1024,4096 --density-max 48
 # --term-before-delete default there): with the daemon's 3 s grace before
 # SIGKILL, L1 stalled after 7 and 21 creates. Its state goes to --dir.
 BENCH_HOSTD_ARGS ?= --runs 20 --concurrency 1,16
-bench: warren hostd kernel initramfs
+# bench-image's run counts (defaults: --builds 3 --creates 10 --snapshots 5
+# --python-runs 10): a template build boots a Debian guest, 1.5-2.5 min
+# on a PVM host.
+BENCH_IMAGE_ARGS ?= --builds 2 --creates 8 --snapshots 4 --python-runs 5
+bench: warren hostd kernel initramfs rootfs
 	CGO_ENABLED=0 $(GO) build -o bin/bench-boot ./bench/boot
 	CGO_ENABLED=0 $(GO) build -o bin/bench-devices ./bench/devices
 	CGO_ENABLED=0 $(GO) build -o bin/bench-agent ./bench/agent
@@ -145,6 +149,7 @@ bench: warren hostd kernel initramfs
 	CGO_ENABLED=0 $(GO) build -o bin/bench-fork ./bench/fork
 	CGO_ENABLED=0 $(GO) build -o bin/bench-egress ./bench/egress
 	CGO_ENABLED=0 $(GO) build -o bin/bench-hostd ./bench/hostd
+	CGO_ENABLED=0 $(GO) build -o bin/bench-image ./bench/image
 	# No VM in it (a fake guest writes frames into a tap): runs here, as root.
 	./bin/bench-egress --json $(BUILD)/bench-egress.json
 ifeq ($(HAVE_KVM),yes)
@@ -154,8 +159,9 @@ ifeq ($(HAVE_KVM),yes)
 	./bin/bench-snapshot $(BENCH_ARGS) $(BENCH_SNAPSHOT_ARGS) --json $(BUILD)/bench-snapshot.json
 	./bin/bench-fork $(BENCH_ARGS) $(BENCH_FORK_ARGS) --json $(BUILD)/bench-fork.json
 	./bin/bench-hostd $(BENCH_ARGS) $(BENCH_HOSTD_ARGS) --json $(BUILD)/bench-hostd.json --png $(BUILD)/bench-hostd.png
+	./bin/bench-image $(BENCH_ARGS) $(BENCH_IMAGE_ARGS) --json $(BUILD)/bench-image.json --png $(BUILD)/bench-image.png
 else
-	$(KVMHOST) --timeout 4500 --host-root $(CURDIR) -- './bin/bench-boot $(BENCH_ARGS) --json $(BUILD)/bench-boot.json && ./bin/bench-devices $(BENCH_ARGS) --json $(BUILD)/bench-devices.json && ./bin/bench-agent $(BENCH_ARGS) --json $(BUILD)/bench-agent.json && ./bin/bench-snapshot $(BENCH_ARGS) $(BENCH_SNAPSHOT_ARGS) --json $(BUILD)/bench-snapshot.json && ./bin/bench-fork $(BENCH_ARGS) $(BENCH_FORK_ARGS) --json $(BUILD)/bench-fork.json && ./bin/bench-hostd $(BENCH_ARGS) $(BENCH_HOSTD_ARGS) --dir $(BUILD)/bench-hostd-data --json $(BUILD)/bench-hostd.json --png $(BUILD)/bench-hostd.png'
+	$(KVMHOST) --timeout 4500 --host-root $(CURDIR) -- './bin/bench-boot $(BENCH_ARGS) --json $(BUILD)/bench-boot.json && ./bin/bench-devices $(BENCH_ARGS) --json $(BUILD)/bench-devices.json && ./bin/bench-agent $(BENCH_ARGS) --json $(BUILD)/bench-agent.json && ./bin/bench-snapshot $(BENCH_ARGS) $(BENCH_SNAPSHOT_ARGS) --json $(BUILD)/bench-snapshot.json && ./bin/bench-fork $(BENCH_ARGS) $(BENCH_FORK_ARGS) --json $(BUILD)/bench-fork.json && ./bin/bench-hostd $(BENCH_ARGS) $(BENCH_HOSTD_ARGS) --dir $(BUILD)/bench-hostd-data --json $(BUILD)/bench-hostd.json --png $(BUILD)/bench-hostd.png && ./bin/bench-image $(BENCH_ARGS) $(BENCH_IMAGE_ARGS) --dir $(BUILD)/bench-image-data --json $(BUILD)/bench-image.json --png $(BUILD)/bench-image.png'
 endif
 
 clean:

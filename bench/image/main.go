@@ -510,8 +510,9 @@ func benchCreateAndSnapshot(ctx context.Context, c config, res *results, snap bo
 	return nil
 }
 
-// pyLine is one timed python3 start-up the guest prints.
-var pyLine = regexp.MustCompile(`(?m)^PY (\d+)\s*$`)
+// pyLine is one timed python3 start-up the guest prints (the first may
+// follow the shell's prompt on its line).
+var pyLine = regexp.MustCompile(`(?m)(?:^|\s)PY (\d+)\s*$`)
 
 // benchPython boots Warren and QEMU on the same kernel, initramfs and
 // base, one after the other, each with the image's shell on its console,
