@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/hostd/agentclient/agentstub"
 )
 
 // fakeLauncher stands in for the warren binary: each "VMM" is a real
@@ -300,59 +299,13 @@ func (vm *fakeVM) serve() error {
 		srv.Close()
 		return err
 	}
-	conns := &chanListener{ch: make(chan net.Conn), done: make(chan struct{}), addr: vl.Addr()}
+	// Firecracker's hybrid vsock: "CONNECT <port>\n" -> "OK <host port>\n".
+	conns := agentstub.Hybrid(vl)
 	as := agent.NewServer(agent.ProcessWaiter{}, agent.Options{})
 	go as.Serve(conns)
-	go func() {
-		for {
-			c, err := vl.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				// Firecracker's hybrid vsock: "CONNECT <port>\n" -> "OK <host port>\n".
-				br := bufio.NewReader(io.LimitReader(c, 64))
-				line, err := br.ReadString('\n')
-				if err != nil || !strings.HasPrefix(line, "CONNECT ") {
-					c.Close()
-					return
-				}
-				fmt.Fprintf(c, "OK 1073741824\n")
-				select {
-				case conns.ch <- c:
-				case <-conns.done:
-					c.Close()
-				}
-			}()
-		}
-	}()
-	vm.closers = append(vm.closers, func() { srv.Close() }, func() { vl.Close(); conns.Close(); as.Close() },
+	vm.closers = append(vm.closers, func() { srv.Close() }, func() { conns.Close(); as.Close() },
 		func() { os.Remove(vm.api); os.Remove(vm.vsock) })
 	return nil
 }
-
-// chanListener is a net.Listener fed with connections.
-type chanListener struct {
-	ch   chan net.Conn
-	done chan struct{}
-	once sync.Once
-	addr net.Addr
-}
-
-func (l *chanListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.ch:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *chanListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *chanListener) Addr() net.Addr { return l.addr }
 
 var _ = context.Background

@@ -100,56 +100,78 @@ func StartHandler(t testing.TB, h http.Handler) *Stub {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conns := &connListener{ch: make(chan net.Conn), done: s.done, addr: l.Addr()}
+	conns := Hybrid(l)
 	srv := &http.Server{Handler: h}
 	go srv.Serve(conns)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				br := bufio.NewReader(io.LimitReader(c, 64))
-				line, err := br.ReadString('\n')
-				if err != nil || !strings.HasPrefix(line, "CONNECT ") {
-					c.Close()
-					return
-				}
-				fmt.Fprintf(c, "OK 1073741824\n")
-				select {
-				case conns.ch <- c:
-				case <-s.done:
-					c.Close()
-				}
-			}()
-		}
-	}()
 	var once sync.Once
 	t.Cleanup(func() {
 		once.Do(func() { close(s.done) })
-		l.Close()
+		conns.Close()
 		srv.Close()
 		os.RemoveAll(dir)
 	})
 	return s
 }
 
-// connListener is a net.Listener fed with handshaken connections.
-type connListener struct {
-	ch   chan net.Conn
-	done chan struct{}
-	addr net.Addr
+// Hybrid wraps l, a unix listener standing for a VMM's vsock socket, in
+// Firecracker's hybrid-vsock handshake: each connection must first send
+// "CONNECT <port>\n" (in at most 64 bytes) and is answered "OK <host
+// port>\n"; Accept returns only connections past it. Close closes l.
+func Hybrid(l net.Listener) net.Listener {
+	h := &hybrid{l: l, ch: make(chan net.Conn), done: make(chan struct{})}
+	go h.serve()
+	return h
 }
 
-func (l *connListener) Accept() (net.Conn, error) {
+// hybrid is Hybrid's listener; done is closed (once) by Close.
+type hybrid struct {
+	l    net.Listener
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
+}
+
+func (h *hybrid) serve() {
+	for {
+		c, err := h.l.Accept()
+		if err != nil {
+			h.Close()
+			return
+		}
+		go h.handshake(c)
+	}
+}
+
+func (h *hybrid) handshake(c net.Conn) {
+	br := bufio.NewReader(io.LimitReader(c, 64))
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "CONNECT ") {
+		c.Close()
+		return
+	}
+	fmt.Fprintf(c, "OK 1073741824\n")
 	select {
-	case c := <-l.ch:
+	case h.ch <- c:
+	case <-h.done:
+		c.Close()
+	}
+}
+
+// Accept returns the next handshaken connection.
+func (h *hybrid) Accept() (net.Conn, error) {
+	select {
+	case c := <-h.ch:
 		return c, nil
-	case <-l.done:
+	case <-h.done:
 		return nil, net.ErrClosed
 	}
 }
 
-func (l *connListener) Close() error   { return nil }
-func (l *connListener) Addr() net.Addr { return l.addr }
+// Close stops Accept and closes the wrapped listener.
+func (h *hybrid) Close() error {
+	h.once.Do(func() { close(h.done) })
+	return h.l.Close()
+}
+
+// Addr is the wrapped listener's address.
+func (h *hybrid) Addr() net.Addr { return h.l.Addr() }
