@@ -34,11 +34,13 @@
 //     "table-full", so a guest cannot grow the host's memory without bound.
 //     Upstream queries in flight are capped too (SERVFAIL "busy").
 //
-// Addresses that are never a legitimate destination (unspecified, loopback,
-// link-local, multicast, the limited broadcast address) are dropped from
+// Addresses that are never a legitimate destination (policy.Reserved:
+// unspecified, loopback, link-local with the clouds' metadata address,
+// multicast, broadcast and reserved ranges, IPv6 forms embedding such an
+// IPv4 address) and the host's own interface addresses are dropped from
 // answers, and so are private ones (RFC 1918, RFC 6598, fc00::/7) unless
 // Config.AllowPrivate is set: an allowed name cannot be used to rebind the
-// guest onto the host's own networks. Policy CIDR rules can still allow
+// guest onto the host or its networks (policy.Guard decides). Policy CIDR rules can still allow
 // such ranges explicitly.
 //
 // # What the guest can and cannot learn

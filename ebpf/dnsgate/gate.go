@@ -77,6 +77,10 @@ type Config struct {
 	// AllowPrivate keeps private addresses (RFC 1918, RFC 6598, fc00::/7)
 	// in answers; by default they are dropped.
 	AllowPrivate bool
+	// Guard, when set, decides which answered addresses are kept instead
+	// of the default (a policy.Guard with AllowPrivate): every
+	// policy.Reserved address and the host's own addresses are dropped.
+	Guard *policy.Guard
 	// Now is the clock (default time.Now); tests set it.
 	Now func() time.Time
 }
@@ -155,6 +159,9 @@ func New(cfg Config) (*Gate, error) {
 		if _, err := netip.ParseAddrPort(up); err != nil {
 			return nil, fmt.Errorf("dnsgate: upstream %q: want ip:port: %w", up, err)
 		}
+	}
+	if cfg.Guard == nil {
+		cfg.Guard = &policy.Guard{AllowPrivate: cfg.AllowPrivate}
 	}
 	static := make(map[string][]netip.Addr, len(cfg.Static))
 	for n, as := range cfg.Static {

@@ -318,21 +318,9 @@ func (g *Gate) chain(name string, qtype uint16, ans []dns.RR) (out []dns.RR, dro
 	return out, dropped
 }
 
-var (
-	cgnat     = netip.MustParsePrefix("100.64.0.0/10")
-	thisNet   = netip.MustParsePrefix("0.0.0.0/8")
-	broadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
-)
-
-// destination reports whether ip may be allowed as a destination.
+// destination reports whether ip may be allowed as a destination: not a
+// policy.Reserved address (private ones only with AllowPrivate) and not
+// one of the host's own addresses (Config.Guard).
 func (g *Gate) destination(ip netip.Addr) bool {
-	switch {
-	case !ip.IsValid(), ip.IsUnspecified(), ip.IsLoopback(), ip.IsMulticast(),
-		ip.IsLinkLocalUnicast(), ip.IsLinkLocalMulticast(), ip.IsInterfaceLocalMulticast(),
-		ip == broadcast, thisNet.Contains(ip):
-		return false
-	case ip.IsPrivate(), cgnat.Contains(ip):
-		return g.cfg.AllowPrivate
-	}
-	return true
+	return g.cfg.Guard.Check(ip) == nil
 }

@@ -90,9 +90,47 @@ type Credential struct {
 	// Placeholder is what the guest holds instead of the secret; empty
 	// means "warren-placeholder-" followed by Secret.
 	Placeholder string `json:"placeholder,omitempty"`
-	// Hosts are the host names (exact, or "*.example.com") whose requests
-	// get the secret.
+	// Hosts are the host names whose requests get the secret: public DNS
+	// names with at least one dot (CheckCredentialHost). "*.example.com"
+	// (any name below example.com) only where the operator allows
+	// wildcard credential hosts (Options.WildcardCredentials).
 	Hosts []string `json:"hosts"`
+	// Substitute lists the parts of a request in which the proxy replaces
+	// Placeholder with the secret: "headers", "path", "query" and "body".
+	// Empty means header values only: a placeholder in the URL or the
+	// body is forwarded unchanged unless the policy names that part.
+	Substitute []string `json:"substitute,omitempty"`
+}
+
+// Parts of a request a credential may be substituted in (Credential.Substitute).
+const (
+	PartHeaders = "headers"
+	PartPath    = "path"
+	PartQuery   = "query"
+	PartBody    = "body"
+)
+
+// SubstitutesIn reports whether the proxy replaces c's placeholder in part
+// (one of the Part* constants).
+func (c Credential) SubstitutesIn(part string) bool {
+	if len(c.Substitute) == 0 {
+		return part == PartHeaders
+	}
+	for _, s := range c.Substitute {
+		if s == part {
+			return true
+		}
+	}
+	return false
+}
+
+// Options are the operator's allowances a policy is checked against
+// (ParseWith, ValidateWith). The zero Options is the strict default.
+type Options struct {
+	// WildcardCredentials allows credential hosts such as "*.example.com":
+	// the secret then goes to every name below the suffix that the guest
+	// asks for, which the tenant may not control.
+	WildcardCredentials bool
 }
 
 // PlaceholderFor returns the placeholder the guest holds for c.
@@ -203,18 +241,24 @@ func (r Rule) PortRule() (PortRule, error) { return portRule(r.Proto, r.Ports, r
 // PortRule returns the compiled form of d's protocol and ports.
 func (d Domain) PortRule() (PortRule, error) { return portRule(d.Proto, d.Ports, d.ID) }
 
-// Load reads a policy from a JSON file and checks it.
-func Load(path string) (Policy, error) {
+// Load reads a policy from a JSON file and checks it (strict Options).
+func Load(path string) (Policy, error) { return LoadWith(path, Options{}) }
+
+// Parse decodes a JSON policy (unknown fields are refused), fills in rule
+// ids and checks it with the strict default Options.
+func Parse(b []byte) (Policy, error) { return ParseWith(b, Options{}) }
+
+// LoadWith is Load checking with the operator's allowances o.
+func LoadWith(path string, o Options) (Policy, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return Policy{}, fmt.Errorf("egress policy: %w", err)
 	}
-	return Parse(b)
+	return ParseWith(b, o)
 }
 
-// Parse decodes a JSON policy (unknown fields are refused), fills in rule
-// ids and checks it.
-func Parse(b []byte) (Policy, error) {
+// ParseWith is Parse checking with the operator's allowances o.
+func ParseWith(b []byte, o Options) (Policy, error) {
 	var p Policy
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
@@ -225,7 +269,7 @@ func Parse(b []byte) (Policy, error) {
 		return Policy{}, errors.New("egress policy: trailing data after the JSON object")
 	}
 	p.Normalize()
-	if err := p.Validate(); err != nil {
+	if err := p.ValidateWith(o); err != nil {
 		return Policy{}, err
 	}
 	return p, nil
@@ -253,8 +297,13 @@ func (p *Policy) Normalize() {
 	}
 }
 
-// Validate checks every field and the limits.
-func (p Policy) Validate() error {
+// Validate checks every field and the limits with the strict default
+// Options (no wildcard credential hosts).
+func (p Policy) Validate() error { return p.ValidateWith(Options{}) }
+
+// ValidateWith checks every field and the limits, with the operator's
+// allowances o.
+func (p Policy) ValidateWith(o Options) error {
 	if len(p.Rules) > MaxRules {
 		return fmt.Errorf("egress policy: %d rules, at most %d", len(p.Rules), MaxRules)
 	}
@@ -297,9 +346,75 @@ func (p Policy) Validate() error {
 			return fmt.Errorf("egress policy: credential %s: no hosts", c.Secret)
 		}
 		for _, h := range c.Hosts {
-			if err := checkName(h); err != nil {
+			if err := CheckCredentialHost(h, o); err != nil {
 				return fmt.Errorf("egress policy: credential %s: %w", c.Secret, err)
 			}
+		}
+		for _, part := range c.Substitute {
+			switch part {
+			case PartHeaders, PartPath, PartQuery, PartBody:
+			default:
+				return fmt.Errorf("egress policy: credential %s: substitute %q: want headers, path, query or body", c.Secret, part)
+			}
+		}
+	}
+	return nil
+}
+
+// internalSuffixes are names that resolve (or are meant to resolve) to
+// the host, its LAN or a cloud's private network, never to a public API:
+// special-use names (RFC 6761, RFC 6762, RFC 8375, RFC 9476), reverse
+// zones, and suffixes in common private use.
+var internalSuffixes = []string{
+	"localhost", "local", "localdomain", "internal", "intranet", "private",
+	"lan", "home", "corp", "home.arpa", "in-addr.arpa", "ip6.arpa",
+	"invalid", "onion", "alt",
+}
+
+// CheckCredentialHost accepts a credential host (lower case, no trailing
+// dot): a DNS host name of letters, digits and hyphens with at least two
+// labels, whose last label is not all digits (so no IP literal in any
+// spelling), and which is not localhost or under an internal suffix
+// (internalSuffixes: "metadata.google.internal", "printer.local"). A
+// leading "*." is accepted only with o.WildcardCredentials, and the rest
+// must pass the same checks ("*.example.com", never "*.com").
+func CheckCredentialHost(h string, o Options) error {
+	name := h
+	if rest, ok := strings.CutPrefix(h, "*."); ok {
+		if !o.WildcardCredentials {
+			return fmt.Errorf("host %q: wildcard credential hosts are not allowed on this host (the operator's --allow-wildcard-credentials)", h)
+		}
+		name = rest
+	}
+	if name == "" || len(name) > 253 {
+		return fmt.Errorf("host %q: empty or longer than 253 bytes", h)
+	}
+	if _, err := netip.ParseAddr(name); err == nil || strings.ContainsAny(name, "[]:") {
+		return fmt.Errorf("host %q: an IP address, not a DNS name", h)
+	}
+	labels := strings.Split(name, ".")
+	if len(labels) < 2 {
+		return fmt.Errorf("host %q: a single label; want a fully qualified DNS name such as api.example.com", h)
+	}
+	for _, label := range labels {
+		if label == "" || len(label) > 63 {
+			return fmt.Errorf("host %q: empty or over-long label", h)
+		}
+		if label[0] == '-' || label[len(label)-1] == '-' {
+			return fmt.Errorf("host %q: label %q starts or ends with '-'", h, label)
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+				return fmt.Errorf("host %q: character %q (want letters, digits and '-')", h, c)
+			}
+		}
+	}
+	if tld := labels[len(labels)-1]; tld[0] < 'a' || tld[0] > 'z' {
+		return fmt.Errorf("host %q: the top-level label %q does not start with a letter: an IP address, not a DNS name", h, tld)
+	}
+	for _, suf := range internalSuffixes {
+		if name == suf || strings.HasSuffix(name, "."+suf) {
+			return fmt.Errorf("host %q: an internal name (.%s), not a public host", h, suf)
 		}
 	}
 	return nil
@@ -519,6 +634,9 @@ func (child Policy) Narrows(parent Policy) error {
 					}
 				}
 				all = all && in
+			}
+			for _, part := range []string{PartHeaders, PartPath, PartQuery, PartBody} {
+				all = all && (!c.SubstitutesIn(part) || pc.SubstitutesIn(part))
 			}
 			if all {
 				ok = true

@@ -193,11 +193,12 @@ func itoa(i int) string {
 }
 
 func TestNarrows(t *testing.T) {
-	parent, err := Parse([]byte(`{
+	wild := Options{WildcardCredentials: true}
+	parent, err := ParseWith([]byte(`{
 		"rules": [{"cidr": "10.0.0.0/8", "proto": "tcp", "ports": "400-500"}],
 		"domains": [{"name": "*.example.com", "proto": "tcp", "ports": "443"}],
-		"credentials": [{"secret": "K", "hosts": ["api.example.com", "*.svc.example.com"]}]
-	}`))
+		"credentials": [{"secret": "K", "hosts": ["api.example.com", "*.svc.example.com"], "substitute": ["headers", "query"]}]
+	}`), wild)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,9 +208,10 @@ func TestNarrows(t *testing.T) {
 		`{"domains": [{"name": "a.example.com", "proto": "tcp", "ports": "443"}]}`,
 		`{"domains": [{"name": "*.b.example.com", "proto": "tcp", "ports": "443"}]}`,
 		`{"credentials": [{"secret": "K", "hosts": ["x.svc.example.com"]}]}`,
+		`{"credentials": [{"secret": "K", "hosts": ["api.example.com"], "substitute": ["query"]}]}`,
 	}
 	for _, js := range ok {
-		c, err := Parse([]byte(js))
+		c, err := ParseWith([]byte(js), wild)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -228,14 +230,80 @@ func TestNarrows(t *testing.T) {
 		`{"credentials": [{"secret": "K", "hosts": ["other.example.com"]}]}`,
 		`{"credentials": [{"secret": "K2", "hosts": ["api.example.com"]}]}`,
 		`{"credentials": [{"secret": "K", "placeholder": "another-placeholder", "hosts": ["api.example.com"]}]}`,
+		`{"credentials": [{"secret": "K", "hosts": ["api.example.com"], "substitute": ["body"]}]}`,
+		`{"credentials": [{"secret": "K", "hosts": ["api.example.com"], "substitute": ["headers", "path"]}]}`,
 	}
 	for _, js := range widen {
-		c, err := Parse([]byte(js))
+		c, err := ParseWith([]byte(js), wild)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := c.Narrows(parent); err == nil {
 			t.Errorf("%s: accepted as a narrowing", js)
 		}
+	}
+}
+
+// TestCredentialHostsRefused is what a tenant would try to point the
+// credential proxy (which dials from the host) at the host itself, its
+// metadata service or its LAN: every such credential host is refused
+// when the policy is parsed, before any proxy exists.
+func TestCredentialHostsRefused(t *testing.T) {
+	bad := []string{
+		"169.254.169.254", "127.0.0.1", "10.0.0.1", "0.0.0.0", "::1", "[::1]", "fd00:ec2::254",
+		"2130706433",          // 127.0.0.1 as one number
+		"0x7f.0.0.1", "127.1", // inet_aton spellings
+		"1.2.3.4.5",      // numeric last label
+		"127.0.0.1:9464", // with a port
+		"localhost", "LOCALHOST", "api.localhost", "metadata", "kubernetes",
+		"metadata.google.internal", "printer.local", "db.localdomain", "nas.home.arpa",
+		"router.lan", "1.0.0.127.in-addr.arpa", "x.internal",
+		"*.example.com", "*.com", "*",
+		"-api.example.com", "api_key.example.com", "a..b", "api.example.com:443",
+	}
+	for _, h := range bad {
+		js := `{"credentials": [{"secret": "K", "hosts": [` + strconvQuote(h) + `]}]}`
+		if p, err := Parse([]byte(js)); err == nil {
+			t.Errorf("credential host %q accepted: %+v", h, p.Credentials)
+		}
+	}
+	good := []string{"api.example.com", "api.openai.com", "API.Example.COM.", "api.test", "xn--bcher-kva.example", "a-b.c0m"}
+	for _, h := range good {
+		js := `{"credentials": [{"secret": "K", "hosts": [` + strconvQuote(h) + `]}]}`
+		if _, err := Parse([]byte(js)); err != nil {
+			t.Errorf("credential host %q refused: %v", h, err)
+		}
+	}
+	// Wildcards only with the operator's allowance, and never over a
+	// single label or an internal suffix.
+	wild := Options{WildcardCredentials: true}
+	if _, err := ParseWith([]byte(`{"credentials": [{"secret": "K", "hosts": ["*.svc.example.com"]}]}`), wild); err != nil {
+		t.Errorf("wildcard with the allowance: %v", err)
+	}
+	for _, h := range []string{"*.com", "*.internal", "*.local", "*.*.example.com", "*.10.0.0.1"} {
+		js := `{"credentials": [{"secret": "K", "hosts": [` + strconvQuote(h) + `]}]}`
+		if _, err := ParseWith([]byte(js), wild); err == nil {
+			t.Errorf("wildcard %q accepted with the allowance", h)
+		}
+	}
+	// Domains (names the resolver answers) keep their wildcards.
+	if _, err := Parse([]byte(`{"domains": [{"name": "*.example.com"}]}`)); err != nil {
+		t.Errorf("wildcard domain: %v", err)
+	}
+	if _, err := Parse([]byte(`{"credentials": [{"secret": "K", "hosts": ["a.com"], "substitute": ["cookies"]}]}`)); err == nil {
+		t.Error("unknown substitute part accepted")
+	}
+}
+
+func strconvQuote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"` }
+
+func TestSubstitutesIn(t *testing.T) {
+	def := Credential{Secret: "K"}
+	if !def.SubstitutesIn(PartHeaders) || def.SubstitutesIn(PartQuery) || def.SubstitutesIn(PartPath) || def.SubstitutesIn(PartBody) {
+		t.Error("default: want headers only")
+	}
+	c := Credential{Secret: "K", Substitute: []string{PartQuery, PartBody}}
+	if c.SubstitutesIn(PartHeaders) || !c.SubstitutesIn(PartQuery) || !c.SubstitutesIn(PartBody) {
+		t.Error("explicit parts")
 	}
 }

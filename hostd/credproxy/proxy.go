@@ -10,6 +10,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -41,14 +42,40 @@ const (
 	ReasonUpstream          = "upstream-error"
 	ReasonEncoding          = "unscrubbable-encoding"
 	ReasonBadRequest        = "bad-request"
+	// ReasonPlaintext: a placeholder in a plain-HTTP request; secrets
+	// are only ever sent over TLS.
+	ReasonPlaintext = "plaintext-credential"
+	// ReasonUpstreamAddr: the credential host resolved only to addresses
+	// the proxy may not connect to (policy.Guard).
+	ReasonUpstreamAddr = "upstream-address-refused"
 )
 
+// UpstreamPort is the port the proxy connects to upstream: always HTTPS
+// on 443, whatever port the guest's Host header names.
+const UpstreamPort = 443
+
 // Upstream configures the proxy's own connections to the real servers.
+// The proxy runs on the host, so every connection it makes is checked
+// against Guard: the guest chooses the names (through its policy), never
+// the addresses or ports.
 type Upstream struct {
 	// RootCAs verifies upstream servers; nil uses the host's system roots.
 	RootCAs *x509.CertPool
-	// Dial opens upstream connections ("api.example.com:443"); nil uses a
-	// net.Dialer. Tests point it at loopback servers.
+	// Resolve returns a credential host's addresses; nil uses
+	// net.DefaultResolver (the host's resolver).
+	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
+	// Guard decides which resolved addresses may be connected to; nil is
+	// a policy.Guard without allowances (no loopback, link-local,
+	// private, metadata or host address). Each address is checked before
+	// the dial, in the dialer's Control hook, and on the connection's
+	// remote address.
+	Guard *policy.Guard
+	// Port is the upstream port (0: UpstreamPort). Tests point it at
+	// loopback servers; the guest cannot change it.
+	Port int
+	// Dial opens a connection to one checked address ("203.0.113.7:443");
+	// nil uses a net.Dialer whose Control is Guard.Control. Tests point
+	// it at loopback servers.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Timeout bounds dialing, the TLS handshake and the wait for the
 	// response's header (not the streaming of bodies); 0 takes
@@ -64,6 +91,9 @@ type Config struct {
 	Audit    audit.Recorder // nil: audit.Discard
 	Sandbox  string
 	Upstream Upstream
+	// PolicyOptions are the operator's allowances the policy is checked
+	// against (wildcard credential hosts).
+	PolicyOptions policy.Options
 
 	// Limits on what the guest may make the host hold (0: the defaults).
 	MaxHeaderBytes    int
@@ -87,6 +117,7 @@ type Stats struct {
 // use.
 type Proxy struct {
 	cfg       Config
+	guard     *policy.Guard
 	audit     audit.Recorder
 	pol       atomic.Pointer[policy.Policy]
 	transport *http.Transport
@@ -106,8 +137,11 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("credproxy: no secret store")
 	}
-	if err := cfg.Policy.Validate(); err != nil {
+	if err := cfg.Policy.ValidateWith(cfg.PolicyOptions); err != nil {
 		return nil, fmt.Errorf("credproxy: %w", err)
+	}
+	if cfg.Upstream.Port <= 0 || cfg.Upstream.Port > 65535 {
+		cfg.Upstream.Port = UpstreamPort
 	}
 	if cfg.MaxHeaderBytes <= 0 {
 		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
@@ -127,19 +161,18 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.ErrorLog == nil {
 		cfg.ErrorLog = log.New(io.Discard, "", 0)
 	}
-	p := &Proxy{cfg: cfg, audit: cfg.Audit, servers: map[*http.Server]struct{}{}}
+	p := &Proxy{cfg: cfg, guard: cfg.Upstream.Guard, audit: cfg.Audit, servers: map[*http.Server]struct{}{}}
+	if p.guard == nil {
+		p.guard = &policy.Guard{}
+	}
 	if p.audit == nil {
 		p.audit = audit.Discard{}
 	}
 	pol := clonePolicy(cfg.Policy)
 	p.pol.Store(&pol)
-	dial := cfg.Upstream.Dial
-	if dial == nil {
-		dial = (&net.Dialer{Timeout: cfg.Upstream.Timeout, KeepAlive: 30 * time.Second}).DialContext
-	}
 	p.transport = &http.Transport{
 		Proxy:                  nil, // never the host's HTTP(S)_PROXY
-		DialContext:            dial,
+		DialContext:            p.dialUpstream,
 		TLSClientConfig:        &tls.Config{RootCAs: cfg.Upstream.RootCAs, MinVersion: tls.VersionTLS12},
 		ForceAttemptHTTP2:      true,
 		TLSHandshakeTimeout:    cfg.Upstream.Timeout,
@@ -153,11 +186,87 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
+// dialUpstream is the transport's DialContext: addr is "host:443" for a
+// credential host of the policy (the proxy builds every upstream URL
+// itself). It resolves host, drops the addresses the guard refuses,
+// and connects to the rest in turn on the configured port, with the
+// guard in the dialer's Control hook and on the connection's remote
+// address: a name that resolves to loopback, metadata or the LAN gets no
+// connection at all.
+func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if !p.pol.Load().CredentialHost(host) {
+		return nil, fmt.Errorf("credproxy: %s is not a credential host", host)
+	}
+	var as []netip.Addr
+	if p.cfg.Upstream.Resolve != nil {
+		as, err = p.cfg.Upstream.Resolve(ctx, host)
+	} else {
+		as, err = net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("credproxy: resolve %s: %w", host, err)
+	}
+	if len(as) == 0 {
+		return nil, fmt.Errorf("credproxy: resolve %s: no address", host)
+	}
+	port := strconv.Itoa(p.cfg.Upstream.Port)
+	var first error
+	for _, a := range as {
+		if err := p.guard.Check(a); err != nil {
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		target := net.JoinHostPort(a.Unmap().String(), port)
+		var c net.Conn
+		if p.cfg.Upstream.Dial != nil {
+			c, err = p.cfg.Upstream.Dial(ctx, network, target)
+		} else {
+			d := net.Dialer{Timeout: p.cfg.Upstream.Timeout, KeepAlive: 30 * time.Second, Control: p.guard.Control}
+			c, err = d.DialContext(ctx, network, target)
+		}
+		if err == nil {
+			err = p.checkRemote(c)
+			if err != nil {
+				c.Close()
+			}
+		}
+		if err == nil {
+			return c, nil
+		}
+		if first == nil || isRefused(first) && !isRefused(err) {
+			first = err
+		}
+	}
+	return nil, first
+}
+
+// checkRemote checks the address a connection actually reached (a
+// custom Dial may have connected elsewhere than it was asked to).
+func (p *Proxy) checkRemote(c net.Conn) error {
+	ta, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return fmt.Errorf("credproxy: upstream connection to %v is not TCP", c.RemoteAddr())
+	}
+	return p.guard.Check(ta.AddrPort().Addr())
+}
+
+func isRefused(err error) bool {
+	var re *policy.RefusedError
+	return errors.As(err, &re)
+}
+
 func clonePolicy(pol policy.Policy) policy.Policy {
 	out := pol
 	out.Credentials = make([]policy.Credential, len(pol.Credentials))
 	for i, c := range pol.Credentials {
 		c.Hosts = append([]string(nil), c.Hosts...)
+		c.Substitute = append([]string(nil), c.Substitute...)
 		for j, h := range c.Hosts {
 			c.Hosts[j] = strings.TrimSuffix(strings.ToLower(h), ".")
 		}
@@ -169,7 +278,7 @@ func clonePolicy(pol policy.Policy) policy.Policy {
 // SetPolicy replaces the policy; requests that start afterwards (on new
 // or existing connections) see the new one.
 func (p *Proxy) SetPolicy(pol policy.Policy) error {
-	if err := pol.Validate(); err != nil {
+	if err := pol.ValidateWith(p.cfg.PolicyOptions); err != nil {
 		return fmt.Errorf("credproxy: %w", err)
 	}
 	c := clonePolicy(pol)
@@ -188,9 +297,11 @@ func (p *Proxy) Stats() Stats {
 // Serve serves the guest's requests on l until Close or Shutdown: with
 // TLS (a leaf certificate minted for the client's SNI name; no SNI, or a
 // name that is not a credential host, fails the handshake) when useTLS,
-// else plain HTTP. Typically the caller listens on the guest gateway's
-// ports 443 and 80. It returns http.ErrServerClosed after Close or
-// Shutdown.
+// else plain HTTP, where nothing is forwarded: a request carrying a
+// placeholder is refused (403) and any other one to a credential host is
+// redirected to https (308). Typically the caller listens on the guest
+// gateway's ports 443 and 80. It returns http.ErrServerClosed after
+// Close or Shutdown.
 func (p *Proxy) Serve(l net.Listener, useTLS bool) error {
 	srv := &http.Server{
 		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.handle(w, r, useTLS) }),
@@ -308,7 +419,9 @@ func removeHopHeaders(h http.Header) {
 }
 
 // requestHost returns the request's host name (lower case, no port, no
-// trailing dot) and its port ("" when the Host header has none).
+// trailing dot) and its port ("" when the Host header has none). The
+// port is only checked for syntax: upstream is always the host on
+// Upstream.Port.
 func requestHost(r *http.Request) (host, port string, ok bool) {
 	h := r.Host
 	if h == "" {
@@ -334,13 +447,14 @@ type secretUse struct {
 	name        string // the secret's name
 	placeholder string
 	value       string
-	used        bool // the placeholder appeared in the request
+	used        bool // the placeholder appeared where c substitutes it
+	body        bool // substituted in the request body too
 }
 
 func (p *Proxy) handle(w http.ResponseWriter, r *http.Request, useTLS bool) {
 	p.requests.Add(1)
 	rec := audit.Record{Method: r.Method, Path: r.URL.Path} // never the query
-	host, port, ok := requestHost(r)
+	host, _, ok := requestHost(r)
 	if !ok {
 		rec.Reason, rec.Status = ReasonBadHost, http.StatusBadRequest
 		p.deny(rec)
@@ -384,11 +498,11 @@ func (p *Proxy) handle(w http.ResponseWriter, r *http.Request, useTLS bool) {
 	header.Del("Accept-Encoding")
 	path := r.URL.EscapedPath()
 	query := r.URL.RawQuery
-	contains := func(ph string) bool {
-		if strings.Contains(path, ph) || strings.Contains(query, ph) {
-			return true
-		}
-		for _, vs := range header {
+	inHeader := func(ph string) bool {
+		for k, vs := range header {
+			if strings.Contains(k, ph) {
+				return true
+			}
 			for _, v := range vs {
 				if strings.Contains(v, ph) {
 					return true
@@ -396,6 +510,34 @@ func (p *Proxy) handle(w http.ResponseWriter, r *http.Request, useTLS bool) {
 			}
 		}
 		return false
+	}
+	// contains reports whether ph is in a part of the request that c
+	// substitutes (any, for a credential scoped elsewhere).
+	contains := func(c policy.Credential, ph string, scoped bool) bool {
+		return (!scoped || c.SubstitutesIn(policy.PartPath)) && strings.Contains(path, ph) ||
+			(!scoped || c.SubstitutesIn(policy.PartQuery)) && strings.Contains(query, ph) ||
+			(!scoped || c.SubstitutesIn(policy.PartHeaders)) && inHeader(ph)
+	}
+
+	if !useTLS {
+		// Plain HTTP: never a secret in cleartext, and nothing forwarded.
+		// A request that carries any placeholder (in any part) is refused;
+		// any other is sent to https, where the secret may be added.
+		for _, c := range pol.Credentials {
+			if ph := c.PlaceholderFor(); contains(c, ph, false) || strings.Contains(r.RequestURI, ph) {
+				rec.Reason, rec.Status, rec.Credential = ReasonPlaintext, http.StatusForbidden, c.Secret
+				rec.Detail = "a placeholder in a plain-HTTP request: credentials are only added over https"
+				p.deny(rec)
+				http.Error(w, "credproxy: credentials are only added over https; use https://"+host, rec.Status)
+				return
+			}
+		}
+		loc := &url.URL{Scheme: "https", Host: host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+		w.Header().Set("Location", loc.String())
+		w.WriteHeader(http.StatusPermanentRedirect)
+		rec.Verdict, rec.Status, rec.Detail = audit.Allow, http.StatusPermanentRedirect, "redirected to https"
+		p.record(rec)
+		return
 	}
 
 	var uses []secretUse
@@ -408,7 +550,8 @@ func (p *Proxy) handle(w http.ResponseWriter, r *http.Request, useTLS bool) {
 				break
 			}
 		}
-		used := contains(ph)
+		body := inScope && c.SubstitutesIn(policy.PartBody) && r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody
+		used := contains(c, ph, inScope)
 		if !inScope {
 			if used {
 				p.record(audit.Record{Verdict: audit.Allow, Name: host, Method: r.Method, Path: r.URL.Path,
@@ -422,7 +565,7 @@ func (p *Proxy) handle(w http.ResponseWriter, r *http.Request, useTLS bool) {
 			err = errors.New("credproxy: secret " + strconv.Quote(c.Secret) + " is empty")
 		}
 		if err != nil {
-			if !used {
+			if !used && !body {
 				continue // not needed for this request; nothing to scrub
 			}
 			rec.Reason, rec.Status, rec.Credential = ReasonSecretUnavailable, http.StatusBadGateway, c.Secret
@@ -431,22 +574,35 @@ func (p *Proxy) handle(w http.ResponseWriter, r *http.Request, useTLS bool) {
 			http.Error(w, "credproxy: credential unavailable", rec.Status)
 			return
 		}
-		uses = append(uses, secretUse{name: c.Secret, placeholder: ph, value: v, used: used})
+		uses = append(uses, secretUse{name: c.Secret, placeholder: ph, value: v, used: used, body: body})
+		// (Credentials are matched to parts below through c again.)
 	}
 
-	// Substitute, placeholder to secret, in header values, path and query.
-	var hdrSub, pathSub, querySub []pair
+	// Substitute, placeholder to secret, in the parts each credential
+	// names (header values by default; path, query and body only where
+	// the policy says).
+	var hdrSub, pathSub, querySub, bodySub []pair
 	var names []string
 	for _, u := range uses {
-		if !u.used {
+		c := credentialFor(pol, u.name)
+		if u.body {
+			bodySub = append(bodySub, pair{u.placeholder, u.value})
+		}
+		if !u.used && !u.body {
 			continue
 		}
 		names = append(names, u.name)
-		hdrSub = append(hdrSub, pair{u.placeholder, u.value})
-		pathSub = append(pathSub, pair{u.placeholder, url.PathEscape(u.value)})
-		querySub = append(querySub, pair{u.placeholder, url.QueryEscape(u.value)})
+		if c.SubstitutesIn(policy.PartHeaders) {
+			hdrSub = append(hdrSub, pair{u.placeholder, u.value})
+		}
+		if c.SubstitutesIn(policy.PartPath) {
+			pathSub = append(pathSub, pair{u.placeholder, url.PathEscape(u.value)})
+		}
+		if c.SubstitutesIn(policy.PartQuery) {
+			querySub = append(querySub, pair{u.placeholder, url.QueryEscape(u.value)})
+		}
 	}
-	hdrSub, pathSub, querySub = normPairs(hdrSub), normPairs(pathSub), normPairs(querySub)
+	hdrSub, pathSub, querySub, bodySub = normPairs(hdrSub), normPairs(pathSub), normPairs(querySub), normPairs(bodySub)
 	for k, vs := range header {
 		for i, v := range vs {
 			vs[i] = replaceAll(v, hdrSub)
@@ -472,14 +628,9 @@ func (p *Proxy) handle(w http.ResponseWriter, r *http.Request, useTLS bool) {
 	}
 	scrub = normPairs(scrub)
 
-	scheme := "http"
-	if useTLS {
-		scheme = "https"
-	}
-	uhost := host
-	if port != "" {
-		uhost = net.JoinHostPort(host, port)
-	}
+	// Always https to the host itself on the upstream port: the guest's
+	// Host port is ignored (dialUpstream connects to Upstream.Port).
+	scheme, uhost := "https", host
 	if !strings.HasPrefix(path, "/") {
 		path = "/" + path
 	}
@@ -502,10 +653,18 @@ func (p *Proxy) handle(w http.ResponseWriter, r *http.Request, useTLS bool) {
 	out.Trailer = nil // trailers would pass unsubstituted: drop them
 	if r.ContentLength == 0 {
 		out.Body = nil
+	} else if len(bodySub) > 0 {
+		// Streamed through a replacer: the length may change.
+		out.Body = substituteBody(r.Body, bodySub)
+		out.ContentLength = -1
+		out.Header.Del("Content-Length")
 	}
 	resp, err := p.transport.RoundTrip(out)
 	if err != nil {
 		rec.Reason, rec.Status = ReasonUpstream, http.StatusBadGateway
+		if isRefused(err) {
+			rec.Reason = ReasonUpstreamAddr
+		}
 		rec.Detail = scrubString(err.Error(), scrub, query)
 		p.deny(rec)
 		http.Error(w, "credproxy: upstream error", rec.Status)
@@ -571,6 +730,43 @@ func (p *Proxy) handle(w http.ResponseWriter, r *http.Request, useTLS bool) {
 			dst.Add(http.TrailerPrefix+replaceAll(k, scrub), replaceAll(v, scrub))
 		}
 	}
+}
+
+// credentialFor returns the credential of pol for secret name.
+func credentialFor(pol *policy.Policy, name string) policy.Credential {
+	for _, c := range pol.Credentials {
+		if c.Secret == name {
+			return c
+		}
+	}
+	return policy.Credential{}
+}
+
+// substituteBody streams body through a replacer of pairs (placeholder to
+// secret), never holding more than the longest placeholder back.
+func substituteBody(body io.ReadCloser, pairs []pair) io.ReadCloser {
+	pr, pw := io.Pipe()
+	go func() {
+		sc := newScrubber(pw, pairs)
+		_, err := io.Copy(sc, body)
+		if cerr := sc.Close(); err == nil {
+			err = cerr
+		}
+		pw.CloseWithError(err)
+	}()
+	return &pipeBody{PipeReader: pr, src: body}
+}
+
+// pipeBody closes the guest's body too when the transport is done with
+// the substituted one, so that the copying goroutine ends.
+type pipeBody struct {
+	*io.PipeReader
+	src io.ReadCloser
+}
+
+func (b *pipeBody) Close() error {
+	b.PipeReader.Close()
+	return b.src.Close()
 }
 
 // scrubString removes secrets (and the substituted query, which may hold

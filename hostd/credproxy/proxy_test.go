@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -32,7 +33,7 @@ const (
 
 func testPolicy() policy.Policy {
 	return policy.Policy{Credentials: []policy.Credential{
-		{Secret: "API_KEY", Hosts: []string{"api.test"}},
+		{Secret: "API_KEY", Hosts: []string{"api.test"}, Substitute: []string{"headers", "path", "query"}},
 		{Secret: "OTHER_KEY", Placeholder: otherPH, Hosts: []string{"other.test"}},
 		{Secret: "MISSING", Placeholder: missingPH, Hosts: []string{"api.test"}},
 	}}
@@ -85,8 +86,8 @@ func (s *lockedStore) set(name, v string) {
 
 // seen is what the upstream received.
 type seen struct {
-	Host, Path, Query, Auth, Other string
-	Header                         http.Header
+	Host, Path, Query, Auth, Other, Body string
+	Header                               http.Header
 }
 
 type env struct {
@@ -97,6 +98,7 @@ type env struct {
 	store     *lockedStore
 	tlsAddr   string
 	plainAddr string
+	upAddr    string // the upstream's TLS listener (127.0.0.1:port)
 
 	mu       sync.Mutex
 	dials    []string
@@ -119,8 +121,9 @@ func (e *env) dialCount() int {
 }
 
 func (e *env) upstreamHandler(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	s := seen{Host: r.Host, Path: r.URL.Path, Query: r.URL.RawQuery, Auth: r.Header.Get("Authorization"),
-		Other: r.Header.Get("X-Other"), Header: r.Header.Clone()}
+		Other: r.Header.Get("X-Other"), Body: string(b), Header: r.Header.Clone()}
 	e.mu.Lock()
 	e.upstream = append(e.upstream, s)
 	e.mu.Unlock()
@@ -170,10 +173,9 @@ func newEnv(t *testing.T, mod func(*Config)) *env {
 	upTLS.TLS = &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return upCA.Leaf(h.ServerName) }}
 	upTLS.StartTLS()
 	t.Cleanup(upTLS.Close)
-	upPlain := httptest.NewServer(http.HandlerFunc(e.upstreamHandler))
-	t.Cleanup(upPlain.Close)
-	upTLSAddr := upTLS.Listener.Addr().String()
-	upPlainAddr := upPlain.Listener.Addr().String()
+	e.upAddr = upTLS.Listener.Addr().String()
+	upPort := upTLS.Listener.Addr().(*net.TCPAddr).Port
+	loop := netip.MustParseAddr("127.0.0.1")
 
 	cfg := Config{
 		Policy:  testPolicy(),
@@ -184,19 +186,23 @@ func newEnv(t *testing.T, mod func(*Config)) *env {
 		Upstream: Upstream{
 			RootCAs: upCA.Pool(),
 			Timeout: 5 * time.Second,
+			// The test's upstreams are on loopback: the operator's
+			// allowance names that one address, and the port is fixed.
+			Resolve: func(ctx context.Context, host string) ([]netip.Addr, error) {
+				switch host {
+				case "api.test", "other.test":
+					return []netip.Addr{loop}, nil
+				}
+				return nil, errors.New("test resolver: no such host " + host)
+			},
+			Guard: &policy.Guard{Allow: []netip.Prefix{netip.PrefixFrom(loop, 32)}},
+			Port:  upPort,
 			Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 				e.mu.Lock()
 				e.dials = append(e.dials, addr)
 				e.mu.Unlock()
-				_, port, _ := net.SplitHostPort(addr)
 				var d net.Dialer
-				switch port {
-				case "443":
-					return d.DialContext(ctx, network, upTLSAddr)
-				case "80":
-					return d.DialContext(ctx, network, upPlainAddr)
-				}
-				return nil, errors.New("test dialer: no upstream for " + addr)
+				return d.DialContext(ctx, network, addr)
 			},
 		},
 	}
@@ -336,15 +342,10 @@ func (e *env) noSecrets(b []byte) {
 	}
 }
 
-func testSubstitute(t *testing.T, useTLS bool) {
+func TestSubstituteTLS(t *testing.T) {
 	e := newEnv(t, nil)
-	var g *guest
-	url := "http://api.test/v1/x?key=" + apiPH + "&n=1"
-	if useTLS {
-		g, url = e.tlsGuest(""), "https"+strings.TrimPrefix(url, "http")
-	} else {
-		g = e.plainGuest()
-	}
+	g := e.tlsGuest("")
+	url := "https://api.test/v1/x?key=" + apiPH + "&n=1"
 	resp, body := e.do(g, "GET", url, map[string]string{
 		"Authorization":       "Bearer " + apiPH,
 		"Connection":          "X-Hop",
@@ -396,9 +397,6 @@ func testSubstitute(t *testing.T, useTLS bool) {
 		t.Errorf("stats %+v", st)
 	}
 }
-
-func TestSubstituteTLS(t *testing.T)   { testSubstitute(t, true) }
-func TestSubstitutePlain(t *testing.T) { testSubstitute(t, false) }
 
 func TestPathSubstitution(t *testing.T) {
 	e := newEnv(t, nil)
@@ -620,25 +618,6 @@ func TestHeaderLimit(t *testing.T) {
 	}
 	if e.dialCount() != 0 {
 		t.Fatal("forwarded")
-	}
-}
-
-func TestRequestBodyStreamedUnchanged(t *testing.T) {
-	e := newEnv(t, nil)
-	g := e.plainGuest()
-	req, _ := http.NewRequest("POST", "http://api.test/v1/x", strings.NewReader("body "+apiPH))
-	req.Header.Set("Authorization", apiPH)
-	resp, err := g.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	if r := e.audit.all()[0]; r.Method != "POST" || r.Credential != "API_KEY" {
-		t.Fatalf("audit %+v", r)
 	}
 }
 

@@ -119,6 +119,15 @@ type Config struct {
 	// trusts upstream. Empty: the VMM's defaults (the host's
 	// /etc/resolv.conf, the system's roots).
 	EgressHosts, DNSUpstream, UpstreamCA string
+	// EgressUpstreamAllow are the operator's addresses or CIDRs
+	// (comma-separated) the credential proxies of network templates may
+	// connect to although loopback, private, link-local or the host's own
+	// (`warren run --upstream-allow`, recorded in the template's
+	// snapshot); "" is none. WildcardCredentials allows credential hosts
+	// such as "*.example.com" in tenants' policies (checked here and by
+	// the VMMs: `warren run --allow-wildcard-credentials`).
+	EgressUpstreamAllow string
+	WildcardCredentials bool
 	// GuestDir is the operator's guest directory: the kernels, initramfs
 	// and raw disk images templates name, by name (guestfiles.go); ""
 	// for none (templates then come from images only). It must be owned

@@ -88,7 +88,7 @@ func TestE2EImage(t *testing.T) {
 		c.GuestKernel, c.GuestInitramfs = kernel, initrd
 		c.Registries = []string{host}
 		c.ImageDiskMiB = 2048
-		c.EgressHosts, c.UpstreamCA = up.hosts, up.ca
+		c.EgressHosts, c.UpstreamCA, c.EgressUpstreamAllow = up.hosts, up.ca, "127.0.0.1"
 		c.BootTimeout, c.RestoreTimeout = 6*time.Minute, 3*time.Minute
 		c.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
@@ -142,7 +142,7 @@ func TestE2EImage(t *testing.T) {
 	}
 
 	var sb store.Sandbox
-	pol := map[string]any{"credentials": []map[string]any{{"secret": "API_KEY", "hosts": []string{"api.test"}}}}
+	pol := map[string]any{"credentials": []map[string]any{{"secret": "API_KEY", "hosts": []string{"api.test"}, "substitute": []string{"headers", "query"}}}}
 	a.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": pol, "secrets": []string{"API_KEY"}}, &sb)
 	step("sandbox %s running (API_KEY scoped to api.test)", sb.ID)
 	want := func(id, cmd, out string) {

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/metrics"
 )
@@ -51,6 +52,8 @@ func Main(args []string, stderr io.Writer) int {
 	jailFlag := fs.String("jail", "vmm", "harden every VMM after its setup (hostd/jail): vmm, strict (forks then fail) or off; ,log logs what the seccomp filter lacks instead of refusing it")
 	egressHosts := fs.String("egress-hosts", "", "network templates: an /etc/hosts-style file of fixed addresses for the sandboxes' resolvers and credential proxies (warren run --hosts)")
 	dnsUpstream := fs.String("dns-upstream", "", "network templates: the DNS server IP:PORT the sandboxes' resolvers ask allowed names of (warren run --dns-upstream; default the host's /etc/resolv.conf)")
+	upstreamAllow := fs.String("egress-upstream-allow", "", "network templates: comma-separated addresses or CIDRs the credential proxies may connect to although loopback, private, link-local or the host's own (warren run --upstream-allow; default none)")
+	wildcardCreds := fs.Bool("allow-wildcard-credentials", false, "allow credential hosts such as *.example.com in tenants' egress policies (the secret then goes to any name below)")
 	upstreamCA := fs.String("upstream-ca", "", "network templates: PEM roots the credential proxies trust upstream instead of the system's (warren run --upstream-ca)")
 	guestDir := fs.String("guest-dir", "", "the guest directory: the kernels, initramfs and raw disk images templates name (by name, never a path; owned by root or this user, writable by no one else); unset: templates from images only")
 	guestKernel := fs.String("guest-kernel", "", "the guest kernel of templates made from images (--image) that name none: a name in --guest-dir, or a path")
@@ -145,6 +148,10 @@ func Main(args []string, stderr io.Writer) int {
 		}
 		cfg.GuestDir = p
 	}
+	if _, err := policy.ParsePrefixes(*upstreamAllow); err != nil {
+		return fail(fmt.Errorf("--egress-upstream-allow: %w", err))
+	}
+	cfg.EgressUpstreamAllow, cfg.WildcardCredentials = *upstreamAllow, *wildcardCreds
 	for _, f := range []struct {
 		flag, val string
 		dst       *string

@@ -80,6 +80,12 @@ func (d *Daemon) networkArgs(dir string) ([]string, error) {
 	if d.cfg.UpstreamCA != "" {
 		args = append(args, "--upstream-ca", d.cfg.UpstreamCA)
 	}
+	if d.cfg.EgressUpstreamAllow != "" {
+		args = append(args, "--upstream-allow", d.cfg.EgressUpstreamAllow)
+	}
+	if d.cfg.WildcardCredentials {
+		args = append(args, "--allow-wildcard-credentials")
+	}
 	return args, nil
 }
 
@@ -182,7 +188,7 @@ func (d *Daemon) checkEgress(tenant string, raw json.RawMessage, names []string)
 	if len(raw) == 0 {
 		return nil, nil
 	}
-	p, err := policy.Parse(raw)
+	p, err := policy.ParseWith(raw, policy.Options{WildcardCredentials: d.cfg.WildcardCredentials})
 	if err != nil {
 		return nil, errf(400, "egress: %v", err)
 	}

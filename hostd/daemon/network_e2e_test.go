@@ -36,7 +36,10 @@ func TestE2ENetwork(t *testing.T) {
 	state, step := e2eState(t, "hostd-net-")
 	u := startUpstream(t, state)
 	secret, hosts, upCA := u.secret, u.hosts, u.ca
-	td := startE2EDaemon(t, state, warren, func(c *Config) { c.EgressHosts, c.UpstreamCA = hosts, upCA })
+	td := startE2EDaemon(t, state, warren, func(c *Config) {
+		// The upstream is on loopback: the operator's explicit allowance.
+		c.EgressHosts, c.UpstreamCA, c.EgressUpstreamAllow = hosts, upCA, "127.0.0.1"
+	})
 	a := td.client(t, "tenant-n")
 	var sbs []store.Sandbox
 	defer func() {
@@ -67,7 +70,7 @@ func TestE2ENetwork(t *testing.T) {
 	a.ok(201, "POST", "/v1/templates", map[string]any{"kernel": kernel, "initramfs": initrd, "mem_mib": 256, "cpus": 1, "network": true}, &tp)
 	step("network template %s ready in %.0f ms", tp.ID, tp.BuildMS)
 
-	pol := map[string]any{"credentials": []map[string]any{{"secret": "API_KEY", "hosts": []string{"api.test"}}}}
+	pol := map[string]any{"credentials": []map[string]any{{"secret": "API_KEY", "hosts": []string{"api.test"}, "substitute": []string{"headers", "query"}}}}
 	var s1, s2 store.Sandbox
 	a.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": pol, "secrets": []string{"API_KEY"}}, &s1)
 	sbs = append(sbs, s1)

@@ -75,6 +75,15 @@ type Config struct {
 	// UpstreamCAs, when set, are the roots the proxy trusts upstream
 	// instead of the system's.
 	UpstreamCAs []byte
+	// UpstreamAllow are the operator's prefixes the credential proxy may
+	// connect to although they are loopback, private, link-local or the
+	// host's own (policy.Guard.Allow): an upstream on 127.0.0.1 in tests,
+	// an API on the LAN. Every tenant's credential host that resolves
+	// there is then reached (on port 443 only). Never from a tenant.
+	UpstreamAllow []netip.Prefix
+	// PolicyOptions are the operator's allowances policies are checked
+	// against (wildcard credential hosts).
+	PolicyOptions policy.Options
 	// DNSState is the resolver's allowed addresses from an earlier run
 	// (dnsgate State), restored with their expiry.
 	DNSState []byte
@@ -84,6 +93,9 @@ type Config struct {
 	// Dial, when set, opens the proxy's and resolver's upstream
 	// connections (a fork child in its own network namespace dials from
 	// its parent's).
+	// It is given one address the proxy's guard has checked
+	// ("203.0.113.7:443"); the connection's remote address is checked
+	// again.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	Log  *slog.Logger
 }
@@ -118,7 +130,7 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 		return nil, fmt.Errorf("egress: guest address %v is outside %v", cfg.GuestAddr, cfg.HostAddr)
 	}
 	cfg.Policy.Normalize()
-	if err := cfg.Policy.Validate(); err != nil {
+	if err := cfg.Policy.ValidateWith(cfg.PolicyOptions); err != nil {
 		return nil, err
 	}
 	s := &Sandbox{cfg: cfg, done: make(chan struct{}), pol: cfg.Policy}
@@ -192,7 +204,16 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 	}
 
 	// The credential proxy.
-	up := credproxy.Upstream{Dial: s.proxyDial}
+	// The proxy's guard lists the host's addresses now, from another
+	// goroutine: this one may be locked to a thread in the sandbox's
+	// private network namespace, and the proxy dials from the host's.
+	guard := &policy.Guard{Allow: cfg.UpstreamAllow}
+	primed := make(chan error, 1)
+	go func() { primed <- guard.Prime() }()
+	if err := <-primed; err != nil {
+		cfg.Log.Warn("egress: cannot list the host's addresses yet; the proxy refuses upstreams until it can", "err", err)
+	}
+	up := credproxy.Upstream{Resolve: s.proxyResolve, Guard: guard, Dial: cfg.Dial}
 	if len(cfg.UpstreamCAs) > 0 {
 		up.RootCAs = x509Pool(cfg.UpstreamCAs)
 		if up.RootCAs == nil {
@@ -204,7 +225,7 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 		store = credproxy.EnvStore{}
 	}
 	s.proxy, err = credproxy.New(credproxy.Config{Policy: cfg.Policy, CA: s.ca, Store: store, Audit: s.log,
-		Sandbox: cfg.Sandbox, Upstream: up})
+		Sandbox: cfg.Sandbox, Upstream: up, PolicyOptions: cfg.PolicyOptions})
 	if err != nil {
 		return nil, fmt.Errorf("egress: proxy: %w", err)
 	}
@@ -223,21 +244,14 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 	return s, nil
 }
 
-// proxyDial connects the proxy upstream: a name in Hosts goes to its first
-// address, anything else is dialled as given (through cfg.Dial if set).
-func (s *Sandbox) proxyDial(ctx context.Context, network, addr string) (net.Conn, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, err
-	}
+// proxyResolve resolves a credential host for the proxy: from Hosts when
+// it has the name, else with the host's resolver. The proxy's guard
+// checks every address either way.
+func (s *Sandbox) proxyResolve(ctx context.Context, host string) ([]netip.Addr, error) {
 	if as := s.cfg.Hosts[strings.ToLower(host)]; len(as) > 0 {
-		addr = net.JoinHostPort(as[0].String(), port)
+		return as, nil
 	}
-	if s.cfg.Dial != nil {
-		return s.cfg.Dial(ctx, network, addr)
-	}
-	var d net.Dialer
-	return d.DialContext(ctx, network, addr)
+	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 }
 
 // hostsChanged is the resolver's OnChange: the addresses it answered with
@@ -266,7 +280,7 @@ func (s *Sandbox) syncLocked(hosts []policy.HostRule) error {
 // returns. An invalid policy changes nothing.
 func (s *Sandbox) SetPolicy(p policy.Policy) error {
 	p.Normalize()
-	if err := p.Validate(); err != nil {
+	if err := p.ValidateWith(s.cfg.PolicyOptions); err != nil {
 		return err
 	}
 	s.mu.Lock()

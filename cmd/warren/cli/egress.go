@@ -30,27 +30,37 @@ type egressOptions struct {
 	DNSUpstream string       `json:"dns_upstream,omitempty"`
 	UpstreamCA  string       `json:"upstream_ca,omitempty"`
 	Attach      string       `json:"attach,omitempty"` // auto (default), tcx or clsact
-	Sandbox     string       `json:"sandbox"`
-	State       egress.State `json:"state"`
+	// UpstreamAllow: the operator's prefixes the credential proxy may
+	// reach although private or local (--upstream-allow).
+	UpstreamAllow []netip.Prefix `json:"upstream_allow,omitempty"`
+	// WildcardCredentials: credential hosts "*.example.com" allowed
+	// (--allow-wildcard-credentials).
+	WildcardCredentials bool         `json:"wildcard_credentials,omitempty"`
+	Sandbox             string       `json:"sandbox"`
+	State               egress.State `json:"state"`
 }
 
 // netFlags are `warren run`'s network and egress flags.
 type netFlags struct {
 	hostIP, guestIP                                  *string
 	policy, audit, secrets, hosts, dns, upCA, attach *string
+	upAllow                                          *string
+	wildcard                                         *bool
 }
 
 func addNetFlags(fs *flag.FlagSet) *netFlags {
 	return &netFlags{
-		hostIP:  fs.String("host-ip", "", "with --tap: the tap's host address and prefix (10.200.0.1/24), the guest's gateway, resolver and credential proxy"),
-		guestIP: fs.String("guest-ip", "", "with --host-ip: the guest's address; eth0, its route and resolver are set on the kernel command line"),
-		policy:  fs.String("egress", "", "filter the guest's traffic with this egress policy (JSON, see ebpf/README.md); needs --host-ip"),
-		audit:   fs.String("audit", "", "with --egress: the JSON-lines audit log (default: warren-egress-<tap>.jsonl in the current directory)"),
-		secrets: fs.String("secrets", "", "with --egress: a JSON file of secret name to value, mode 0600 (default: environment variables WARREN_SECRET_<NAME>)"),
-		hosts:   fs.String("hosts", "", "with --egress: an /etc/hosts-style file of fixed addresses for the resolver and the credential proxy"),
-		dns:     fs.String("dns-upstream", "", "with --egress: the DNS server allowed names are asked of, ip:port (default: the host's /etc/resolv.conf)"),
-		upCA:    fs.String("upstream-ca", "", "with --egress: PEM roots the credential proxy trusts upstream instead of the system's"),
-		attach:  fs.String("egress-attach", "auto", "with --egress: how to attach the filter: auto (tcx, else clsact), tcx or clsact"),
+		hostIP:   fs.String("host-ip", "", "with --tap: the tap's host address and prefix (10.200.0.1/24), the guest's gateway, resolver and credential proxy"),
+		guestIP:  fs.String("guest-ip", "", "with --host-ip: the guest's address; eth0, its route and resolver are set on the kernel command line"),
+		policy:   fs.String("egress", "", "filter the guest's traffic with this egress policy (JSON, see ebpf/README.md); needs --host-ip"),
+		audit:    fs.String("audit", "", "with --egress: the JSON-lines audit log (default: warren-egress-<tap>.jsonl in the current directory)"),
+		secrets:  fs.String("secrets", "", "with --egress: a JSON file of secret name to value, mode 0600 (default: environment variables WARREN_SECRET_<NAME>)"),
+		hosts:    fs.String("hosts", "", "with --egress: an /etc/hosts-style file of fixed addresses for the resolver and the credential proxy"),
+		dns:      fs.String("dns-upstream", "", "with --egress: the DNS server allowed names are asked of, ip:port (default: the host's /etc/resolv.conf)"),
+		upCA:     fs.String("upstream-ca", "", "with --egress: PEM roots the credential proxy trusts upstream instead of the system's"),
+		attach:   fs.String("egress-attach", "auto", "with --egress: how to attach the filter: auto (tcx, else clsact), tcx or clsact"),
+		upAllow:  fs.String("upstream-allow", "", "with --egress: comma-separated addresses or CIDRs the credential proxy may connect to although loopback, private, link-local or the host's own (the operator's allowance; by default none)"),
+		wildcard: fs.Bool("allow-wildcard-credentials", false, "with --egress: allow credential hosts such as *.example.com (the secret then goes to any name below)"),
 	}
 }
 
@@ -89,12 +99,16 @@ func (f *netFlags) options(tap string) (*egressOptions, string, error) {
 	if !host.IsValid() {
 		return nil, "", errors.New("--egress needs --tap and --host-ip")
 	}
-	p, err := policy.Load(*f.policy)
+	allow, err := policy.ParsePrefixes(*f.upAllow)
+	if err != nil {
+		return nil, "", fmt.Errorf("--upstream-allow: %w", err)
+	}
+	p, err := policy.LoadWith(*f.policy, policy.Options{WildcardCredentials: *f.wildcard})
 	if err != nil {
 		return nil, "", err
 	}
 	e := &egressOptions{HostAddr: host, GuestAddr: guest, Audit: *f.audit, DNSUpstream: *f.dns,
-		Attach: *f.attach, Sandbox: tap, State: egress.State{Policy: p}}
+		Attach: *f.attach, Sandbox: tap, State: egress.State{Policy: p}, UpstreamAllow: allow, WildcardCredentials: *f.wildcard}
 	if e.Audit == "" {
 		e.Audit = "warren-egress-" + tap + ".jsonl"
 	}
@@ -122,6 +136,14 @@ func (f *netFlags) options(tap string) (*egressOptions, string, error) {
 	return e, cmdline, nil
 }
 
+// policyOptions are the operator's allowances e's policies are checked with.
+func (e *egressOptions) policyOptions() policy.Options {
+	if e == nil {
+		return policy.Options{}
+	}
+	return policy.Options{WildcardCredentials: e.WildcardCredentials}
+}
+
 func parseAttach(s string) (filter.AttachMode, error) {
 	switch s {
 	case "", "auto":
@@ -138,7 +160,8 @@ func parseAttach(s string) (filter.AttachMode, error) {
 func startEgress(e *egressOptions, tap string, o vmOptions) (*egress.Sandbox, error) {
 	cfg := egress.Config{Sandbox: e.Sandbox, Tap: tap, HostAddr: e.HostAddr, GuestAddr: e.GuestAddr,
 		Policy: e.State.Policy, AuditPath: e.Audit, CAPEM: e.State.CAPEM, CAKeyPEM: e.State.CAKeyPEM,
-		DNSUpstream: e.DNSUpstream, DNSState: e.State.DNS, Log: o.log}
+		DNSUpstream: e.DNSUpstream, DNSState: e.State.DNS, Log: o.log,
+		UpstreamAllow: e.UpstreamAllow, PolicyOptions: e.policyOptions()}
 	var err error
 	if cfg.Attach, err = parseAttach(e.Attach); err != nil {
 		return nil, err
@@ -217,7 +240,7 @@ func (a *apiServer) putEgress(w http.ResponseWriter, r *http.Request) {
 		replyErr(w, http.StatusBadRequest, err)
 		return
 	}
-	p, err := policy.Parse(b)
+	p, err := policy.ParseWith(b, a.opts.Egress.policyOptions())
 	if err != nil {
 		replyErr(w, http.StatusBadRequest, err)
 		return
@@ -256,7 +279,8 @@ func egressCmd(args []string, stdout, stderr io.Writer) int {
 	if *pol != "" {
 		var b []byte
 		if b, err = os.ReadFile(*pol); err == nil {
-			if _, err = policy.Parse(b); err == nil {
+			// (The VM checks it with its operator's allowances.)
+			if _, err = policy.ParseWith(b, policy.Options{WildcardCredentials: true}); err == nil {
 				err = apiDo(ctx, fs.Arg(0), http.MethodPut, "egress", b, &rep)
 			}
 		}
@@ -290,7 +314,7 @@ func (f egressOverrides) apply(e *egressOptions) error {
 		return errors.New("--egress, --secrets and --audit need a snapshot of a VM with egress (warren run --egress)")
 	}
 	if *f.policy != "" {
-		p, err := policy.Load(*f.policy)
+		p, err := policy.LoadWith(*f.policy, e.policyOptions())
 		if err != nil {
 			return err
 		}

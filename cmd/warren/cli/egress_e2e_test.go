@@ -84,7 +84,7 @@ func TestEgressEndToEnd(t *testing.T) {
 	pol := `{
 		"rules": [{"id": 5, "cidr": "198.51.100.30/32", "proto": "tcp", "ports": "8080"}],
 		"domains": [{"name": "www.allowed.test", "proto": "tcp", "ports": "8080"}],
-		"credentials": [{"secret": "API_KEY", "hosts": ["api.test"]}, {"secret": "OTHER_KEY", "hosts": ["other.test"]}]
+		"credentials": [{"secret": "API_KEY", "hosts": ["api.test"], "substitute": ["headers", "query"]}, {"secret": "OTHER_KEY", "hosts": ["other.test"]}]
 	}`
 	p, err := policy.Parse([]byte(pol))
 	if err != nil {
@@ -93,7 +93,9 @@ func TestEgressEndToEnd(t *testing.T) {
 	auditPath := filepath.Join(dir, "audit.jsonl")
 	sock, api := filepath.Join(dir, "vm.sock"), filepath.Join(dir, "api.sock")
 	eg := &egressOptions{HostAddr: netip.MustParsePrefix("10.204.0.1/24"), GuestAddr: netip.MustParseAddr("10.204.0.2"),
-		Audit: auditPath, Secrets: secrets, Hosts: hosts, UpstreamCA: upCA, Sandbox: "e2e"}
+		Audit: auditPath, Secrets: secrets, Hosts: hosts, UpstreamCA: upCA, Sandbox: "e2e",
+		// The upstream is on loopback: the operator's explicit allowance.
+		UpstreamAllow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}
 	eg.State.Policy = p
 	var g *guest
 	var o vmOptions

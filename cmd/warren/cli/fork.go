@@ -162,7 +162,7 @@ func (a *apiServer) fork(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		req.Egress.Normalize()
-		if err := req.Egress.Validate(); err != nil {
+		if err := req.Egress.ValidateWith(a.opts.Egress.policyOptions()); err != nil {
 			replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: %w", err))
 			return
 		}
@@ -530,7 +530,8 @@ func forkCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	var childPolicy *policy.Policy
 	if *egressFile != "" {
-		p, err := policy.Load(*egressFile)
+		// (The parent VM checks it with its operator's allowances.)
+		p, err := policy.LoadWith(*egressFile, policy.Options{WildcardCredentials: true})
 		if err != nil {
 			fmt.Fprintf(stderr, "warren fork: %v\n", err)
 			return 2

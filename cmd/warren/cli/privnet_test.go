@@ -2,6 +2,8 @@ package cli
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,6 +21,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/warrenvm/warren/ebpf/policy"
+	"github.com/warrenvm/warren/internal/testtls"
 )
 
 // TestPrivateNet opens a VM's network the way `warren run --private-net
@@ -27,13 +30,15 @@ import (
 // the tap and the resolver's and proxy's listening sockets are in the
 // private namespace (the resolver answers there; the host side has no
 // such tap and reaches nothing on the tap's address), while the proxy's
-// upstream connection leaves through the host side: an HTTP request to
+// upstream connection leaves through the host side: an HTTPS request to
 // the proxy, made inside the private namespace, reaches a server that
-// listens only on the host side's loopback and gets the real secret in
-// place of the placeholder. Two such VMs use the same tap name and
-// addresses at once. Needs root (namespaces, taps, eBPF) and the host's
-// 127.0.0.1:80 (the proxy keeps the request's port upstream); it puts
-// nothing on the host's network but that listener.
+// listens only on the host side's loopback (the operator's
+// --upstream-allow) and gets the real secret in place of the
+// placeholder; the same request over plain HTTP is refused and reaches
+// nothing. Two such VMs use the same tap name and addresses at once.
+// Needs root (namespaces, taps, eBPF) and the host's 127.0.0.1:443 (the
+// proxy always connects upstream on 443); it puts nothing on the host's
+// network but that listener.
 func TestPrivateNet(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipped: needs root (network namespaces, a tap and eBPF)")
@@ -51,15 +56,18 @@ func TestPrivateNet(t *testing.T) {
 	}
 	placeholder := p.Credentials[0].PlaceholderFor()
 
-	// The upstream, on the host's loopback, port 80 (the proxy keeps the
-	// request's port). The Go runtime's threads are all in the host's
-	// namespace, so the host side here is the real one.
+	// The upstream, on the host's loopback, port 443. The Go runtime's
+	// threads are all in the host's namespace, so the host side here is
+	// the real one.
 	if _, err := netlink.LinkByName("wt0"); err == nil {
 		t.Skip("skipped: this host has a wt0 of its own")
 	}
-	upLn, err := net.Listen("tcp4", "127.0.0.1:80")
+	caPEM, cert := testtls.Upstream(t, "api.test")
+	upCA := filepath.Join(dir, "upstream-ca.pem")
+	os.WriteFile(upCA, caPEM, 0o644)
+	upLn, err := tls.Listen("tcp4", "127.0.0.1:443", &tls.Config{Certificates: []tls.Certificate{cert}})
 	if err != nil {
-		t.Skipf("skipped: the upstream needs 127.0.0.1:80: %v", err)
+		t.Skipf("skipped: the upstream needs 127.0.0.1:443: %v", err)
 	}
 	seen := make(chan string, 4)
 	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -77,7 +85,8 @@ func TestPrivateNet(t *testing.T) {
 	open := func(name string) vmDevices {
 		t.Helper()
 		eg := &egressOptions{HostAddr: netip.MustParsePrefix("10.205.0.1/24"), GuestAddr: netip.MustParseAddr("10.205.0.2"),
-			Audit: filepath.Join(dir, name+".jsonl"), Secrets: secrets, Hosts: hosts, Sandbox: name}
+			Audit: filepath.Join(dir, name+".jsonl"), Secrets: secrets, Hosts: hosts, Sandbox: name,
+			UpstreamCA: upCA, UpstreamAllow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}
 		eg.State.Policy = p
 		o := vmOptions{tap: "wt0", mac: net.HardwareAddr{0x02, 0, 0, 0, 0, 1}, privateNet: true, egress: eg, log: slog.New(slog.DiscardHandler)}
 		d := vmDevices{netns: -1}
@@ -128,20 +137,38 @@ func TestPrivateNet(t *testing.T) {
 			if r, err = dns.Exchange(m, "10.205.0.1:53"); err != nil || r.Rcode != dns.RcodeNameError {
 				return fmt.Errorf("denied.test: %v %v", r, err)
 			}
-			// The proxy, reached inside, goes upstream through the host side.
-			c, err := net.DialTimeout("tcp4", "10.205.0.1:80", 5*time.Second)
+			// The proxy, reached inside, goes upstream through the host
+			// side, over TLS only: plain HTTP with a placeholder is refused.
+			get := func(port string, useTLS bool) (*http.Response, string, error) {
+				raw, err := net.DialTimeout("tcp4", "10.205.0.1:"+port, 5*time.Second)
+				if err != nil {
+					return nil, "", err
+				}
+				defer raw.Close()
+				raw.SetDeadline(time.Now().Add(10 * time.Second))
+				c := raw
+				if useTLS {
+					pool := x509.NewCertPool()
+					pool.AppendCertsFromPEM([]byte(d.egress.Guest().TrustPEM))
+					c = tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: "api.test"})
+				}
+				fmt.Fprintf(c, "GET /v1 HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n", placeholder)
+				res, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					return nil, "", err
+				}
+				body, _ := io.ReadAll(res.Body)
+				return res, string(body), nil
+			}
+			res, body, err := get("80", false)
+			if err != nil || res.StatusCode != http.StatusForbidden || strings.Contains(body, "s3cret-value") {
+				return fmt.Errorf("plain HTTP with a placeholder: %v %v %q", res, err, body)
+			}
+			res, body, err = get("443", true)
 			if err != nil {
 				return fmt.Errorf("proxy: %w", err)
 			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(10 * time.Second))
-			fmt.Fprintf(c, "GET /v1 HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n", placeholder)
-			res, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				return fmt.Errorf("proxy: %w", err)
-			}
-			body, _ := io.ReadAll(res.Body)
-			if res.StatusCode != 200 || strings.Contains(string(body), "s3cret-value") {
+			if res.StatusCode != 200 || strings.Contains(body, "s3cret-value") {
 				return fmt.Errorf("proxy answered %d %q", res.StatusCode, body)
 			}
 			return nil
