@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"os"
 	"strconv"
 	"strings"
@@ -23,13 +24,6 @@ const (
 	counterPort = testguest.CounterPort
 	pageSize    = guestmem.PageSize
 )
-
-func requireKVM(t *testing.T) {
-	t.Helper()
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("skipped: no /dev/kvm (run in the nested KVM host, see Makefile test-kvm)")
-	}
-}
 
 func counterConfig(t *testing.T, mem uint64, con *testguest.SyncBuffer) vmm.Config {
 	return vmm.Config{MemBytes: mem, CPUs: 1, Kernel: testguest.Build(t, "counter"), Console: con,
@@ -102,7 +96,7 @@ func used(m map[string]uint64) uint64 { return m["Shmem"] + m["AnonPages"] }
 // from the fork, sees the fork-time memory and only its own writes, and
 // the host's memory grows by about the pages written, not by 16 GiB.
 func TestForkSharesMemory(t *testing.T) {
-	requireKVM(t)
+	kvmtest.Require(t)
 	const (
 		memBytes = 1 << 30
 		children = 16

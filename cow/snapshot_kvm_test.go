@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -124,7 +125,7 @@ func median(ds []time.Duration) time.Duration {
 // snapshots merge only its own). The pause with and without disks is
 // logged.
 func TestSnapshotDisks(t *testing.T) {
-	requireKVM(t)
+	kvmtest.Require(t)
 	var con testguest.SyncBuffer
 	cfg := counterConfig(t, 32<<20, &con)
 	vm, err := vmm.New(cfg)

@@ -3,6 +3,7 @@ package vmm
 import (
 	"context"
 	"encoding/binary"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -43,7 +44,7 @@ var shellPrompt = regexp.MustCompile(`(?s)warren-init: ready uptime=.*\$ `)
 // shell still answers over the serial console (timer, UART and interrupt
 // state came across).
 func TestLinuxSaveRestore(t *testing.T) {
-	requireKVM(t)
+	kvmtest.Require(t)
 	if testing.Short() {
 		t.Skip("skipped in -short mode: a full Linux boot")
 	}

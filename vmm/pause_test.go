@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -136,7 +137,7 @@ func pause(t *testing.T, vm *VM) time.Duration {
 // which waits for a SIPI inside KVM_RUN) and checks it makes no progress
 // while paused and carries on after Resume.
 func TestPauseResume(t *testing.T) {
-	requireKVM(t)
+	kvmtest.Require(t)
 	var con syncBuffer
 	vm, _, stop := startCounter(t, counterConfig(t, &con, 2), nil, nil)
 	// Device hooks: quiesced after the vCPUs park, in order; resumed
@@ -241,7 +242,7 @@ func TestPauseResume(t *testing.T) {
 // served: the saved registers must show it completed (the value in EAX,
 // RIP past the instruction), as KVM does only on the next KVM_RUN.
 func TestPauseCompletesPortIO(t *testing.T) {
-	requireKVM(t)
+	kvmtest.Require(t)
 	var con syncBuffer
 	vm, dev, stop := startCounter(t, counterConfig(t, &con, 1), nil, nil)
 	waitFor(t, "a dot", func() bool { return strings.Contains(con.String(), ".") })
@@ -280,7 +281,7 @@ func TestPauseCompletesPortIO(t *testing.T) {
 // waiting for a SIPI), restores it into a new VM in this process and checks that the state reads back unchanged and the guest
 // carries on.
 func TestSaveRestore(t *testing.T) {
-	requireKVM(t)
+	kvmtest.Require(t)
 	cfg, st, ram, saved := saveCounter(t, 2)
 	blob, err := st.Marshal()
 	if err != nil {
@@ -293,7 +294,7 @@ func TestSaveRestore(t *testing.T) {
 // state and RAM to files and re-executes its own binary, which runs
 // TestRestoreChild on them.
 func TestSaveRestoreNewProcess(t *testing.T) {
-	requireKVM(t)
+	kvmtest.Require(t)
 	_, st, ram, saved := saveCounter(t, 1)
 	blob, err := st.Marshal()
 	if err != nil {
@@ -324,7 +325,7 @@ func TestRestoreChild(t *testing.T) {
 	if dir == "" {
 		t.Skip("run by TestSaveRestoreNewProcess")
 	}
-	requireKVM(t)
+	kvmtest.Require(t)
 	read := func(name string) []byte {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {

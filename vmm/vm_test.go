@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"os"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"strings"
 	"sync"
 	"testing"
@@ -13,15 +13,6 @@ import (
 	"github.com/warrenvm/warren/vmm/hostprofile"
 	"github.com/warrenvm/warren/vmm/testguest"
 )
-
-// requireKVM skips a test on hosts without /dev/kvm. `make test` runs these
-// tests inside a nested KVM host there (see .ci/kvmhost).
-func requireKVM(t *testing.T) {
-	t.Helper()
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
-	}
-}
 
 // syncBuffer is a console that tests can read while vCPUs write it.
 type syncBuffer struct {
@@ -49,7 +40,7 @@ func (s *syncBuffer) String() string {
 
 func testVM(t *testing.T, guest string, console *syncBuffer, mod func(*Config)) *VM {
 	t.Helper()
-	requireKVM(t)
+	kvmtest.Require(t)
 	cfg := Config{MemBytes: 64 << 20, CPUs: 1, Kernel: testguest.Build(t, guest),
 		Console: console, Profile: hostprofile.Detect("/sys/module")}
 	if mod != nil {

@@ -3,6 +3,7 @@ package daemon
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,9 +68,7 @@ func TestMain(m *testing.M) {
 // launcher), skipping the test when /dev/kvm or one of them is missing.
 func e2ePaths(t *testing.T) (warren, kernel, initrd string) {
 	t.Helper()
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("skipped: /dev/kvm is absent on this host (run in the nested KVM host)")
-	}
+	kvmtest.Require(t)
 	root := repoRoot(t)
 	warren = os.Getenv("WARREN_BIN")
 	if warren == "" {

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -31,13 +32,6 @@ const (
 	counterPort = testguest.CounterPort
 	extraGPA    = 0x800000 // where the test writes pages as a device would
 )
-
-func requireKVM(t *testing.T) {
-	t.Helper()
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("skipped: no /dev/kvm (run in the nested KVM host, see Makefile test-kvm)")
-	}
-}
 
 func counterConfig(t *testing.T, con *testguest.SyncBuffer) vmm.Config {
 	return vmm.Config{MemBytes: 32 << 20, CPUs: 1, Kernel: testguest.Build(t, "counter"), Console: con,
@@ -94,7 +88,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // lazily, in a new process (TestSnapshotRestoreChild): RAM must equal the
 // copy and the registers the saved ones, and the guest must count on.
 func TestSnapshotCounter(t *testing.T) {
-	requireKVM(t)
+	kvmtest.Require(t)
 	var con testguest.SyncBuffer
 	cfg := counterConfig(t, &con)
 	vm, err := vmm.New(cfg)
@@ -183,7 +177,7 @@ func TestSnapshotRestoreChild(t *testing.T) {
 	if dir == "" {
 		t.Skip("run by TestSnapshotCounter")
 	}
-	requireKVM(t)
+	kvmtest.Require(t)
 	for i := range 4 {
 		for _, lazy := range []bool{false, true} {
 			name := fmt.Sprintf("s%d", i)
@@ -261,7 +255,7 @@ func TestSnapshotRestoreChild(t *testing.T) {
 // fingerprint must not depend on where the ioctl runs (entries that differ
 // after perCPU are named).
 func TestFingerprintStable(t *testing.T) {
-	requireKVM(t)
+	kvmtest.Require(t)
 	type result struct {
 		ids []kvm.CPUIDEntry
 		err error

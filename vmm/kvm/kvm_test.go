@@ -2,20 +2,18 @@ package kvm_test
 
 import (
 	"errors"
-	"os"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/vmm/kvm"
 	"github.com/warrenvm/warren/vmm/testguest"
 )
 
 func openKVM(t *testing.T) *kvm.System {
 	t.Helper()
-	if _, err := os.Stat(kvm.DevicePath); err != nil {
-		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
-	}
+	kvmtest.Require(t)
 	s, err := kvm.Open(kvm.DevicePath)
 	if err != nil {
 		t.Fatal(err)

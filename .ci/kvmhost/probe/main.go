@@ -5,6 +5,10 @@
 // the Warren VMM cares about, and optionally repeats the run with an
 // in-kernel irqchip and PIT.
 //
+// With -choose it instead decides where a KVM test suite runs fastest on
+// this machine and prints one word, "direct" or "nested", with its reasons
+// on stderr: see choose.
+//
 // It only uses package syscall so that it stays a tiny static binary
 // (CGO_ENABLED=0) that can run in the kvmhost L1 guest (.ci/kvmhost/run.sh).
 package main
@@ -156,7 +160,14 @@ func main() {
 	loops := flag.Uint("loops", 10_000_000, "iterations of the guest's busy loop (dec ecx; jnz)")
 	exits := flag.Uint("exits", 10_000, "KVM_EXIT_IO round trips (out to port 0x80) to time; at least 1")
 	irqchip := flag.Bool("irqchip", true, "also run the guest in a VM with KVM_CREATE_IRQCHIP + KVM_CREATE_PIT2")
+	rateOnly := flag.Bool("rate", false, "run the plain guest once and print its loop rate, in M iterations/s, on the last line (used by -choose)")
+	chooseMode := flag.Bool("choose", false, "print \"direct\" or \"nested\": where KVM tests run fastest here (reasons on stderr)")
+	minRate := flag.Float64("min-rate", 50, "with -choose: the guest kernel-mode loop rate, in M iterations/s, at or above which /dev/kvm is used directly")
 	flag.Parse()
+	if *chooseMode {
+		choose(*minRate)
+		return
+	}
 
 	t0 := time.Now()
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
@@ -181,14 +192,20 @@ func main() {
 	if *loops < 1 || *exits < 1 || *loops > 1<<32-1 || *exits > 1<<32-1 {
 		fail("-loops and -exits must be in 1..2^32-1")
 	}
-	runGuest("plain", kvm, uint32(*loops), uint32(*exits), false)
+	loopTime := runGuest("plain", kvm, uint32(*loops), uint32(*exits), false)
+	if *rateOnly {
+		fmt.Printf("%.3f\n", float64(*loops)/loopTime.Seconds()/1e6)
+		return
+	}
 	if *irqchip {
 		runGuest("irqchip+pit2", kvm, uint32(*loops), uint32(*exits), true)
 	}
 	fmt.Printf("probe: PASS (total %v)\n", time.Since(t0).Round(time.Millisecond))
 }
 
-func runGuest(name string, kvm uintptr, loops, exits uint32, irqchip bool) {
+// runGuest runs the probe's guest in a new VM and returns how long its busy
+// loop took.
+func runGuest(name string, kvm uintptr, loops, exits uint32, irqchip bool) time.Duration {
 	vm := must("KVM_CREATE_VM", kvm, kvmCreateVM, 0)
 	defer syscall.Close(int(vm))
 	if irqchip {
@@ -291,7 +308,7 @@ func runGuest(name string, kvm uintptr, loops, exits uint32, irqchip bool) {
 					// (the vCPU blocks until an interrupt, and IF=0 here), so
 					// there is no KVM_EXIT_HLT to wait for.
 					report("")
-					return
+					return loopTime
 				}
 			}
 		case exitHLT:
@@ -308,7 +325,7 @@ func runGuest(name string, kvm uintptr, loops, exits uint32, irqchip bool) {
 				fail("%s: rip = %#x after hlt, want %#x", name, rr.RIP, wantRIP)
 			}
 			report(fmt.Sprintf(" then KVM_EXIT_HLT at rip %#x", rr.RIP))
-			return
+			return loopTime
 		default:
 			fail("%s: unexpected exit reason %d (output so far %q)", name, reason, out)
 		}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -76,9 +77,7 @@ var readyLine = regexp.MustCompile(`(?m)^warren-init: ready uptime=\d+\.\d+\r?$`
 // TestBootLinux boots the project's kernel and initramfs to the init's
 // ready line and a clean power-off, through the CLI as a user runs it.
 func TestBootLinux(t *testing.T) {
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
-	}
+	kvmtest.Require(t)
 	if testing.Short() {
 		t.Skip("skipped in -short mode: a full Linux boot")
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"io"
 	"net"
 	"net/http"
@@ -79,9 +80,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipped: needs root for the tap and the network namespace")
 	}
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
-	}
+	kvmtest.Require(t)
 	disk := testDisk(t)
 	token := make([]byte, 12)
 	rand.Read(token)

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"io"
 	"net"
 	"net/http"
@@ -42,9 +43,7 @@ func TestEgressEndToEnd(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipped: needs root for the tap, the network namespace and eBPF")
 	}
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
-	}
+	kvmtest.Require(t)
 	dir := t.TempDir()
 	tok := make([]byte, 16)
 	rand.Read(tok)

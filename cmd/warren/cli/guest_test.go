@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"log/slog"
 	"os"
 	"regexp"
@@ -78,9 +79,7 @@ func bootGuest(t *testing.T, o vmOptions) *guest {
 // startGuest builds and starts the guest without waiting for it. It may run
 // on a thread in another network namespace (the tap is created there).
 func startGuest(t *testing.T, o vmOptions) (*guest, error) {
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
-	}
+	kvmtest.Require(t)
 	var err error
 	if o.kernel, err = os.ReadFile(artifact(t, "WARREN_KERNEL", "vmlinux")); err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"debug/elf"
 	"fmt"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"io"
 	"os"
 	"os/exec"
@@ -121,9 +122,7 @@ func TestImageRoot(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipped in -short: boots a Linux guest")
 	}
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
-	}
+	kvmtest.Require(t)
 	if _, err := exec.LookPath("debugfs"); err != nil {
 		t.Skip("skipped: needs e2fsprogs (mkfs.ext4, debugfs)")
 	}
@@ -299,9 +298,7 @@ func TestImageRootFallback(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipped in -short: boots a Linux guest")
 	}
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
-	}
+	kvmtest.Require(t)
 	disk := filepath.Join(t.TempDir(), "garbage.img")
 	if err := os.WriteFile(disk, bytes.Repeat([]byte("not ext4"), 2<<20/8), 0o644); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,9 +44,7 @@ func TestMain(m *testing.M) {
 // skip with the reason.
 func linuxTemplate(t *testing.T) string {
 	t.Helper()
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
-	}
+	kvmtest.Require(t)
 	made := false
 	template.once.Do(func() {
 		made = true
