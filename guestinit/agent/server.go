@@ -89,6 +89,7 @@ func (s *Server) SetExtraEnv(env map[string]string) {
 // NewServer returns a server that starts and collects its children
 // through w.
 func NewServer(w Waiter, opts Options) *Server {
+	resetChildSignals()
 	env := opts.Env
 	if env == nil {
 		env = os.Environ()
