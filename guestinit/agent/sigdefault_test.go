@@ -53,7 +53,7 @@ func TestChildSignalsDefault(t *testing.T) {
 	}
 }
 
-// runIgnoring runs cmd with sigs ignored, through a shell's `trap '' SIG`
+// runIgnoring runs cmd with sigs ignored, through a shell's `trap ” SIG`
 // (which sets SIG_IGN before it execs cmd), and returns its output.
 func runIgnoring(cmd *exec.Cmd, sigs ...syscall.Signal) ([]byte, error) {
 	var names []string
