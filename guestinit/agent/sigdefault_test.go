@@ -53,7 +53,7 @@ func TestChildSignalsDefault(t *testing.T) {
 	}
 }
 
-// runIgnoring runs cmd with sigs ignored, through a shell's `trap ” SIG`
+// runIgnoring runs cmd with sigs ignored, through a shell's trap with an empty action
 // (which sets SIG_IGN before it execs cmd), and returns its output.
 func runIgnoring(cmd *exec.Cmd, sigs ...syscall.Signal) ([]byte, error) {
 	var names []string
