@@ -106,9 +106,10 @@ type Config struct {
 	// Jail, for the default launcher, jails every VMM: "strict" or "vmm"
 	// (see JailPrepare); "" or "off" for none.
 	Jail string
-	// VMMUIDs, when set, confines every sandbox VMM without a network
-	// further (Confinement): its own uid and gid from the range, and a
-	// pivot_root jail with only its files. Needs a jailed launcher.
+	// VMMUIDs, when set, confines every VMM (sandboxes, their fork
+	// children, template builds: Confinement): a pivot_root jail with only
+	// its files, and, without a network, its own uid and gid from the
+	// range. Needs a jailed launcher.
 	VMMUIDs *UIDRange
 	// EgressHosts, DNSUpstream and UpstreamCA are passed to the build VMM
 	// of every network template (`warren run --hosts`, `--dns-upstream`,

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -64,7 +65,15 @@ func TestE2E(t *testing.T) {
 	if err := os.Mkdir(keys.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	// Confined as warren-hostd's default --vmm-uid-range does.
+	uids, err := ParseUIDRange(DefaultUIDRange)
+	if err != nil {
+		t.Fatal(err)
+	}
 	mod := func(c *Config) {
+		if jailProfile != "off" {
+			c.VMMUIDs = uids
+		}
 		c.Keys = keys
 		c.CgroupRoot = "" // the host's, or none (a warning) where there is none
 		c.MonitorInterval = 500 * time.Millisecond
@@ -108,6 +117,10 @@ func TestE2E(t *testing.T) {
 			t.Fatalf("the VMM's network namespace %q (%v), the daemon's %q (%v): want its own", vmm, err2, self, err1)
 		}
 		step("the VMM runs in a network namespace of its own (%s; the daemon's %s)", vmm, self)
+		step("the VMM is confined: %s", checkConfined(t, uids, sb.PID, td.store.SandboxDir(sb.Tenant, sb.ID), keys.Dir))
+		if owner := dirOwner(td.store.TemplateDir(tp.Tenant, tp.ID)); owner != 0 {
+			t.Errorf("the template's directory is still owned by uid %d after its build VMM ended", owner)
+		}
 	}
 	if out, _, code := a.exec(sb.ID, "sh", "-c", "echo hi"); out != "hi\n" || code != 0 {
 		t.Fatalf("exec: %q %d", out, code)
@@ -137,6 +150,9 @@ func TestE2E(t *testing.T) {
 			t.Fatalf("child %s: %q", k.ID, out)
 		}
 		step("child %s (pid %d) has the parent's file; hostname %s", k.ID, k.PID, strings.TrimSpace(host))
+		if jailProfile != "off" {
+			step("child %s is confined: %s", k.ID, checkConfined(t, uids, k.PID, td.store.SandboxDir(k.Tenant, k.ID), keys.Dir))
+		}
 	}
 
 	a.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/pause", nil, nil)
@@ -286,4 +302,55 @@ func TestE2E(t *testing.T) {
 	}
 	a.ok(200, "DELETE", "/v1/templates/"+tp.ID, nil, nil)
 	step("deleted; done")
+}
+
+// checkConfined checks what an attacker who took over the VMM with pid
+// would have: a uid and gid of the range (not root), no capability, no
+// way to gain privileges, the seccomp filter, and a root file system
+// where its own directory own is and the host's secret (another tenant's
+// key directory) and the test binary are not. It returns a summary.
+func checkConfined(t *testing.T, r *UIDRange, pid int, own, secret string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			status[k] = strings.TrimSpace(v)
+		}
+	}
+	for _, k := range []string{"Uid", "Gid"} {
+		ids := strings.Fields(status[k])
+		if len(ids) != 4 {
+			t.Fatalf("VMM %d: %s %q", pid, k, status[k])
+		}
+		for _, v := range ids {
+			if id, err := strconv.Atoi(v); err != nil || !r.has(id) {
+				t.Errorf("VMM %d: %s %q: want every id in the range %d:%d", pid, k, status[k], r.First, r.Count)
+			}
+		}
+	}
+	for k, want := range map[string]string{"CapEff": "0000000000000000", "CapPrm": "0000000000000000",
+		"CapBnd": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2"} {
+		if status[k] != want {
+			t.Errorf("VMM %d: %s %q, want %q", pid, k, status[k], want)
+		}
+	}
+	root := fmt.Sprintf("/proc/%d/root", pid)
+	if _, err := os.Stat(root + own); err != nil {
+		t.Errorf("VMM %d: its own directory %s is not in its root: %v", pid, own, err)
+	}
+	self, _ := os.Executable()
+	for _, p := range []string{secret, self} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s: %v (on the host)", p, err)
+		}
+		if _, err := os.Stat(root + p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("VMM %d: the host's %s is in its root (%v)", pid, p, err)
+		}
+	}
+	return fmt.Sprintf("pid %d: uid %s, CapEff %s, NoNewPrivs %s, Seccomp %s; its root has %s, not %s", pid,
+		strings.Fields(status["Uid"])[0], status["CapEff"], status["NoNewPrivs"], status["Seccomp"], own, secret)
 }

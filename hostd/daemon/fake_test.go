@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"os/exec"
 	"sync"
 	"sync/atomic"
@@ -47,6 +48,16 @@ type fakeLauncher struct {
 	// lastRunFiles what its LaunchSpec.ExtraFiles held when it started.
 	lastRunArgs  []string
 	lastRunFiles []fakeFile
+	// confined are the Confine of every LaunchSpec started, by sandbox or
+	// template id (the last one's), with the owner of the VMM's directory
+	// (its --console's) at that moment.
+	confined map[string]fakeConfine
+}
+
+// fakeConfine is what a VMM's launch said of its confinement.
+type fakeConfine struct {
+	c        *Confinement
+	dirOwner int
 }
 
 // fakeFile is one of a LaunchSpec's ExtraFiles as the fake saw it.
@@ -114,6 +125,12 @@ func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
 	if api == "" || vs == "" {
 		return Proc{}, fmt.Errorf("fake: no --api/--vsock in %v", spec.Args)
 	}
+	f.mu.Lock()
+	if f.confined == nil {
+		f.confined = map[string]fakeConfine{}
+	}
+	f.confined[spec.ID] = fakeConfine{c: spec.Confine, dirOwner: dirOwner(filepath.Dir(argAfter(spec.Args, "--console")))}
+	f.mu.Unlock()
 	if spec.Args[0] == "restore" && f.failRestore.Load() {
 		return Proc{}, errors.New("fake: restore refused")
 	}

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
@@ -80,8 +81,13 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 // only Binds at their own paths and its device nodes, and leaves root for
 // UID/GID with no capability left (hostd/jail.PivotRoot, Enter).
 type Confinement struct {
-	// UID and GID are the VMM's own, from the daemon's --vmm-uid-range.
+	// UID and GID are the VMM's own, from the daemon's --vmm-uid-range;
+	// 0 for a network VMM, which stays root with the capabilities its fork
+	// children's networks need (see networkBinds).
 	UID, GID int
+	// Tun makes /dev/net/tun in the jail (a network VMM's fork children
+	// open their taps there).
+	Tun bool
 	// Root is the jail directory (empty on the host; STATE/jail/ID).
 	Root string
 	// Binds are the host paths it still needs.
@@ -90,7 +96,13 @@ type Confinement struct {
 
 // jailArgs is c as `--jail` options.
 func (c *Confinement) jailArgs() (string, error) {
-	opts := []string{"root=" + c.Root, fmt.Sprintf("user=%d:%d", c.UID, c.GID), "dev=kvm", "dev=null"}
+	opts := []string{"root=" + c.Root, "dev=kvm", "dev=null"}
+	if c.UID != 0 {
+		opts = append(opts, fmt.Sprintf("user=%d:%d", c.UID, c.GID))
+	}
+	if c.Tun {
+		opts = append(opts, "dev=tun")
+	}
 	for _, b := range c.Binds {
 		if strings.ContainsAny(b.Path, ",:") {
 			return "", fmt.Errorf("jail: bind %q holds ',' or ':'", b.Path)
@@ -112,9 +124,40 @@ func (c *Confinement) jailArgs() (string, error) {
 
 // UIDRange is the range VMM uids (and gids, the same numbers) are drawn
 // from: First to First+Count-1 (warren-hostd --vmm-uid-range FIRST:COUNT,
-// Firecracker jailer's --uid/--gid). None of them may be a user of the
-// host.
+// Firecracker jailer's --uid/--gid). None of them may be a user or group
+// of the host (CheckUnused).
 type UIDRange struct{ First, Count int }
+
+// DefaultUIDRange is warren-hostd's --vmm-uid-range: 65536 ids from one
+// million, above the ranges distributions hand out to users (below 60000)
+// and to user namespaces by /etc/subuid (from 100000, 65536 a user).
+const DefaultUIDRange = "1000000:65536"
+
+// CheckUnused refuses r when a line of one of the passwd- or group-style
+// files names an id in it (a VMM would then act as that user or group).
+// A file that does not exist is skipped.
+func (r *UIDRange) CheckUnused(files ...string) error {
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("--vmm-uid-range: %w", err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			fields := strings.Split(line, ":")
+			if len(fields) < 3 {
+				continue
+			}
+			if id, err := strconv.Atoi(fields[2]); err == nil && r.has(id) {
+				return fmt.Errorf("--vmm-uid-range %d:%d holds %s's id %d (%s): choose a range no user or group of the host has",
+					r.First, r.Count, fields[0], id, f)
+			}
+		}
+	}
+	return nil
+}
 
 // ParseUIDRange parses "FIRST:COUNT" ("" or "off": none).
 func ParseUIDRange(v string) (*UIDRange, error) {
@@ -194,8 +237,8 @@ func (d *Daemon) famRunDir(sb *store.Sandbox) string {
 
 // confinement prepares the files of sandbox sb's next VMM for its uid and
 // returns its Confinement, or nil when VMMs are not confined (no
-// --vmm-uid-range) or sb has a network (its VMM keeps root: see
-// hostd/jail's doc, what is left).
+// --vmm-uid-range). A network sandbox's VMM is jailed the same way but
+// keeps uid 0 and some capabilities (networkBinds says why).
 //
 // Its directory (and what the daemon made in it: overlays, snapshots/)
 // is owned by its uid, 0700; the tenant's sandboxes directory is bound
@@ -208,13 +251,16 @@ func (d *Daemon) famRunDir(sb *store.Sandbox) string {
 // profile), and the decryption directory (a rollback's working copy,
 // granted to the uid by grantVMM).
 func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
-	if d.cfg.VMMUIDs == nil || sb.Network {
+	if d.cfg.VMMUIDs == nil {
 		return nil, nil
 	}
 	dir := d.store.SandboxDir(sb.Tenant, sb.ID)
-	uid, err := d.sandboxUID(dir, sb.ID)
-	if err != nil {
-		return nil, err
+	uid := 0
+	if !sb.Network {
+		var err error
+		if uid, err = d.sandboxUID(dir, sb.ID); err != nil {
+			return nil, err
+		}
 	}
 	tenant := filepath.Join(d.store.Root, "tenants", sb.Tenant)
 	sbs, tpls, imgs := filepath.Join(tenant, "sandboxes"), filepath.Join(tenant, "templates"), filepath.Join(tenant, "images")
@@ -259,7 +305,93 @@ func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
 			c.Binds = append(c.Binds, jail.Bind{Path: filepath.Clean(d.cfg.DecryptDir), Writable: true})
 		}
 	}
+	if sb.Network {
+		c.UID, c.GID, c.Tun = 0, 0, true
+		c.Binds = append(c.Binds, d.networkBinds()...)
+	}
 	return c, nil
+}
+
+// networkBinds are the host files a network VMM and its fork children
+// read after the jail (read-only): the resolver's upstream
+// (/etc/resolv.conf, unless --dns-upstream names one), the operator's
+// --egress-hosts and --upstream-ca files, and the system's trust roots for
+// the credential proxy's upstream TLS (/etc/ssl, /etc/pki). Those that do
+// not exist are left out.
+//
+// A network VMM is jailed in a root of its own like any other, but keeps
+// uid 0 and the capabilities its fork children's networks need
+// (CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_NET_BIND_SERVICE: cmd/warren/cli's
+// jailConfig), since a child makes its own network namespace, tap, egress
+// filter and listening sockets: see hostd/jail's doc, what is left.
+func (d *Daemon) networkBinds() []jail.Bind {
+	var paths []string
+	if d.cfg.DNSUpstream == "" {
+		paths = append(paths, "/etc/resolv.conf")
+	}
+	paths = append(paths, d.cfg.EgressHosts, d.cfg.UpstreamCA, "/etc/ssl", "/etc/pki")
+	var binds []jail.Bind
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(p); err == nil {
+			binds = append(binds, jail.Bind{Path: filepath.Clean(p)})
+		}
+	}
+	return binds
+}
+
+// templateConfinement prepares template t's build directory dir for a
+// confined build VMM and returns its Confinement, or nil when VMMs are not
+// confined (a network template's: as confinement does). The build VMM
+// runs the guest's first boot and the image's start command, tenant code,
+// so it is confined like a sandbox's: its own uid (which owns dir while
+// it runs: its disk clones, console, snapshot), dir bound writable, the
+// tenant's image bases read-only (an image template's root disk is an
+// overlay of one), /sys/module read-only. release gives dir back to root
+// once the VMM is gone, freeing the uid; call it whatever the build's
+// outcome.
+func (d *Daemon) templateConfinement(t *store.Template, dir string) (c *Confinement, release func(), err error) {
+	release = func() {}
+	if d.cfg.VMMUIDs == nil {
+		return nil, release, nil
+	}
+	uid := 0
+	if !t.Network {
+		if uid, err = d.sandboxUID(dir, t.ID); err != nil {
+			return nil, release, err
+		}
+	}
+	root := filepath.Join(d.store.Root, "jail", t.ID)
+	release = func() {
+		chownTree(dir, 0)
+		os.Remove(root) // an empty mount point on the host's side
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "snap"), 0o700); err != nil {
+		return nil, release, err
+	}
+	if err := chownTree(dir, uid); err != nil {
+		return nil, release, fmt.Errorf("jail: %w", err)
+	}
+	c = &Confinement{UID: uid, GID: uid, Root: root,
+		Binds: []jail.Bind{{Path: dir, Writable: true}}}
+	if err := os.MkdirAll(c.Root, 0o700); err != nil {
+		return nil, release, err
+	}
+	imgs := filepath.Join(d.store.Root, "tenants", t.Tenant, "images")
+	if _, err := os.Stat(imgs); err == nil {
+		readableTree(imgs)
+		c.Binds = append(c.Binds, jail.Bind{Path: imgs})
+	}
+	if _, err := os.Stat("/sys/module"); err == nil {
+		c.Binds = append(c.Binds, jail.Bind{Path: "/sys/module"})
+	}
+	if t.Network {
+		c.UID, c.GID, c.Tun = 0, 0, true
+		c.Binds = append(c.Binds, d.networkBinds()...)
+	}
+	return c, release, nil
 }
 
 // grantVMM gives s's confined VMM (its directory's owner, in the range)

@@ -48,7 +48,7 @@ func Main(args []string, stderr io.Writer) int {
 	suspendOnExit := fs.Bool("suspend-on-exit", false, "pause every sandbox to disk when the daemon exits on a signal")
 	keys := fs.String("keys", "", "at-rest encryption: tenants' keys in DIR (crypt.LocalProvider; POST /v1/keys makes one); unset: no encryption")
 	decryptDir := fs.String("decrypt-dir", "", "with --keys: where restores decrypt snapshots while the VMM loads them, and where the VMMs of network sandboxes of tenants with a key read their secrets (default: decrypted/ beside --socket, a tmpfs under /run)")
-	uidRange := fs.String("vmm-uid-range", "off", "FIRST:COUNT: every sandbox VMM without a network gets its own uid/gid from this range and pivot_roots into a jail holding only its files (needs --jail); off: VMMs stay root")
+	uidRange := fs.String("vmm-uid-range", DefaultUIDRange, "FIRST:COUNT: every VMM without a network (sandboxes, their fork children, template builds) gets its own uid/gid from this range, none of them a user or group of the host, and pivot_roots into a jail holding only its files; off: VMMs stay root (so does --jail off)")
 	jailFlag := fs.String("jail", "vmm", "harden every VMM after its setup (hostd/jail): vmm, strict (forks then fail) or off; ,log logs what the seccomp filter lacks instead of refusing it")
 	egressHosts := fs.String("egress-hosts", "", "network templates: an /etc/hosts-style file of fixed addresses for the sandboxes' resolvers and credential proxies (warren run --hosts)")
 	dnsUpstream := fs.String("dns-upstream", "", "network templates: the DNS server IP:PORT the sandboxes' resolvers ask allowed names of (warren run --dns-upstream; default the host's /etc/resolv.conf)")
@@ -127,6 +127,18 @@ func Main(args []string, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 2
+	}
+	if vmmUIDs != nil && *jailFlag == "off" {
+		if uidRangeSet(fs) {
+			return fail(errors.New("--vmm-uid-range needs a jail (--jail vmm or strict)"))
+		}
+		log.Warn("--jail off: VMMs run as root, unconfined")
+		vmmUIDs = nil
+	}
+	if vmmUIDs != nil {
+		if err := vmmUIDs.CheckUnused("/etc/passwd", "/etc/group"); err != nil {
+			return fail(err)
+		}
 	}
 	cfg := Config{VMMUIDs: vmmUIDs, State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups, Jail: *jailFlag, DNSUpstream: *dnsUpstream,
 		ImageDiskMiB: *imageDisk, MaxImageBytes: *maxImage, Registries: registries}
@@ -276,4 +288,11 @@ func (l *stringList) Set(v string) error {
 	}
 	*l = append(*l, v)
 	return nil
+}
+
+// uidRangeSet says whether --vmm-uid-range was given on the command line.
+func uidRangeSet(fs *flag.FlagSet) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "vmm-uid-range" })
+	return set
 }

@@ -193,8 +193,13 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 		}
 		args = append(args, na...)
 	}
+	confine, releaseDir, err := d.templateConfinement(t, dir)
+	defer releaseDir()
+	if err != nil {
+		return fail(fmt.Errorf("confine the VMM: %w", err))
+	}
 	p, err := d.launcher.Start(LaunchSpec{Tenant: tenant, ID: t.ID, Kind: "template", Args: args, Log: filepath.Join(dir, "vmm.log"), Network: req.Network,
-		ExtraFiles: bootFiles})
+		ExtraFiles: bootFiles, Confine: confine})
 	for _, f := range bootFiles {
 		f.Close() // the VMM has its own
 	}
@@ -875,7 +880,8 @@ func (d *Daemon) deleteSandbox(s *sbState) error {
 	}
 	os.Remove(sb.API)
 	os.Remove(sb.Vsock)
-	if strings.HasPrefix(sb.Console, d.store.RunDir()) { // a fork child's files
+	os.Remove(filepath.Join(d.store.Root, "jail", sb.ID)) // its VMMs' empty mount point, if confined
+	if strings.HasPrefix(sb.Console, d.store.RunDir()) {  // a fork child's files
 		os.Remove(sb.Console)
 		os.Remove(sb.Console + ".1") // the console's older generation (logcap)
 		os.Remove(sb.Log)
