@@ -195,6 +195,18 @@ func (g *Group) Add(pid int) error {
 	return nil
 }
 
+// JoinSelf moves the calling process (all its threads) into the groups
+// dirs: what a process that starts a VMM does first, so that the VMM is
+// born inside its group (warren jail-init --cgroup).
+func JoinSelf(dirs []string) error {
+	for _, d := range dirs {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte("0"), 0); err != nil {
+			return fmt.Errorf("cgroup: join %s: %w", d, err)
+		}
+	}
+	return nil
+}
+
 // Procs lists the group's processes (in its first hierarchy).
 func (g *Group) Procs() ([]int, error) {
 	b, err := os.ReadFile(filepath.Join(g.Dirs[0], "cgroup.procs"))

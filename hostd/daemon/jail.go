@@ -66,7 +66,12 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 			}
 			jv += "," + opts
 		}
-		args := []string{cmd.Args[0], jail.InitVerb, "--report-fd", "3", "--", cmd.Path, cmd.Args[1], "--jail", jv}
+		args := []string{cmd.Args[0], jail.InitVerb, "--report-fd", "3"}
+		for _, dir := range spec.Cgroup {
+			// jail-init joins the VMM's cgroup first: the VMM is born in it.
+			args = append(args, "--cgroup", dir)
+		}
+		args = append(args, "--", cmd.Path, cmd.Args[1], "--jail", jv)
 		cmd.Args = append(args, cmd.Args[2:]...)
 		attr := jail.SysProcAttr(jail.NSOptions{NetNS: !spec.Network})
 		attr.Pdeathsig = 0

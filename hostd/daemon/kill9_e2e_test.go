@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/hostd/store"
 )
@@ -33,8 +34,9 @@ func TestMain(m *testing.M) {
 		time.Sleep(2 * time.Minute)
 		os.Exit(0)
 	case "warren": // a stand-in warren: jail-init, and a VMM that sleeps
-		if len(os.Args) > 2 && os.Args[1] == jail.InitVerb { // jail-init [--report-fd N] [--pass-fds N] -- ...
+		if len(os.Args) > 2 && os.Args[1] == jail.InitVerb { // jail-init [--report-fd N] [--pass-fds N] [--cgroup DIR]... -- ...
 			fd, pass, i := -1, 0, 2
+			var cgroups []string
 			for ; i+1 < len(os.Args) && os.Args[i] != "--"; i += 2 {
 				n, _ := strconv.Atoi(os.Args[i+1])
 				switch os.Args[i] {
@@ -42,7 +44,13 @@ func TestMain(m *testing.M) {
 					fd = n
 				case "--pass-fds":
 					pass = n
+				case "--cgroup":
+					cgroups = append(cgroups, os.Args[i+1])
 				}
+			}
+			if err := cgroup.JoinSelf(cgroups); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
 			}
 			var fds []int
 			for k := range pass {

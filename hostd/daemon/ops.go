@@ -198,8 +198,25 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	if err != nil {
 		return fail(fmt.Errorf("confine the VMM: %w", err))
 	}
+	var cgDirs []string
+	if d.cg != nil {
+		// The build VMM is born in a group of its own with the
+		// template's limits, removed once it is gone (fail and the
+		// end of the build stop it).
+		cg, err := d.cg.Create(t.ID, cgroup.Limits{MemoryBytes: int64(t.MemMiB+d.cfg.MemOverheadMiB) << 20, CPUs: float64(t.CPUs)})
+		if err != nil {
+			d.log.Warn("cgroup: template build runs without limits", "template", t.ID, "err", err)
+		} else {
+			cgDirs = cg.Dirs
+			defer func() {
+				if err := cg.Remove(); err != nil {
+					d.log.Warn("cgroup remove", "template", t.ID, "err", err)
+				}
+			}()
+		}
+	}
 	p, err := d.launcher.Start(LaunchSpec{Tenant: tenant, ID: t.ID, Kind: "template", Args: args, Log: filepath.Join(dir, "vmm.log"), Network: req.Network,
-		ExtraFiles: bootFiles, Confine: confine})
+		ExtraFiles: bootFiles, Confine: confine, Cgroup: cgDirs})
 	for _, f := range bootFiles {
 		f.Close() // the VMM has its own
 	}
@@ -484,7 +501,8 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 		d.dropSecrets(sb, false)
 		return fmt.Errorf("confine the VMM: %w", err)
 	}
-	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Args: args, Log: sb.Log, Network: sb.Network, Confine: confine})
+	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Args: args, Log: sb.Log, Network: sb.Network, Confine: confine,
+		Cgroup: d.sandboxCgroup(s)})
 	if err != nil {
 		d.dropSecrets(sb, false)
 		return fmt.Errorf("start VMM: %w", err)
@@ -507,22 +525,35 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 	return nil
 }
 
-// placeInCgroup moves pid into s's cgroup (made on first use); without
-// cgroups, or when that fails, it records "none" and goes on.
-func (d *Daemon) placeInCgroup(s *sbState, pid int) {
+// sandboxCgroup returns the directories of s's cgroup, made on first use
+// with its limits, for its next VMM to be born in (LaunchSpec.Cgroup);
+// nil without cgroups, or when making it fails (logged).
+func (d *Daemon) sandboxCgroup(s *sbState) []string {
 	sb := s.rec
 	if d.cg == nil {
-		sb.Cgroup = []string{"none"}
-		return
+		return nil
 	}
 	if s.cgroup == nil {
 		g, err := d.cg.Create(sb.ID, cgroup.Limits{MemoryBytes: int64(sb.MemMiB+d.cfg.MemOverheadMiB) << 20, CPUs: float64(sb.CPUs)})
 		if err != nil {
 			d.log.Warn("cgroup: sandbox runs without limits", "sandbox", sb.ID, "err", err)
-			sb.Cgroup = []string{"none"}
-			return
+			return nil
 		}
 		s.cgroup = g
+	}
+	return s.cgroup.Dirs
+}
+
+// placeInCgroup makes sure pid is in s's cgroup (sandboxCgroup) and
+// records it; without cgroups, or when that fails, it records "none" and
+// goes on. A VMM the launcher started in the group is there already (the
+// move is then a no-op); a fork child is born in its parent's group and
+// moved here into its own.
+func (d *Daemon) placeInCgroup(s *sbState, pid int) {
+	sb := s.rec
+	if d.sandboxCgroup(s) == nil {
+		sb.Cgroup = []string{"none"}
+		return
 	}
 	if err := s.cgroup.Add(pid); err != nil {
 		d.log.Warn("cgroup: sandbox runs without limits", "sandbox", sb.ID, "err", err)

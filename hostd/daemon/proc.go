@@ -40,6 +40,12 @@ type LaunchSpec struct {
 	// Confine, when set, is the VMM's jail and uid after its setup
 	// (JailPrepare passes it on; other launchers may ignore it).
 	Confine *Confinement
+	// Cgroup, when set, are the directories of the cgroup the VMM must be
+	// born in (one per hierarchy): jailed, jail-init joins them before it
+	// starts the VMM (`--cgroup`); otherwise on cgroup v2 the process is
+	// cloned into it (clone3 with CLONE_INTO_CGROUP). On v1 without a jail
+	// the daemon moves it there right after its start.
+	Cgroup []string
 }
 
 // FirstExtraFD is the descriptor number of LaunchSpec.ExtraFiles[0] in the
@@ -107,6 +113,17 @@ func (l *ExecLauncher) Start(spec LaunchSpec) (Proc, error) {
 			cmd.Args = slices.Insert(cmd.Args, 2, "--pass-fds", strconv.Itoa(len(spec.ExtraFiles)))
 		}
 		cmd.ExtraFiles = append(cmd.ExtraFiles, spec.ExtraFiles...)
+	}
+	if report == nil && len(spec.Cgroup) == 1 {
+		// cgroup v2 (one hierarchy): born in the group.
+		if _, err := os.Stat(filepath.Join(spec.Cgroup[0], "cgroup.controllers")); err == nil {
+			dir, err := os.Open(spec.Cgroup[0])
+			if err != nil {
+				return Proc{}, fmt.Errorf("cgroup: %w", err)
+			}
+			defer dir.Close()
+			cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(dir.Fd())
+		}
 	}
 	err = cmd.Start()
 	if report != nil {

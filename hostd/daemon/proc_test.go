@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/hostd/jail"
 )
 
@@ -203,5 +205,48 @@ func TestExecLauncherPassesFiles(t *testing.T) {
 			t.Errorf("jailed %v: the VMM inherited a socket:\n%s", jailed, got)
 		}
 		unix.Kill(p.PID, unix.SIGKILL)
+	}
+}
+
+// TestExecLauncherBornInCgroup: a jailed VMM whose LaunchSpec names a
+// cgroup is born in it (jail-init joins it before it starts the VMM; the
+// launcher never moves a running process), and so is its init.
+func TestExecLauncherBornInCgroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (new namespaces, cgroups)")
+	}
+	m, err := cgroup.Detect("/sys/fs/cgroup", fmt.Sprintf("warren-test-%d", os.Getpid()))
+	if err != nil {
+		t.Skipf("skipped: no usable cgroup hierarchy here: %v", err)
+	}
+	g, err := m.Create("sb-000000000001", cgroup.Limits{MemoryBytes: 256 << 20, CPUs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prep, err := JailPrepare("vmm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(roleEnv, "warren")
+	l := &ExecLauncher{Warren: os.Args[0], Prepare: prep}
+	p, err := l.Start(LaunchSpec{ID: "sb-000000000001", Args: []string{"restore", "snap"}, Log: filepath.Join(t.TempDir(), "vmm.log"), Cgroup: g.Dirs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		stopProc(p.PID, p.StartTime, time.Second)
+		waitFor(t, 5*time.Second, "the group empty", func() bool { pids, _ := g.Procs(); return len(pids) == 0 })
+		g.Remove()
+		for _, d := range g.Dirs {
+			os.Remove(filepath.Dir(d))
+		}
+	}()
+	pids, err := g.Procs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	init := ppidOf(t, p.PID)
+	if !slices.Contains(pids, p.PID) || !slices.Contains(pids, init) {
+		t.Fatalf("the group holds %v, want the VMM %d and its init %d", pids, p.PID, init)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/vmm"
 )
@@ -78,8 +79,14 @@ func vmMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fs.SetOutput(stderr)
 		fd := fs.Int("report-fd", -1, "unix socket to report the command's pid on (SCM_CREDENTIALS)")
 		pass := fs.Int("pass-fds", 0, "pass descriptors 4 to 3+N on to the command at the same numbers (the daemon's files for the VMM)")
+		var cgroups stringsFlag
+		fs.Var(&cgroups, "cgroup", "join this cgroup directory before starting the command, which is then born in it (repeatable: one per v1 hierarchy)")
 		if err := fs.Parse(args[1:]); err != nil {
 			return 2
+		}
+		if err := cgroup.JoinSelf(cgroups); err != nil {
+			fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
+			return 1
 		}
 		if *pass < 0 || *pass > 64 {
 			fmt.Fprintf(stderr, "warren %s: --pass-fds %d: want 0 to 64\n", jail.InitVerb, *pass)
