@@ -6,8 +6,9 @@
 // # Order
 //
 // The daemon starts a VMM with SysProcAttr (new mount, pid, ipc and uts
-// namespaces, a new network namespace with NSOptions.NetNS, a new session,
-// SIGKILL when the daemon dies). The VMM does its privileged setup (open
+// namespaces, a new network namespace with NSOptions.NetNS, a new session;
+// no Pdeathsig: VMMs outlive the daemon), under RunInit, which joins the
+// VMM's cgroup first so that the VMM is born in it. The VMM does its privileged setup (open
 // /dev/kvm, create the VM and vCPUs, map guest memory, open disks and tap,
 // attach the egress filter, bind its API socket) and then calls Enter once:
 //
@@ -167,16 +168,33 @@
 //     keyctl, io_uring, userfaultfd and the rest fail even where a
 //     capability were left.
 //
-// Not yet done (issue 16, hole 3): the daemon does not pass Config.Root
-// and Config.User yet (hostd/daemon: a per-sandbox uid from a configured
-// range, the directories it writes owned by it, the binds a sandbox's fork
-// children need: its tenant's sandboxes directory, its template and image
-// bases, the warren binary, /sys/module, a per-family run directory for the
-// children's sockets); ProfileVMM VMMs still execve `warren fork-child`
-// (the children inherit the parent's jail, uid and filter, never more);
-// a network VMM keeps CAP_NET_ADMIN and CAP_SYS_ADMIN for its children's
-// taps and namespaces and its egress services' upstream side stays in the
-// host's network namespace; VMMs are placed in their cgroup after start.
+// What warren-hostd does with it (hostd/daemon's jail.go, on by default:
+// --vmm-uid-range 1000000:65536): every VMM it starts, template builds
+// included, gets Config.Root, a jail directory STATE/jail/ID binding only
+// its own files; every VMM without a network also gets Config.User, a uid
+// and gid of its own from the range (the owner of its directory, kept by
+// its fork children, given back to root when a template's build ends). A
+// peer that reaches the daemon's unix socket as root acts for any tenant,
+// so no VMM may see that socket: none does, the jail does not bind it.
+//
+// What is left (issue 16, hole 3), and what it would take:
+//   - A network VMM keeps uid 0 and CAP_NET_ADMIN, CAP_SYS_ADMIN and
+//     CAP_NET_BIND_SERVICE, in the host's network namespace (for its
+//     egress services' upstream connections), because its fork children
+//     make their own network namespace, tap, egress filter and listening
+//     sockets. Closing it needs a privileged helper per VMM family (RunInit
+//     is the natural one) that makes those and hands the descriptors over,
+//     and the filter's map updates moved there too on kernels before 6.5,
+//     where bpf(2) on a map's descriptor still needs CAP_BPF.
+//   - ProfileVMM VMMs still execve `warren fork-child` (the children
+//     inherit the parent's jail, uid and filter, never more), so fork
+//     children share their parent's uid; daemon-started children, handed
+//     the parent's memory and disk descriptors, would get their own and
+//     let execve leave the allowlist.
+//   - openat is allowed by path inside the jail (what the binds hold); a
+//     Landlock ruleset or descriptors for every file would narrow it.
+//   - A fork child is born in its parent's cgroup and moved into its own
+//     by the daemon right after.
 //
 // Run for real (hostd/daemon's e2e test in the nested KVM host, every VMM
 // under ProfileVMM, ModeLog then ModeErrno: template build, restore, exec,
