@@ -112,7 +112,7 @@ unit: testguests
 # and passed tests are not run again. L1 writes a heartbeat every 5 s; 90 s
 # without it (or any output) is a frozen L1. A console silent for 300 s
 # while the heartbeat goes on is an L2 guest or a test hung (no test is quiet
-# that long; each binary has -test.timeout 400s): also taken for the nested
+# that long; each binary has its -test.timeout, 400 s to 1500 s): also taken for the nested
 # host's failure, so a test that really hangs fails the build only once
 # every boot has hung on it.
 test-kvm: warren testguests testdisk

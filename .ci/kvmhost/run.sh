@@ -35,6 +35,8 @@
 #   WARREN_KVMHOST_KVM_AMD_PARAMS, WARREN_KVMHOST_KVM_PARAMS
 #                                insmod parameters for kvm_amd, kvm
 #   WARREN_KVMHOST_QEMU_ARGS     extra QEMU arguments (word-split)
+#   WARREN_KVMHOST_QEMU          the QEMU binary (default: QEMU 10.0 from
+#                                bookworm-backports, cached; see below)
 #   WARREN_KVMHOST_KERNEL_PKG    pin the Debian kernel package
 #                                (e.g. linux-image-6.1.0-57-amd64)
 #   WARREN_KVMHOST_DEBUG=1       show the L1 kernel log and trace its init
@@ -123,6 +125,49 @@ MODINFO=$(command -v modinfo || echo /usr/sbin/modinfo)
 # ------------------------------------------------------------- L1 image cache
 CACHE_ROOT=${WARREN_CACHE:-${HOME:-/root}/.cache/warren}/kvmhost
 mkdir -p "$CACHE_ROOT"
+
+# ------------------------------------------------------------ QEMU for L1
+# L1 runs under QEMU 10.0 from Debian's bookworm-backports, unpacked into
+# the cache (not installed: the host's QEMU 7.2 stays the benchmarks'
+# peer). Its TCG runs the nested host without the stalls and L2 faults of
+# 7.2's (README.md, "QEMU 10 for L1": measured). WARREN_KVMHOST_QEMU picks
+# another binary (qemu-system-x86_64 for the host's own).
+QEMU_BPO_VERSION=1:10.0.2+ds-2+deb13u1~bpo12+1
+qemu_bpo() {
+	local dir=$CACHE_ROOT/qemu-${QEMU_BPO_VERSION//[:~+]/_}
+	if [[ ! -x $dir/root/usr/bin/qemu-system-x86_64 ]]; then
+		(
+			flock 9
+			[[ -x $dir/root/usr/bin/qemu-system-x86_64 ]] && exit 0
+			log "fetching QEMU $QEMU_BPO_VERSION from bookworm-backports for L1 (once)"
+			local tmp
+			tmp=$(mktemp -d "$CACHE_ROOT/qemu-tmp.XXXXXX")
+			mkdir -p "$tmp/sources" "$tmp/lists/partial" "$tmp/debs" "$tmp/root"
+			printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+				>"$tmp/sources/bpo.sources"
+			local o=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$tmp/sources" -o "Dir::State::Lists=$tmp/lists")
+			apt-get "${o[@]}" update -qq >&2 || exit 1
+			(cd "$tmp/debs" && apt-get "${o[@]}" download -qq "qemu-system-x86=$QEMU_BPO_VERSION" \
+				"qemu-system-common=$QEMU_BPO_VERSION" "qemu-system-data=$QEMU_BPO_VERSION" >&2) || exit 1
+			for d in "$tmp"/debs/*.deb; do dpkg-deb -x "$d" "$tmp/root" || exit 1; done
+			rm -rf "$dir"
+			mv "$tmp" "$dir"
+		) 9>"$CACHE_ROOT/qemu.lock" || return 1
+	fi
+	echo "$dir/root"
+}
+QEMU_BIN=${WARREN_KVMHOST_QEMU:-}
+QEMU_DATA_ARGS=()
+if [[ -z $QEMU_BIN ]]; then
+	if root=$(qemu_bpo) && "$root/usr/bin/qemu-system-x86_64" --version >/dev/null 2>&1; then
+		QEMU_BIN=$root/usr/bin/qemu-system-x86_64
+		# Its own option ROMs first, then the host's SeaBIOS (bookworm's).
+		QEMU_DATA_ARGS=(-L "$root/usr/share/qemu" -L /usr/share/seabios)
+	else
+		log "warning: no QEMU $QEMU_BPO_VERSION (bookworm-backports unreachable?): L1 runs under the host's $(qemu-system-x86_64 --version | head -1)"
+		QEMU_BIN=qemu-system-x86_64
+	fi
+fi
 SCRIPT_HASH=$(sha256sum "$SELF" | cut -c1-12)
 
 # resolve_kernel prints "PACKAGE VERSION" for the Debian kernel image to use.
@@ -422,7 +467,7 @@ append="console=ttyS0 panic=-1 rdinit=/init mitigations=off nokaslr"
 append+=" loglevel=7"
 
 # shellcheck disable=SC2054 # commas are QEMU's
-qemu=(qemu-system-x86_64
+qemu=("$QEMU_BIN" "${QEMU_DATA_ARGS[@]}"
 	-accel tcg,thread=multi -cpu "$CPU_MODEL" -smp "$CPUS" -m "$MEM"
 	-nodefaults -no-user-config -nographic -no-reboot
 	-serial stdio -monitor none
@@ -444,7 +489,7 @@ elapsed() {
 	local us=$((${EPOCHREALTIME/[.,]/} - T0))
 	printf '%d.%d' $((us / 1000000)) $((us / 100000 % 10))
 }
-log "booting L1 ($(cut -d' ' -f1,2 "$IMG/INFO"), -cpu $CPU_MODEL, ${CPUS} vCPUs, ${MEM} MiB, timeout ${TIMEOUT}s)"
+log "booting L1 ($(cut -d' ' -f1,2 "$IMG/INFO"), $("$QEMU_BIN" --version | head -1 | sed 's/ (.*//'), -cpu $CPU_MODEL, ${CPUS} vCPUs, ${MEM} MiB, timeout ${TIMEOUT}s)"
 
 rc_file=$TMP/rc
 ready_file=$TMP/ready
