@@ -53,7 +53,12 @@ IDLE_TIMEOUT=0
 FROZEN_TIMEOUT=0
 ENVS=()
 HOST_ROOT=0
-CPU_MODEL=${WARREN_KVMHOST_CPU:-max,-la57}
+# -xsave: L2 guests use FXSAVE. With XSAVE offered, QEMU 7.2's TCG let an
+# L2 guest's XSETBV past L1's KVM (every guest warned "XSAVE consistency
+# problem"), and under QEMU 10 (no warning) fork children triple-faulted or
+# lost their agent in 3 of 3 runs of cmd/warren/cli's fork tests, against 0
+# of 3 without XSAVE (README.md, "QEMU 10 for L1").
+CPU_MODEL=${WARREN_KVMHOST_CPU:-max,-la57,-xsave}
 # vls=0: no virtual VMLOAD/VMSAVE. With it (kvm_amd's default where the CPU
 # offers it, as TCG's "max" does) L1 crashed with a zero GS base in its
 # page-fault handler (gs:current_task read as 0, a stack overflow of page
