@@ -283,6 +283,8 @@ func New(cfg Config) (*Daemon, error) {
 			}
 		}
 		d.launcher = el
+	} else if el, ok := d.launcher.(*ExecLauncher); ok && d.cfg.Warren == "" {
+		d.cfg.Warren = el.Warren // the binary confined VMMs' fork children run
 	}
 	if cfg.Keys != nil {
 		if cfg.DecryptDir == "" {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
 )
@@ -311,16 +313,7 @@ func TestE2E(t *testing.T) {
 // key directory) and the test binary are not. It returns a summary.
 func checkConfined(t *testing.T, r *UIDRange, pid int, own, secret string) string {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	status := map[string]string{}
-	for _, line := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok {
-			status[k] = strings.TrimSpace(v)
-		}
-	}
+	status := procStatus(t, pid)
 	for _, k := range []string{"Uid", "Gid"} {
 		ids := strings.Fields(status[k])
 		if len(ids) != 4 {
@@ -338,6 +331,56 @@ func checkConfined(t *testing.T, r *UIDRange, pid int, own, secret string) strin
 			t.Errorf("VMM %d: %s %q, want %q", pid, k, status[k], want)
 		}
 	}
+	checkJailRoot(t, pid, own, secret)
+	return fmt.Sprintf("pid %d: uid %s, CapEff %s, NoNewPrivs %s, Seccomp %s; its root has %s, not %s", pid,
+		strings.Fields(status["Uid"])[0], status["CapEff"], status["NoNewPrivs"], status["Seccomp"], own, secret)
+}
+
+// checkNetConfined checks a network VMM (pid): root, but with no
+// capability beyond those its fork children's networks need
+// (CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_NET_BIND_SERVICE), no_new_privs, a
+// seccomp filter, and pivot_rooted like the others (checkJailRoot).
+func checkNetConfined(t *testing.T, pid int, own, secret string) string {
+	t.Helper()
+	status := procStatus(t, pid)
+	const allowed = 1<<unix.CAP_NET_ADMIN | 1<<unix.CAP_SYS_ADMIN | 1<<unix.CAP_NET_BIND_SERVICE
+	for _, k := range []string{"CapEff", "CapPrm"} {
+		v, err := strconv.ParseUint(status[k], 16, 64)
+		if err != nil || v&^allowed != 0 {
+			t.Errorf("network VMM %d: %s %q: more than CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_NET_BIND_SERVICE (%v)", pid, k, status[k], err)
+		}
+	}
+	for k, want := range map[string]string{"NoNewPrivs": "1", "Seccomp": "2"} {
+		if status[k] != want {
+			t.Errorf("network VMM %d: %s %q, want %q", pid, k, status[k], want)
+		}
+	}
+	checkJailRoot(t, pid, own, secret)
+	return fmt.Sprintf("pid %d: uid %s, CapEff %s, NoNewPrivs %s, Seccomp %s; its root has %s, not %s", pid,
+		strings.Fields(status["Uid"])[0], status["CapEff"], status["NoNewPrivs"], status["Seccomp"], own, secret)
+}
+
+// procStatus is /proc/PID/status as a map.
+func procStatus(t *testing.T, pid int) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			status[k] = strings.TrimSpace(v)
+		}
+	}
+	return status
+}
+
+// checkJailRoot checks that VMM pid's root (its jail) holds its own
+// directory own, but neither secret nor this test binary (host files it
+// has no business with).
+func checkJailRoot(t *testing.T, pid int, own, secret string) {
+	t.Helper()
 	root := fmt.Sprintf("/proc/%d/root", pid)
 	if _, err := os.Stat(root + own); err != nil {
 		t.Errorf("VMM %d: its own directory %s is not in its root: %v", pid, own, err)
@@ -351,6 +394,4 @@ func checkConfined(t *testing.T, r *UIDRange, pid int, own, secret string) strin
 			t.Errorf("VMM %d: the host's %s is in its root (%v)", pid, p, err)
 		}
 	}
-	return fmt.Sprintf("pid %d: uid %s, CapEff %s, NoNewPrivs %s, Seccomp %s; its root has %s, not %s", pid,
-		strings.Fields(status["Uid"])[0], status["CapEff"], status["NoNewPrivs"], status["Seccomp"], own, secret)
 }

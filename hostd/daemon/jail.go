@@ -73,6 +73,15 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 		}
 		args = append(args, "--", cmd.Path, cmd.Args[1], "--jail", jv)
 		cmd.Args = append(args, cmd.Args[2:]...)
+		// jail-init checks that its mount namespace is not this one.
+		mnt, err := jail.ParentMountNS()
+		if err != nil {
+			return fmt.Errorf("jail: %w", err)
+		}
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, mnt)
 		attr := jail.SysProcAttr(jail.NSOptions{NetNS: !spec.Network})
 		attr.Pdeathsig = 0
 		cmd.SysProcAttr = attr
@@ -298,7 +307,9 @@ func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
 	if _, err := os.Stat(imgs); err == nil {
 		c.Binds = append(c.Binds, jail.Bind{Path: imgs})
 	}
-	if exe, err := filepath.Abs(d.cfg.Warren); err == nil && d.cfg.Warren != "" {
+	if exe, err := filepath.EvalSymlinks(d.cfg.Warren); err == nil && d.cfg.Warren != "" {
+		// At the path the VMM resolves for itself (/proc/self/exe).
+		exe, _ = filepath.Abs(exe)
 		c.Binds = append(c.Binds, jail.Bind{Path: exe, Exec: true})
 	}
 	if _, err := os.Stat("/sys/module"); err == nil {
@@ -321,8 +332,9 @@ func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
 // read after the jail (read-only): the resolver's upstream
 // (/etc/resolv.conf, unless --dns-upstream names one), the operator's
 // --egress-hosts and --upstream-ca files, and the system's trust roots for
-// the credential proxy's upstream TLS (/etc/ssl, /etc/pki). Those that do
-// not exist are left out.
+// the credential proxy's upstream TLS (/etc/ssl, /etc/pki), and
+// /sys/devices/system/cpu/possible (a fork child's egress filter sizes its
+// per-CPU maps by it). Those that do not exist are left out.
 //
 // A network VMM is jailed in a root of its own like any other, but keeps
 // uid 0 and the capabilities its fork children's networks need
@@ -334,7 +346,7 @@ func (d *Daemon) networkBinds() []jail.Bind {
 	if d.cfg.DNSUpstream == "" {
 		paths = append(paths, "/etc/resolv.conf")
 	}
-	paths = append(paths, d.cfg.EgressHosts, d.cfg.UpstreamCA, "/etc/ssl", "/etc/pki")
+	paths = append(paths, d.cfg.EgressHosts, d.cfg.UpstreamCA, "/etc/ssl", "/etc/pki", "/sys/devices/system/cpu/possible")
 	var binds []jail.Bind
 	for _, p := range paths {
 		if p == "" {

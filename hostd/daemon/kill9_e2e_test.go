@@ -108,8 +108,9 @@ func e2eState(t *testing.T, prefix string) (string, func(format string, a ...any
 }
 
 // startE2EDaemon starts an in-process daemon on state whose VMMs are the
-// real warren, jailed with the vmm profile, with the timeouts of the
-// nested KVM host; mod adjusts its Config further.
+// real warren, jailed with the vmm profile and confined to uids of the
+// default --vmm-uid-range, with the timeouts of the nested KVM host; mod
+// adjusts its Config further.
 func startE2EDaemon(t *testing.T, state, warren string, mod func(*Config)) *testDaemon {
 	t.Helper()
 	launcher := &ExecLauncher{Warren: warren}
@@ -117,7 +118,12 @@ func startE2EDaemon(t *testing.T, state, warren string, mod func(*Config)) *test
 	if launcher.Prepare, err = JailPrepare("vmm"); err != nil {
 		t.Fatal(err)
 	}
+	uids, err := ParseUIDRange(DefaultUIDRange)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return startDaemon(t, state, launcher, func(c *Config) {
+		c.VMMUIDs = uids // confined as warren-hostd's default
 		c.CgroupRoot = ""
 		c.MonitorInterval = 500 * time.Millisecond
 		c.BootTimeout, c.RestoreTimeout = 4*time.Minute, 2*time.Minute

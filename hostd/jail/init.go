@@ -21,6 +21,29 @@ import (
 // namespace (NSOptions without NoPidNS).
 const InitVerb = "jail-init"
 
+// ParentMountNSEnv names, in RunInit's environment, the mount namespace
+// of the process that started it (its /proc/self/ns/mnt link, as
+// ParentMountNS gives it): RunInit refuses to run in that one.
+const ParentMountNSEnv = "WARREN_JAIL_PARENT_MNTNS"
+
+// ParentMountNS is the environment entry for RunInit's ParentMountNSEnv:
+// the caller's mount namespace.
+func ParentMountNS() (string, error) {
+	ns, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return "", err
+	}
+	return ParentMountNSEnv + "=" + ns, nil
+}
+
+// InitEnv is set to "1" in the environment of the command RunInit
+// starts: its parent is RunInit, which checked that it is in a mount
+// namespace of its own (not the host's) and made every mount there
+// private. The VMM, in that same namespace, may then pivot_root
+// (Config.Root); without it, a VMM whose parent shares its mount
+// namespace must not (the namespace could be the host's).
+const InitEnv = "WARREN_JAIL_INIT"
+
 // RunInit is pid 1 of a VMM's own pid namespace. A VMM cannot be that pid
 // 1 itself: when a namespace's init ends, the kernel kills everything else
 // in it, and a VMM's fork children must outlive it. So RunInit, in the
@@ -56,6 +79,13 @@ func RunInit(argv []string, reportFD int, passFDs ...int) int {
 		fmt.Fprintln(os.Stderr, "jail-init: not pid 1 of a new pid namespace")
 		return 2
 	}
+	// Making mounts private in the starter's namespace (maybe the
+	// host's) would change its mounts: RunInit must be in another.
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if parent := os.Getenv(ParentMountNSEnv); err != nil || parent == "" || self == parent {
+		fmt.Fprintf(os.Stderr, "jail-init: not in a mount namespace of its own (%s; its starter's %q, from $%s; %v)\n", self, parent, ParentMountNSEnv, err)
+		return 2
+	}
 	if err := PrepareMounts(MountOptions{Proc: true}); err != nil {
 		fmt.Fprintln(os.Stderr, "jail-init:", err)
 		return 1
@@ -73,7 +103,14 @@ func RunInit(argv []string, reportFD int, passFDs ...int) int {
 		}
 		files[fd] = os.NewFile(uintptr(fd), "passed-"+strconv.Itoa(fd))
 	}
-	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Files: files})
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, ParentMountNSEnv+"=") && !strings.HasPrefix(kv, InitEnv+"=") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, InitEnv+"=1")
+	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Files: files, Env: env})
 	for _, f := range files[3:] {
 		if f != nil {
 			f.Close()

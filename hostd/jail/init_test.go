@@ -4,11 +4,13 @@ package jail
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -30,7 +32,7 @@ func TestRunInit(t *testing.T) {
 	needRoot(t)
 	dir := t.TempDir()
 	pidFile, orphanFile := filepath.Join(dir, "pid"), filepath.Join(dir, "orphan")
-	script := `echo "$$ $(ls /proc | grep -c '^[0-9]')" > ` + pidFile + `.tmp && mv ` + pidFile + `.tmp ` + pidFile + `
+	script := `echo "$$ $(ls /proc | grep -c '^[0-9]') $` + InitEnv + `" > ` + pidFile + `.tmp && mv ` + pidFile + `.tmp ` + pidFile + `
 (sleep 1.5; echo done > ` + orphanFile + `) &
 sleep 1
 exit 3`
@@ -39,8 +41,12 @@ exit 3`
 		t.Fatal(err)
 	}
 	defer parent.Close()
+	mnt, err := ParentMountNS()
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), initArgsEnv+"="+strings.Join([]string{"/bin/sh", "-c", script}, "\x1f"), initReportEnv+"=1")
+	cmd.Env = append(os.Environ(), initArgsEnv+"="+strings.Join([]string{"/bin/sh", "-c", script}, "\x1f"), initReportEnv+"=1", mnt)
 	cmd.ExtraFiles = []*os.File{child}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -61,6 +67,9 @@ exit 3`
 			f := strings.Fields(string(b))
 			nsPID, _ = strconv.Atoi(f[0])
 			procs, _ = strconv.Atoi(f[1])
+			if len(f) < 3 || f[2] != "1" {
+				t.Errorf("the command's $%s: %q, want 1", InitEnv, f[2:])
+			}
 			break
 		}
 		if time.Now().After(deadline) {
@@ -101,6 +110,78 @@ exit 3`
 	if _, err := os.Stat(orphanFile); err != nil || took < 1500*time.Millisecond {
 		t.Fatalf("RunInit ended after %s, before the command's orphan (%v)", took, err)
 	}
+}
+
+// TestRunInitOwnMountNS: RunInit refuses to run (and so to make mounts
+// private) in the mount namespace of the process that started it, or
+// when it is not told which that is.
+func TestRunInitOwnMountNS(t *testing.T) {
+	needRoot(t)
+	mnt, err := ParentMountNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		env  []string
+	}{
+		// (In a throwaway mount namespace of initWrapEnv's process,
+		// which RunInit shares: were the check broken, its mounts are
+		// the ones changed, not the host's.)
+		{"the starter's namespace", []string{initWrapEnv + "=1"}},
+		{"not told", nil},
+		{"told another", []string{mnt}},
+	} {
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(append(os.Environ(), initArgsEnv+"=/bin/true"), c.env...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		cmd.SysProcAttr = SysProcAttr(NSOptions{})
+		cmd.SysProcAttr.Pdeathsig = 0
+		err := cmd.Run()
+		if c.name == "told another" {
+			if err != nil {
+				t.Errorf("%s: %v (%s), want it run", c.name, err, out.String())
+			}
+			continue
+		}
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(out.String(), "not in a mount namespace of its own") {
+			t.Errorf("%s: RunInit ended with %v (%s), want it refused", c.name, err, out.String())
+		}
+	}
+}
+
+// initWrapEnv has the test binary (in a new mount namespace) start itself
+// again in a new pid namespace only, to run RunInit in its own mount
+// namespace, which it names as the starter's.
+const initWrapEnv = "JAIL_INIT_WRAP"
+
+// initWrap is the test binary under initWrapEnv; it returns the exit code.
+func initWrap() int {
+	mnt, err := ParentMountNS()
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, initWrapEnv+"=") {
+			env = append(env, kv)
+		}
+	}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(env, mnt)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+	err = cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	return 0
 }
 
 // TestReceivePIDNoReport: an init that ends (its end of the socket

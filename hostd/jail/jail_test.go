@@ -62,6 +62,9 @@ var helpers = map[string]func(h *helper){
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(initWrapEnv) != "" {
+		os.Exit(initWrap())
+	}
 	if args := os.Getenv(initArgsEnv); args != "" {
 		fd := -1
 		if os.Getenv(initReportEnv) != "" {

@@ -412,15 +412,41 @@ func (m *Memory) PrivatePages() (uint64, error) {
 	return n, nil
 }
 
+// keptPagemap is this process's /proc/self/pagemap, opened by
+// KeepPagemap (nil until then); reads use ReadAt, safe from any thread.
+var keptPagemap atomic.Pointer[os.File]
+
+// KeepPagemap opens /proc/self/pagemap once and keeps it open for the
+// process's life, for Fork and PrivatePages. A VMM calls it before it
+// leaves root for a jail's uid: that change makes the process
+// non-dumpable, and /proc/self/pagemap can then no longer be opened
+// (its permission is checked at open, against the process itself).
+func KeepPagemap() error {
+	if keptPagemap.Load() != nil {
+		return nil
+	}
+	f, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		return fmt.Errorf("guestmem: pagemap: %w", err)
+	}
+	if !keptPagemap.CompareAndSwap(nil, f) {
+		f.Close()
+	}
+	return nil
+}
+
 // privateRuns returns the runs of pages of mem (page 0 at mem[0]) that are
 // private anonymous pages, present or swapped: in a private file mapping,
 // the pages written since it was made.
 func privateRuns(mem []byte) ([]Run, error) {
-	f, err := os.Open("/proc/self/pagemap")
-	if err != nil {
-		return nil, fmt.Errorf("pagemap: %w", err)
+	f := keptPagemap.Load()
+	if f == nil {
+		var err error
+		if f, err = os.Open("/proc/self/pagemap"); err != nil {
+			return nil, fmt.Errorf("pagemap: %w", err)
+		}
+		defer f.Close()
 	}
-	defer f.Close()
 	pages := uint64(len(mem)) / PageSize
 	first := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem)))) / PageSize
 	buf := make([]byte, 8*min(pages, 64<<10))

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"github.com/warrenvm/warren/vmm/guestmem"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -218,15 +219,20 @@ func jailConfig(j jailSpec, o *vmOptions) jail.Config {
 	return cfg
 }
 
-// ownMountNS reports whether this process is in another mount namespace
-// than its parent (as the daemon starts a VMM: CLONE_NEWNS): only then
-// are its mounts made private (in its parent's namespace that would
-// change the propagation of the parent's mounts). A fork child is in its
-// parent's namespace, which was made private already, and cannot call
-// mount under the inherited filter anyway.
+// ownMountNS reports whether this process is in a mount namespace that
+// is not its parent's (CLONE_NEWNS) or that its parent, jail-init (as the
+// daemon starts every jailed VMM), made for it (jail.InitEnv, checked by
+// jail.RunInit): only then are its mounts made private and may it
+// pivot_root (in the parent's namespace that would change the parent's
+// mounts, maybe the host's). A fork child is in its parent's namespace,
+// which was made private already, and cannot call mount under the
+// inherited filter anyway.
 func ownMountNS() bool {
 	if isForkChild() {
 		return false
+	}
+	if os.Getenv(jail.InitEnv) == "1" && os.Getppid() == 1 {
+		return true
 	}
 	self, err1 := os.Readlink("/proc/self/ns/mnt")
 	parent, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", os.Getppid()))
@@ -250,6 +256,13 @@ func enterJail(j jailSpec, o *vmOptions, log *slog.Logger) error {
 		// has now (bound into the jail at the same path).
 		if exe, err := forkExecutable(); err == nil {
 			forkExecutable = func() (string, error) { return exe, nil }
+		}
+	}
+	if cfg.User != nil || isForkChild() {
+		// Leaving root makes the process non-dumpable: its own
+		// /proc/self/pagemap (for forks) then no longer opens.
+		if err := guestmem.KeepPagemap(); err != nil {
+			return fmt.Errorf("jail (%s): %w", j, err)
 		}
 	}
 	if isForkChild() {
