@@ -3,16 +3,19 @@
 // with a rate limit so that a guest flooding denied packets cannot fill the
 // host's disk or burn its CPU: past the limit, records are counted, not
 // written, and the count is written as one "suppressed" record when
-// writing resumes.
+// writing resumes. The file is also capped in size (a guest within the
+// rate still writes gigabytes a day): past MaxBytes it rotates to FILE.1,
+// one older generation kept (internal/logcap), whole lines in each.
 package audit
 
 import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"os"
 	"sync"
 	"time"
+
+	"github.com/warrenvm/warren/internal/logcap"
 )
 
 // Sources of records.
@@ -78,14 +81,17 @@ func (Discard) Record(Record) {}
 const (
 	DefaultRate  = 200
 	DefaultBurst = 1000
+	// DefaultMaxBytes is each generation's size cap (16 MiB: 32 MiB of
+	// audit log per sandbox at most).
+	DefaultMaxBytes = 16 << 20
 )
 
 // Log is a rate-limited JSON-lines audit log. It is safe for concurrent use;
 // mu guards every field.
 type Log struct {
 	mu         sync.Mutex
-	f          *os.File
-	w          *bufio.Writer
+	f          *logcap.Rotating
+	w          *bufio.Writer // over f; flushed before a record would not fit, so f gets whole lines
 	sandbox    string
 	rate       float64 // tokens per second
 	burst      float64
@@ -98,11 +104,14 @@ type Log struct {
 	closed     bool
 }
 
-// Open appends to the audit log at path (created 0600) for sandbox, with
-// the given rate limit (records per second and burst; 0 takes the
-// defaults).
-func Open(path, sandbox string, rate, burst int) (*Log, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+// Open appends to the audit log at path (created 0600, with path.1, the
+// older generation) for sandbox, with the given rate limit (records per
+// second and burst) and size cap per generation (0 takes the defaults).
+func Open(path, sandbox string, rate, burst int, maxBytes int64) (*Log, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxBytes
+	}
+	f, err := logcap.Append(path, maxBytes)
 	if err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
@@ -160,7 +169,12 @@ func (l *Log) writeLocked(r Record) {
 	if err != nil {
 		return
 	}
-	l.w.Write(append(b, '\n'))
+	b = append(b, '\n')
+	if len(b) > l.w.Available() {
+		// A line never spans two writes to the file (nor two generations).
+		l.w.Flush()
+	}
+	l.w.Write(b)
 	l.written++
 }
 

@@ -30,7 +30,7 @@ func readRecords(t *testing.T, path string) []Record {
 
 func TestLogWritesJSONLines(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
-	l, err := Open(path, "sb1", 0, 0)
+	l, err := Open(path, "sb1", 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestLogWritesJSONLines(t *testing.T) {
 // records are counted and written later as one suppressed record.
 func TestLogRateLimit(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
-	l, err := Open(path, "sb", 10, 20)
+	l, err := Open(path, "sb", 10, 20, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,4 +80,52 @@ func TestLogRateLimit(t *testing.T) {
 	if rs[20].Reason != "suppressed" || rs[20].Count != 9980 || rs[21].Verdict != Allow {
 		t.Errorf("tail: %+v %+v", rs[20], rs[21])
 	}
+}
+
+// TestLogSizeCap: a guest within the rate limit still cannot grow the
+// log past its cap: it rotates to FILE.1, each generation at most
+// maxBytes and made of whole records, the newest in FILE; reopened (a
+// restored VMM), the log appends to what is there and keeps the cap.
+func TestLogSizeCap(t *testing.T) {
+	const maxBytes = 4 << 10
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	clock := time.Unix(1e9, 0)
+	write := func(from, n int) {
+		l, err := Open(path, "sb", 1e6, 1e6, maxBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.now = func() time.Time { clock = clock.Add(time.Second); return clock }
+		for i := range n {
+			l.Record(Record{Source: SourceProxy, Method: "GET", Status: 200 + (from+i)%100, Count: uint64(from + i)})
+			if i%7 == 0 {
+				l.Flush() // writes of various sizes reach the file
+			}
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(last int) {
+		t.Helper()
+		for _, p := range []string{path, path + ".1"} {
+			if fi, err := os.Stat(p); err != nil || fi.Size() > maxBytes || fi.Size() == 0 {
+				t.Fatalf("%s: %v, %v: want 1 to %d bytes", p, fi, err, maxBytes)
+			}
+		}
+		old, cur := readRecords(t, path+".1"), readRecords(t, path)
+		if got := cur[len(cur)-1].Count; got != uint64(last) {
+			t.Errorf("the newest record is %d, want %d", got, last)
+		}
+		all := append(old, cur...)
+		for i := 1; i < len(all); i++ {
+			if all[i].Count != all[i-1].Count+1 {
+				t.Fatalf("record %d follows %d: a gap inside the two generations", all[i].Count, all[i-1].Count)
+			}
+		}
+	}
+	write(0, 500) // ~40 KiB of records
+	check(499)
+	write(500, 30)
+	check(529)
 }

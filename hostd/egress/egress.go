@@ -58,8 +58,10 @@ type Config struct {
 	Policy policy.Policy
 	// AuditPath is the JSON-lines audit log, appended to.
 	AuditPath string
-	// AuditRate and AuditBurst bound the audit log (0: audit defaults).
+	// AuditRate and AuditBurst bound the audit log's rate, AuditMaxBytes
+	// each of its two generations' size (0: audit defaults).
 	AuditRate, AuditBurst int
+	AuditMaxBytes         int64
 	// Secrets is the host's secret store (nil: credproxy.EnvStore).
 	Secrets credproxy.Store
 	// CAPEM and CAKeyPEM are the sandbox's proxy CA from an earlier run
@@ -139,7 +141,7 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 			s.Close()
 		}
 	}()
-	if s.log, err = audit.Open(cfg.AuditPath, cfg.Sandbox, cfg.AuditRate, cfg.AuditBurst); err != nil {
+	if s.log, err = audit.Open(cfg.AuditPath, cfg.Sandbox, cfg.AuditRate, cfg.AuditBurst, cfg.AuditMaxBytes); err != nil {
 		return nil, err
 	}
 	if err := setHostAddr(cfg.Tap, cfg.HostAddr); err != nil {

@@ -144,6 +144,14 @@
 // upstream connections) and no Pdeathsig (VMMs outlive the daemon, which
 // re-adopts them).
 //
+// A VMM may pivot_root only in a mount namespace that is not its
+// starter's (doing so in the host's would move the host's root): either
+// its parent's namespace differs from its own, or its parent is RunInit,
+// which refuses to run in the namespace of the process that started it
+// (named in its environment, ParentMountNSEnv) and tells its command so
+// (InitEnv). A VMM that leaves root becomes non-dumpable, so it opens
+// what it reads of /proc/self later (the pagemap, for forks) first.
+//
 // # Threat model: what each layer stops
 //
 // The attacker is a guest that found a bug in the VMM and runs code in it.
@@ -195,6 +203,12 @@
 //     Landlock ruleset or descriptors for every file would narrow it.
 //   - A fork child is born in its parent's cgroup and moved into its own
 //     by the daemon right after.
+//
+// hostd/daemon's e2e tests check each confinement from outside, on the
+// running VMMs and fork children (/proc/PID/status: uids in the range,
+// capabilities, no_new_privs, seccomp; /proc/PID/root: its own directory
+// there, the key directory and the secrets file not), the network VMMs'
+// too (uid 0, no capability but the three above).
 //
 // Run for real (hostd/daemon's e2e test in the nested KVM host, every VMM
 // under ProfileVMM, ModeLog then ModeErrno: template build, restore, exec,

@@ -12,6 +12,7 @@
 package logcap
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -57,6 +58,42 @@ func Create(path string, max int64) (*Rotating, error) {
 	return &Rotating{Path: path, Max: max, cur: cur, old: old}, nil
 }
 
+// Append opens path and path.1 (created 0600 when missing) keeping what
+// they hold, and returns the Rotating file appending to path: a log that
+// lives across processes (a sandbox's egress audit log, reopened by each
+// VMM that restores it). A path already past max (written with another
+// cap, or none) is rotated first, path.1 getting its last max bytes from
+// the start of a line; max <= 0 is DefaultConsoleMax.
+func Append(path string, max int64) (*Rotating, error) {
+	if max <= 0 {
+		max = DefaultConsoleMax
+	}
+	cur, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	old, err := os.OpenFile(path+".1", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		cur.Close()
+		return nil, err
+	}
+	r := &Rotating{Path: path, Max: max, cur: cur, old: old}
+	fi, err := cur.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s: not a regular file", path)
+	}
+	if err == nil {
+		if r.size = fi.Size(); r.size > max {
+			err = r.rotateTail()
+		}
+	}
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
 // Write appends p, rotating first when the current generation would pass
 // Max. Of a single write longer than Max only its last Max bytes are kept.
 func (r *Rotating) Write(p []byte) (int, error) {
@@ -89,6 +126,48 @@ func (r *Rotating) rotate() error {
 		return err
 	}
 	if _, err := io.Copy(&offsetWriter{f: r.old}, io.NewSectionReader(r.cur, 0, r.size)); err != nil {
+		return err
+	}
+	if err := r.cur.Truncate(0); err != nil {
+		return err
+	}
+	r.size = 0
+	r.rotations++
+	return nil
+}
+
+// rotateTail is rotate for a current generation past Max: the old one
+// gets its last Max bytes, from the first line that starts in them (mu
+// held, or r not yet shared).
+func (r *Rotating) rotateTail() error {
+	off := r.size - r.Max
+	if off > 0 {
+		var b [1]byte
+		if _, err := r.cur.ReadAt(b[:], off-1); err != nil {
+			return err
+		}
+		if b[0] != '\n' {
+			// Mid-line: skip to the next line's start, if there is one.
+			buf := make([]byte, 4096)
+			for o := off; o < r.size; {
+				n, err := r.cur.ReadAt(buf[:min(int64(len(buf)), r.size-o)], o)
+				if i := bytes.IndexByte(buf[:n], '\n'); i >= 0 {
+					off = o + int64(i) + 1
+					break
+				}
+				if err != nil {
+					return err
+				}
+				if o += int64(n); o == r.size {
+					off = r.size // one line longer than Max: nothing kept
+				}
+			}
+		}
+	}
+	if err := r.old.Truncate(0); err != nil {
+		return err
+	}
+	if _, err := io.Copy(&offsetWriter{f: r.old}, io.NewSectionReader(r.cur, off, r.size-off)); err != nil {
 		return err
 	}
 	if err := r.cur.Truncate(0); err != nil {

@@ -83,3 +83,42 @@ func TestBudget(t *testing.T) {
 		t.Errorf("log after NewBudget: %q", got)
 	}
 }
+
+// TestAppendKeepsAndCaps: Append keeps what the files hold and appends to
+// it; a file already past the cap is rotated before anything is written.
+func TestAppendKeepsAndCaps(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	r, err := Append(path, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Write([]byte("abc"))
+	r.Close()
+	if r, err = Append(path, 10); err != nil {
+		t.Fatal(err)
+	}
+	r.Write([]byte("def"))
+	r.Close()
+	if b, _ := os.ReadFile(path); string(b) != "abcdef" {
+		t.Fatalf("after two opens: %q", b)
+	}
+	for _, c := range []struct{ had, want string }{
+		{"aaaa\nbbbb\ncccc\n", "bbbb\ncccc\n"}, // the tail starts a line
+		{"aaaaaaaa\nb\ncccc\n", "b\ncccc\n"},   // mid-line: from the next one
+		{"0123456789ABCDEF", ""},               // one line past the cap
+	} {
+		if err := os.WriteFile(path, []byte(c.had), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if r, err = Append(path, 10); err != nil {
+			t.Fatal(err)
+		}
+		r.Write([]byte("x"))
+		r.Close()
+		cur, _ := os.ReadFile(path)
+		old, _ := os.ReadFile(path + ".1")
+		if string(cur) != "x" || string(old) != c.want {
+			t.Errorf("%q past the cap of 10: %q, .1 %q; want .1 %q", c.had, cur, old, c.want)
+		}
+	}
+}
