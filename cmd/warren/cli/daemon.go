@@ -345,25 +345,10 @@ func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	sub, args := subcommand(args, "ls")
 	switch sub {
 	case "ls", "list":
-		d := newDaemonCmd(ctx, "templates", "templates [ls]", stdout, stderr)
-		if code := d.parseNone(args); code != 0 {
-			return code
-		}
-		l, err := d.c.Templates(ctx)
-		if err != nil {
-			return d.fail(err)
-		}
-		if *d.asJSON {
-			d.printJSON(l)
-			return 0
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSTATUS\tMEM\tCPUS\tKERNEL\tBUILD\tCREATED")
-		for _, t := range l {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.0f ms\t%s\n", t.ID, t.Status, t.MemMiB, t.CPUs, filepath.Base(t.Kernel), t.BuildMS, ago(t.Created))
-		}
-		tw.Flush()
-		return 0
+		return listTable(ctx, "templates", "templates [ls]", args, stdout, stderr, (*client.Client).Templates,
+			"ID\tSTATUS\tMEM\tCPUS\tKERNEL\tBUILD\tCREATED", func(t client.Template) string {
+				return fmt.Sprintf("%s\t%s\t%d\t%d\t%s\t%.0f ms\t%s", t.ID, t.Status, t.MemMiB, t.CPUs, filepath.Base(t.Kernel), t.BuildMS, ago(t.Created))
+			})
 	case "create":
 		d := newDaemonCmd(ctx, "templates create", "templates create {--kernel K [--initramfs I] | --image REF | --rootfs DIR|FILE.tar} [--disk D]... [--mem MiB] [--cpus N] [--cmdline S] [--network]\n"+
 			"    [--disk-mib N] [--insecure-registry] [--start-cmd CMD | --start-image-cmd] [--ready-cmd CMD] [--ready-timeout D]", stdout, stderr)
@@ -507,11 +492,30 @@ func createCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 func lsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	d := newDaemonCmd(ctx, "ls", "ls", stdout, stderr)
+	return listTable(ctx, "ls", "ls", args, stdout, stderr, (*client.Client).Sandboxes,
+		"ID\tNAME\tSTATUS\tTEMPLATE\tPARENT\tPID\tMEM\tSNAPSHOTS\tCREATED", func(s client.Sandbox) string {
+			status := s.Status
+			if s.Reason != "" {
+				status += " (" + s.Reason + ")"
+			}
+			pid := "-"
+			if s.PID > 0 {
+				pid = fmt.Sprint(s.PID)
+			}
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s", s.ID, orDash(s.Labels["name"]), status, s.Template, orDash(s.Parent), pid, s.MemMiB, len(s.Snapshots), ago(s.Created))
+		})
+}
+
+// listTable is a listing command (name, usage: no arguments): the list
+// list fetches, as JSON with --json, else a table of header and one row
+// per item.
+func listTable[T any](ctx context.Context, name, usage string, args []string, stdout, stderr io.Writer,
+	list func(*client.Client, context.Context) ([]T, error), header string, row func(T) string) int {
+	d := newDaemonCmd(ctx, name, usage, stdout, stderr)
 	if code := d.parseNone(args); code != 0 {
 		return code
 	}
-	l, err := d.c.Sandboxes(ctx)
+	l, err := list(d.c, ctx)
 	if err != nil {
 		return d.fail(err)
 	}
@@ -520,17 +524,9 @@ func lsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tSTATUS\tTEMPLATE\tPARENT\tPID\tMEM\tSNAPSHOTS\tCREATED")
-	for _, s := range l {
-		status := s.Status
-		if s.Reason != "" {
-			status += " (" + s.Reason + ")"
-		}
-		pid := "-"
-		if s.PID > 0 {
-			pid = fmt.Sprint(s.PID)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.ID, orDash(s.Labels["name"]), status, s.Template, orDash(s.Parent), pid, s.MemMiB, len(s.Snapshots), ago(s.Created))
+	fmt.Fprintln(tw, header)
+	for _, x := range l {
+		fmt.Fprintln(tw, row(x))
 	}
 	tw.Flush()
 	return 0

@@ -6,7 +6,6 @@ import (
 	"io"
 	"strings"
 	"sync/atomic"
-	"text/tabwriter"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -87,26 +86,11 @@ func imagesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	sub, args := subcommand(args, "ls")
 	switch sub {
 	case "ls", "list":
-		d := newDaemonCmd(ctx, "images", "images [ls]", stdout, stderr)
-		if code := d.parseNone(args); code != 0 {
-			return code
-		}
-		l, err := d.c.Images(ctx)
-		if err != nil {
-			return d.fail(err)
-		}
-		if *d.asJSON {
-			d.printJSON(l)
-			return 0
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tREF\tLAYERS\tCONTENT\tDISK\tTEMPLATES")
-		for _, i := range l {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f MiB\t%.0f MiB\t%s\n", i.Key, orDash(i.Ref), i.Layers, float64(i.ContentBytes)/(1<<20),
-				float64(i.DiskBytes)/(1<<20), orDash(strings.Join(i.Templates, ",")))
-		}
-		tw.Flush()
-		return 0
+		return listTable(ctx, "images", "images [ls]", args, stdout, stderr, (*client.Client).Images,
+			"KEY\tREF\tLAYERS\tCONTENT\tDISK\tTEMPLATES", func(i client.Image) string {
+				return fmt.Sprintf("%s\t%s\t%d\t%.0f MiB\t%.0f MiB\t%s", i.Key, orDash(i.Ref), i.Layers, float64(i.ContentBytes)/(1<<20),
+					float64(i.DiskBytes)/(1<<20), orDash(strings.Join(i.Templates, ",")))
+			})
 	case "rm", "delete":
 		d := newDaemonCmd(ctx, "images rm", "images rm KEY...", stdout, stderr)
 		return d.forEachArg(args, func(k string) (string, error) { return k, d.c.DeleteImage(ctx, k) })
