@@ -207,6 +207,12 @@ func (c *Client) do(ctx context.Context, method, path string, body any, accept s
 	if accept != "" {
 		req.Header.Set("Accept", accept)
 	}
+	return c.roundTrip(req)
+}
+
+// roundTrip sends req and returns the answer, or the daemon's error (the
+// body then closed).
+func (c *Client) roundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("warren-hostd: %w", err)
@@ -238,15 +244,7 @@ func (c *Client) send(ctx context.Context, method, path, contentType string, bod
 		return nil, err
 	}
 	req.Header.Set("Content-Type", contentType)
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("warren-hostd: %w", err)
-	}
-	if resp.StatusCode >= 300 {
-		defer resp.Body.Close()
-		return nil, readError(resp)
-	}
-	return resp, nil
+	return c.roundTrip(req)
 }
 
 // call sends a request and decodes its JSON answer into out (if not nil).
