@@ -24,7 +24,7 @@ type upstream struct {
 	zone    map[string][]dns.RR // by lower-case FQDN
 }
 
-func newUpstream(t *testing.T, records ...string) *upstream {
+func newUpstream(t testing.TB, records ...string) *upstream {
 	t.Helper()
 	u := &upstream{zone: map[string][]dns.RR{}}
 	for _, s := range records {
@@ -101,7 +101,7 @@ func (u *upstream) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 
 // listenPair listens on UDP and TCP on one loopback port, trying again when
 // the TCP side of the port the UDP socket got is taken.
-func listenPair(t *testing.T) (net.PacketConn, net.Listener) {
+func listenPair(t testing.TB) (net.PacketConn, net.Listener) {
 	t.Helper()
 	for range 20 {
 		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
@@ -250,7 +250,7 @@ var zone = []string{
 	"other.test. 60 IN A 203.0.113.99",
 }
 
-func newEnv(t *testing.T, mod func(*Config)) *env {
+func newEnv(t testing.TB, mod func(*Config)) *env {
 	t.Helper()
 	e := &env{up: newUpstream(t, zone...), audit: &recorder{}, changes: &changes{ch: make(chan []policy.HostRule, 16)},
 		clock: &clock{t: t0}}

@@ -5,6 +5,7 @@ package virtiotest
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -33,6 +34,10 @@ const (
 	QueueStride = 0x4000
 	BufBase     = 0x100000
 	MemSize     = 0x400000
+	// FuzzMemSize is the guest memory of the fuzzers (FuzzRegisters,
+	// FuzzRestore): the queues of up to four devices' worth and as much
+	// again for buffers; a descriptor past it is out of range.
+	FuzzMemSize = 0x40000
 )
 
 // Driver plays the guest driver for one queue.
@@ -247,4 +252,168 @@ func WaitUsed(t testing.TB, d *Driver, n int) [][2]uint32 {
 		t.Fatalf("%d used entries, want %d", len(got), n)
 	}
 	return got
+}
+
+// HostileOpSize is the most bytes Hostile takes for one operation.
+const HostileOpSize = 12
+
+// Hostile plays a hostile guest driver, for fuzzing a device behind its
+// transport r over the fake memory mem: data is a sequence of
+// operations, each a first byte whose low two bits choose it and
+// up to HostileOpSize-1 bytes after it:
+//
+//   - 0: read a register (width 1, 2, 4 or 8 bytes from bits 2-3,
+//     offset from the next two bytes, anywhere in the 512-byte window
+//     with the device's configuration space);
+//   - 1: write one (the same, and the value from the next eight bytes);
+//   - 2: write eight bytes of the next ones into the queues' area (their
+//     descriptor tables and rings as Driver lays them out, offset from
+//     the next two bytes): descriptors pointing anywhere, any flags,
+//     chains that loop, ring indexes far ahead;
+//   - 3: bring the device up as a driver would, with the features from
+//     the next eight bytes and its queues (maxSizes: each one's maximum)
+//     at Driver's layout (a size from bits 2-7, at most the maximum and
+//     256), and kick every queue: the rest then works on an activated
+//     device.
+//
+// Whatever happens, the transport must not panic; the caller shuts it
+// down after, which must return.
+func Hostile(r Registers, mem Memory, maxSizes []uint16, data []byte) {
+	nqueues := len(maxSizes)
+	u16 := func(b []byte) uint64 {
+		if len(b) < 2 {
+			return 0
+		}
+		return uint64(binary.LittleEndian.Uint16(b))
+	}
+	u64 := func(b []byte) uint64 {
+		var v [8]byte
+		copy(v[:], b)
+		return binary.LittleEndian.Uint64(v[:])
+	}
+	for len(data) > 0 {
+		op, args := data[0], data[1:]
+		n := min(len(args), HostileOpSize-1)
+		data = args[n:]
+		args = args[:n]
+		width := 1 << ((op >> 2) & 3)
+		switch op & 3 {
+		case 0:
+			buf := make([]byte, width)
+			r.Read(u16(args)%0x200, buf)
+		case 1:
+			buf := make([]byte, 8)
+			binary.LittleEndian.PutUint64(buf, u64(args[min(2, len(args)):]))
+			r.Write(u16(args)%0x200, buf[:width])
+		case 2:
+			at := QueueBase + u16(args)%uint64(max(nqueues, 1)*QueueStride)
+			if len(args) > 2 {
+				copy(mem[at:min(at+8, uint64(len(mem)))], args[2:])
+			}
+		case 3:
+			size := uint16(1) << ((op >> 2) % 16)
+			drivers := make([]*Driver, nqueues)
+			for i := range drivers {
+				drivers[i] = NewDriver(mem, i, min(size, maxSizes[i], 256))
+			}
+			Bring(r, u64(args), drivers...)
+			for i := range nqueues {
+				Write32(r, 0x050, uint32(i))
+			}
+		}
+	}
+}
+
+// HostileSeeds are inputs for a fuzzer over Hostile: a bring-up with the
+// given features and queue size, then a kick with garbage descriptors.
+func HostileSeeds(features uint64) [][]byte {
+	up := func(sizeShift byte) []byte {
+		b := []byte{3 | sizeShift<<2}
+		return binary.LittleEndian.AppendUint64(b, features)
+	}
+	junk := []byte{2, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0} // descriptor 0: address far out
+	loop := []byte{2, 0x0c, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0}                      // descriptor 0: NEXT to itself
+	kick := []byte{1 | 2<<2, 0x50, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	avail := []byte{2, 0, 0x10, 0, 0, 0x40, 0, 0, 0, 0, 0, 0} // the avail index 64 ahead
+	var seeds [][]byte
+	for _, s := range []byte{3, 4, 8} {
+		seeds = append(seeds, up(s), concat(up(s), junk, avail, kick), concat(up(s), loop, avail, kick))
+	}
+	return append(seeds, []byte{0, 0x70, 0}, []byte{1 | 2<<2, 0x70, 0, 0xff, 0xff, 0xff, 0xff})
+}
+
+func concat(parts ...[]byte) []byte {
+	var out []byte
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// NewDevice makes a device for a fuzzer (FuzzRegisters, FuzzRestore) and
+// returns it with the function that closes it.
+type NewDevice func(testing.TB) (virtio.Device, func())
+
+// FuzzRegisters fuzzes the device newDev makes (one per input) behind a
+// virtio-mmio transport, driven by Hostile.
+func FuzzRegisters(f *testing.F, newDev NewDevice) {
+	d, done := newDev(f)
+	feats, sizes := d.Features()|virtio.FeatureVersion1, d.QueueSizes()
+	done()
+	for _, s := range HostileSeeds(feats) {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, done := newDev(t)
+		defer done()
+		mem := make(Memory, FuzzMemSize)
+		tr := virtio.NewMMIO("fuzz", d, mem, NewSignals(), nil)
+		Hostile(tr, mem, sizes, data)
+		tr.Shutdown()
+	})
+}
+
+// FuzzRestore fuzzes Restore of a fresh transport of the device newDev
+// makes with a state blob (TransportState's JSON, with the device's own
+// state in it): a blob that decodes is restored (refused or not), every
+// queue is kicked, and the transport shut down; nothing may panic. The
+// seeds are the states of the device brought up with each queue size.
+func FuzzRestore(f *testing.F, newDev NewDevice) {
+	for _, size := range []uint16{2, 16, 256} {
+		d, done := newDev(f)
+		mem := make(Memory, MemSize)
+		tr := virtio.NewMMIO("fuzz", d, mem, NewSignals(), nil)
+		var drivers []*Driver
+		for i, m := range d.QueueSizes() {
+			drivers = append(drivers, NewDriver(mem, i, min(size, m)))
+		}
+		Bring(tr, d.Features()|virtio.FeatureVersion1, drivers...)
+		st, err := tr.Save()
+		tr.Shutdown()
+		done()
+		if err != nil {
+			f.Fatal(err)
+		}
+		b, err := json.Marshal(st)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte(`{"version":1,"queues":[{"max_size":65535,"size":65535,"ready":true,"desc":18446744073709551615}],"device":{}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var st virtio.TransportState
+		if json.Unmarshal(data, &st) != nil {
+			return
+		}
+		d, done := newDev(t)
+		defer done()
+		mem := make(Memory, FuzzMemSize)
+		tr := virtio.NewMMIO("fuzz", d, mem, NewSignals(), nil)
+		tr.Restore(st)
+		for i := range d.QueueSizes() {
+			tr.Notify(uint32(i))
+		}
+		tr.Shutdown()
+	})
 }
