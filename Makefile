@@ -28,7 +28,7 @@ KVM_WHERE = if [ -n "$${WARREN_KVM:-}" ]; then echo "make: KVM work runs $$WARRE
 KVMHOST := bash .ci/kvmhost/run.sh --timeout 900
 RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"
 
-.PHONY: all warren hostd run boot test unit vet kernel initramfs testguests testdisk test-kvm bench clean rootfs
+.PHONY: all warren hostd run boot test unit vet kernel initramfs testguests testdisk test-kvm bench clean rootfs testsum
 
 all: warren
 
@@ -91,13 +91,20 @@ vet:
 # internal/kvmtest) and test-kvm runs them in the nested KVM host.
 # -timeout: a package whose tests boot Linux guests takes longer than go
 # test's default 10 minutes.
-test: vet kernel initramfs testguests testdisk warren rootfs
-	@where=$$($(KVM_WHERE)) || exit 1; \
+# internal/testsum prints what plain go test would, then every skipped
+# test grouped by its reason.
+test: vet kernel initramfs testguests testdisk warren rootfs testsum
+	@where=$$($(KVM_WHERE)) || exit 1; set -o pipefail; \
 	if [ "$$where" = direct ]; then \
-		$(TEST_ENV) $(GO) test -count=1 -timeout 50m ./...; \
+		$(TEST_ENV) $(GO) test -json -count=1 -timeout 50m ./... 2>&1 | $(BUILD)/testsum -title "KVM tests on this host"; \
 	else \
-		$(TEST_ENV) WARREN_KVM_TESTS=nested $(GO) test -count=1 -timeout 50m ./... && $(MAKE) test-kvm; \
+		$(TEST_ENV) WARREN_KVM_TESTS=nested $(GO) test -json -count=1 -timeout 50m ./... 2>&1 | \
+			$(BUILD)/testsum -title "this host; its KVM tests follow, nested" && $(MAKE) test-kvm; \
 	fi
+
+testsum:
+	@mkdir -p $(BUILD)
+	CGO_ENABLED=0 $(GO) build -o $(BUILD)/testsum ./internal/testsum
 
 unit: testguests
 	WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) $(GO) test -short -count=1 ./...
@@ -115,15 +122,21 @@ unit: testguests
 # that long; each binary has its -test.timeout, 400 s to 1500 s): also taken for the nested
 # host's failure, so a test that really hangs fails the build only once
 # every boot has hung on it.
-test-kvm: warren testguests testdisk
+# The skipped tests of every attempt are summarized at the end (testsum).
+test-kvm: warren testguests testdisk testsum
 	@mkdir -p $(BUILD)/tests
 	@for p in $(KVM_PKGS); do \
 		CGO_ENABLED=0 $(GO) test -c -o $(BUILD)/tests/$$(echo $$p | tr / _).test ./$$p || exit 1; \
 	done
-	bash .ci/test-kvm.sh $(BUILD)/tests/kvm-state $(BUILD)/tests $(KVM_PKGS) -- \
+	@bash .ci/test-kvm.sh $(BUILD)/tests/kvm-state $(BUILD)/tests $(KVM_PKGS) -- \
 		--idle-timeout 300 --frozen-timeout 90 --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) \
 		--env WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) --env WARREN_BIN=$(CURDIR)/bin/warren \
-		--env WARREN_ROOTFS=$(CURDIR)/$(ROOTFS)
+		--env WARREN_ROOTFS=$(CURDIR)/$(ROOTFS); rc=$$?; \
+	for p in $(KVM_PKGS); do \
+		for f in $(BUILD)/tests/kvm-state/$$(echo $$p | tr / _).log.*; do \
+			[ -f "$$f" ] && $(GO) tool test2json -p $$p < "$$f"; \
+		done; \
+	done | $(BUILD)/testsum -skips-only -title "nested KVM host"; exit $$rc
 
 # Benchmarks against QEMU -M microvm (from apt) on the same kernel and
 # initramfs. Without /dev/kvm they run in the nested KVM host, in the host's
