@@ -90,6 +90,14 @@ func RunInit(argv []string, reportFD int, passFDs ...int) int {
 		fmt.Fprintln(os.Stderr, "jail-init:", err)
 		return 1
 	}
+	// RunInit keeps root, its capabilities and the namespace's whole
+	// tree (a VMM that could not pivot_root, on an initramfs, only
+	// chroots): non-dumpable, its /proc entries (root, cwd, fds) are
+	// closed to the VMMs of its namespace, whatever their uid.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "jail-init: not dumpable:", err)
+		return 1
+	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}

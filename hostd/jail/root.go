@@ -62,7 +62,9 @@ var (
 // PivotRoot moves the calling process (which must be in a mount namespace
 // of its own, with private mounts: PrepareMounts, and still privileged)
 // into the jail described by o. Afterwards "/" is the read-only tmpfs on
-// o.Dir, the old root is detached, and the working directory is "/".
+// o.Dir, the old root is detached (or, where the root is an initramfs that
+// pivot_root cannot move, covered by the jail's mount and left behind by a
+// chroot), and the working directory is "/".
 //
 // It must run before the capabilities are dropped (mount, mknod and
 // pivot_root need CAP_SYS_ADMIN and CAP_MKNOD) and before the seccomp
@@ -96,11 +98,27 @@ func PivotRoot(o RootOptions) error {
 	if err := unix.Chdir(root); err != nil {
 		return fmt.Errorf("jail: chdir %s: %w", root, err)
 	}
-	if err := unix.PivotRoot(".", "."); err != nil {
-		return fmt.Errorf("jail: pivot_root %s: %w", root, err)
-	}
-	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("jail: detach the old root: %w", err)
+	switch perr := pivotRoot(".", "."); {
+	case errors.Is(perr, unix.EINVAL):
+		// The root is the initramfs's rootfs, which pivot_root cannot
+		// move (a host booted into its initramfs, as the nested KVM
+		// host is): move the jail over it and chroot there, as
+		// switch_root does. The old tree is then under the jail's
+		// mount, out of reach by path; getting out would take chroot
+		// (no capability left, and the filter refuses it) or a
+		// directory descriptor from before (the VMM keeps none).
+		if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("jail: pivot_root %s: %v; move it over /: %w", root, perr, err)
+		}
+		if err := unix.Chroot("."); err != nil {
+			return fmt.Errorf("jail: chroot %s: %w", root, err)
+		}
+	case perr != nil:
+		return fmt.Errorf("jail: pivot_root %s: %w", root, perr)
+	default:
+		if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("jail: detach the old root: %w", err)
+		}
 	}
 	if err := unix.Chdir("/"); err != nil {
 		return fmt.Errorf("jail: chdir /: %w", err)
@@ -112,6 +130,9 @@ func PivotRoot(o RootOptions) error {
 	}
 	return nil
 }
+
+// pivotRoot is unix.PivotRoot (a test makes it fail as on an initramfs).
+var pivotRoot = unix.PivotRoot
 
 // checkPath refuses relative paths, "..", and the root itself.
 func checkPath(p string) (string, error) {

@@ -12,7 +12,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func init() { helpers["root"] = helperRoot }
+func init() {
+	helpers["root"] = helperRoot
+	helpers["root-chroot"] = func(h *helper) {
+		pivotRoot = func(string, string) error { return unix.EINVAL }
+		helperRoot(h)
+	}
+}
 
 // TestPivotRootConfines is the attacker's view of a confined VMM: after
 // Enter with a Root and a User, the host's files (/etc/shadow, the state
@@ -22,6 +28,14 @@ func init() { helpers["root"] = helperRoot }
 func TestPivotRootConfines(t *testing.T) {
 	needRoot(t)
 	expectHelperOK(t, "root", SysProcAttr(NSOptions{NetNS: true}))
+}
+
+// TestChrootConfines is TestPivotRootConfines where pivot_root fails as
+// it does on an initramfs root (the nested KVM host's): the jail is moved
+// over / and chrooted into, and confines the same.
+func TestChrootConfines(t *testing.T) {
+	needRoot(t)
+	expectHelperOK(t, "root-chroot", SysProcAttr(NSOptions{NetNS: true}))
 }
 
 func helperRoot(h *helper) {
