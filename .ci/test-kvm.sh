@@ -13,7 +13,7 @@
 # L1 and resumes where the last one stopped: packages that passed are not
 # run again, and inside a package the top-level tests that passed are
 # skipped (-test.skip). It boots at most $MAX_BOOTS (8) L1s, all within
-# $BUDGET (2700) seconds: each boot's timeout is cut to what is left, and
+# $BUDGET (3000) seconds: each boot's timeout is cut to what is left, and
 # none starts with less than 300 s left. One boot gets at most $BOOT_TIMEOUT
 # (the whole budget by default: a freeze is found by the heartbeat and the
 # idle timeout, not by this); a whole run takes about 25 minutes.
@@ -104,8 +104,8 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
 done
 [ "${1:-}" = -- ] && shift
 MAX_BOOTS=${MAX_BOOTS:-8}
-BUDGET=${BUDGET:-2700}
-BOOT_TIMEOUT=${BOOT_TIMEOUT:-2700}
+BUDGET=${BUDGET:-3000}
+BOOT_TIMEOUT=${BOOT_TIMEOUT:-3000}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 rm -rf "$STATE"
