@@ -124,7 +124,7 @@ unit: testguests
 # every boot has hung on it.
 # The skipped tests of every attempt are summarized at the end (testsum).
 # TestE2EKill9 makes 4 concurrent creates here, not 32: in the nested host
-# about one restore in 30 of such a burst triple-faults (2026-12-03: 3 of 3
+# about one restore in 30 of such a burst triple-faults (2026-12-03: 2 of 3
 # attempts at 32, 2 of 2 at 16 had one; the cause, the emulator's or ours,
 # is issue 18's), which exhausts the package's excuse budget.
 test-kvm: warren testguests testdisk testsum
