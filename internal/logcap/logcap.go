@@ -121,11 +121,15 @@ func (r *Rotating) Write(p []byte) (int, error) {
 
 // rotate moves the current generation's bytes to the old one and empties
 // the current one (mu held).
-func (r *Rotating) rotate() error {
+func (r *Rotating) rotate() error { return r.rotateFrom(0) }
+
+// rotateFrom is rotate keeping only the current generation's bytes from
+// off on (mu held, or r not yet shared).
+func (r *Rotating) rotateFrom(off int64) error {
 	if err := r.old.Truncate(0); err != nil {
 		return err
 	}
-	if _, err := io.Copy(&offsetWriter{f: r.old}, io.NewSectionReader(r.cur, 0, r.size)); err != nil {
+	if _, err := io.Copy(&offsetWriter{f: r.old}, io.NewSectionReader(r.cur, off, r.size-off)); err != nil {
 		return err
 	}
 	if err := r.cur.Truncate(0); err != nil {
@@ -164,18 +168,7 @@ func (r *Rotating) rotateTail() error {
 			}
 		}
 	}
-	if err := r.old.Truncate(0); err != nil {
-		return err
-	}
-	if _, err := io.Copy(&offsetWriter{f: r.old}, io.NewSectionReader(r.cur, off, r.size-off)); err != nil {
-		return err
-	}
-	if err := r.cur.Truncate(0); err != nil {
-		return err
-	}
-	r.size = 0
-	r.rotations++
-	return nil
+	return r.rotateFrom(off)
 }
 
 // Rotations returns how many times the file has rotated.
