@@ -38,8 +38,9 @@ import (
 // overlay whose header it reads, or a file sealed at rest (diskseal.go),
 // whose chain it cannot read and so takes from the records. A sandbox whose
 // references cannot all be known — an operation holds it past the wait, it
-// is being created, or its VMM does not answer GET /v1/disks (a VMM from
-// before this API) — has its whole directory kept this time.
+// is being created, its VMM does not answer GET /v1/disks (a VMM from
+// before this API), or it has no VMM and its record never learned its
+// VMM's disks — has its whole directory kept this time.
 //
 // Order makes this safe against layers made or referenced meanwhile: the
 // candidate files are listed first, then each sandbox is held (its lock)
@@ -145,6 +146,13 @@ func (d *Daemon) collectDisks(tenant string) []string {
 				for _, p := range ld.Chain {
 					refs[p] = true
 				}
+			}
+		default:
+			// No VMM to ask: the record is all there is. One that never
+			// learned its VMM's disks (a VMM that did not answer GET
+			// /v1/disks) cannot say which files its next resume needs.
+			if len(rec.Disks) == 0 {
+				keep[dir] = true
 			}
 		}
 		addRecordRefs(refs, rec)

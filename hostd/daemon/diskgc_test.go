@@ -38,7 +38,7 @@ func TestCollectDisks(t *testing.T) {
 	layer(t, tplJunk, base)
 
 	sbDir := func(id string) string { d := st.SandboxDir(tenant, id); os.MkdirAll(d, 0o700); return d }
-	pa, kid, busy := "sb-00000000000a", "sb-00000000000b", "sb-00000000000c"
+	pa, kid, busy, mute := "sb-00000000000a", "sb-00000000000b", "sb-00000000000c", "sb-00000000000d"
 	a := sbDir(pa)
 	ov := filepath.Join(a, "disk0.overlay")                  // snapshot s1's layer
 	l2 := filepath.Join(a, "disk0.18ed0000-00000002.wcow")   // s2's layer (over ov)
@@ -72,6 +72,9 @@ func TestCollectDisks(t *testing.T) {
 	b := sbDir(busy)
 	busyOv := filepath.Join(b, "disk0.overlay") // a create's overlay, not yet recorded
 	layer(t, busyOv, base)
+	m := sbDir(mute)
+	muteOv := filepath.Join(m, "disk0.overlay") // its VMM never said its disks; now stopped
+	layer(t, muteOv, base)
 
 	now := time.Now().UTC()
 	recs := []*store.Sandbox{
@@ -84,6 +87,7 @@ func TestCollectDisks(t *testing.T) {
 		{ID: kid, Tenant: tenant, Template: "tp-000000000001", Status: store.Stopped, Parent: pa, Created: now,
 			Disks: []store.LiveDisk{{Index: 0, Top: kidTop, Chain: []string{p, l2, ov, base}}}},
 		{ID: busy, Tenant: tenant, Template: "tp-000000000001", Status: store.Creating, Created: now},
+		{ID: mute, Tenant: tenant, Template: "tp-000000000001", Status: store.Stopped, Created: now},
 	}
 	for _, r := range recs {
 		if err := st.SaveSandbox(r); err != nil {
@@ -105,7 +109,7 @@ func TestCollectDisks(t *testing.T) {
 	if !slices.Equal(removed, want) {
 		t.Errorf("removed %q\nwant    %q", removed, want)
 	}
-	for _, f := range []string{base, tplJunk, ov, l2, top, p, headless, kidTop, busyOv} {
+	for _, f := range []string{base, tplJunk, ov, l2, top, p, headless, kidTop, busyOv, muteOv} {
 		if _, err := os.Stat(f); err != nil {
 			t.Errorf("%s was removed: %v", f, err)
 		}
