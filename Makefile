@@ -13,6 +13,10 @@ ROOTFS := $(BUILD)/rootfs/debian
 TEST_ENV := WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) \
 	WARREN_BIN=$(CURDIR)/bin/warren WARREN_ROOTFS=$(CURDIR)/$(ROOTFS)
 GUEST_SRC := vmm/testdata/guests
+# Freestanding Linux programs the Linux-guest tests copy into their guests
+# (flags as vmm/testguest.ProgramFlags).
+PROGRAM_SRC := vmm/testdata/programs
+PROGRAM_FLAGS := -O1 -static -nostdlib -ffreestanding -mno-red-zone -fno-stack-protector -fno-pie -no-pie
 # Packages whose tests need /dev/kvm.
 KVM_PKGS := vmm/kvm vmm memsnap/vmsnap cow cmd/warren/cli hostd/daemon
 HAVE_KVM := $(shell test -c /dev/kvm && echo yes)
@@ -49,6 +53,9 @@ testguests:
 		gcc -c -I $(GUEST_SRC) -o $(TESTGUESTS)/$$n.o $$s || exit 1; \
 		ld -T $(GUEST_SRC)/guest.ld --no-warn-rwx-segments -o $(TESTGUESTS)/$$n.elf $(TESTGUESTS)/$$n.o || exit 1; \
 		ld -Ttext 0x1000 --oformat binary -o $(TESTGUESTS)/$$n.bin $(TESTGUESTS)/$$n.o || exit 1; \
+	done
+	@for s in $(PROGRAM_SRC)/*.c; do \
+		gcc $(PROGRAM_FLAGS) -o $(TESTGUESTS)/$$(basename $$s .c) $$s || exit 1; \
 	done
 
 # The Debian 12 (bookworm) root file system (rootfs/debian.sh): an OCI

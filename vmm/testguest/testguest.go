@@ -1,10 +1,13 @@
 // Package testguest builds the freestanding test guests in
 // vmm/testdata/guests (32-bit code in a PVH-bootable ELF) with the machine's
-// gcc and ld, for tests that run real KVM VMs in seconds.
+// gcc and ld, for tests that run real KVM VMs in seconds, and the
+// freestanding Linux programs in vmm/testdata/programs that tests run inside
+// a Linux guest.
 //
-// When WARREN_TESTGUESTS names a directory holding NAME.elf, that prebuilt
-// file is used instead (how the tests run inside the nested KVM host, which
-// has no compiler); `make testguests` fills build/testguests.
+// When WARREN_TESTGUESTS names a directory holding NAME.elf (a guest) or
+// NAME (a program), that prebuilt file is used instead (how the tests run
+// inside the nested KVM host, which has no compiler); `make testguests`
+// fills build/testguests.
 package testguest
 
 import (
@@ -47,6 +50,35 @@ func Build(t testing.TB, name string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// ProgramFlags are gcc's flags for the programs in vmm/testdata/programs:
+// static x86-64 Linux executables with no C library (the Makefile uses the
+// same).
+var ProgramFlags = []string{"-O1", "-static", "-nostdlib", "-ffreestanding", "-mno-red-zone",
+	"-fno-stack-protector", "-fno-pie", "-no-pie"}
+
+// BuildProgram returns the path of the Linux program name (e.g.
+// "procstress"), prebuilt or built into a temporary directory.
+func BuildProgram(t testing.TB, name string) string {
+	t.Helper()
+	if dir := os.Getenv("WARREN_TESTGUESTS"); dir != "" {
+		if p := filepath.Join(dir, name); fileExists(p) {
+			return p
+		}
+	}
+	src := filepath.Join(Dir(), "..", "programs", name+".c")
+	out := filepath.Join(t.TempDir(), name)
+	args := append(append([]string{}, ProgramFlags...), "-o", out, src)
+	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("build test program %s: %v\n%s", name, err, b)
+	}
+	return out
+}
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // BuildFlat returns guest name assembled as a flat binary to be placed at

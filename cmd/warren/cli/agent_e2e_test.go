@@ -19,6 +19,7 @@ import (
 
 	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/vmm/testguest"
 )
 
 // dumpGuest logs what a test can see of a guest that does not answer:
@@ -100,7 +101,8 @@ func (endless) Read(p []byte) (int, error) {
 
 // TestAgentEndToEnd restores one guest (the Linux template) and drives its agent
 // through the CLI (exec, cp, health) and the client: exit codes, 10 MiB of
-// stdout intact, 16 concurrent execs, a 5 MiB file round trip, timeouts
+// stdout intact, 16 concurrent execs, 16 processes that keep their
+// registers and memory apart, a 5 MiB file round trip, timeouts
 // that kill, streams that stall without stalling others, and a transport
 // reset after which the agent re-syncs the guest clock and answers again.
 func TestAgentEndToEnd(t *testing.T) {
@@ -214,6 +216,20 @@ func TestAgentEndToEnd(t *testing.T) {
 		close(errs)
 		for err := range errs {
 			t.Error(err)
+		}
+	})
+
+	// 16 processes with the same addresses make system calls and switch
+	// for a while; none may see another's registers or memory (issue 18:
+	// concurrent Go processes crashed with corrupted stacks on a PVM host).
+	t.Run("processes-16", func(t *testing.T) {
+		bin := testguest.BuildProgram(t, "procstress")
+		if code, _, errOut := cli(t, nil, "cp", bin, sock+":/tmp/procstress"); code != 0 {
+			t.Fatalf("cp procstress: exit %d: %s", code, errOut)
+		}
+		code, out, errOut := cli(t, nil, "exec", sock, "--", "/tmp/procstress", "16", "300")
+		if code != 0 || out != "processes 16, iterations 300, failed 0\n" {
+			t.Errorf("procstress 16 300: exit %d, stderr %q, stdout:\n%s", code, errOut, out)
 		}
 	})
 
