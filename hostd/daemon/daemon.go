@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -94,6 +95,10 @@ type Config struct {
 	// MemOverheadMiB is added to a sandbox's memory for its VMM's cgroup
 	// limit (default 128).
 	MemOverheadMiB int
+	// MaxRestores is how many VMMs may be restoring at once, from their
+	// start until their guest's agent answers (default: the host's CPUs);
+	// further creates and resumes queue (admission.go).
+	MaxRestores int
 	// Keys, when set, turns on at-rest encryption of the snapshots and
 	// the secrets file of every tenant that has a key there (see
 	// atrest.go and secrets.go), the /v1/keys API, and the Hooks that are
@@ -167,6 +172,8 @@ type Daemon struct {
 	atRest   *atRest
 	// disks seals tenants' idle disk files (diskseal.go).
 	disks diskSeal
+	// restores admits restores (admission.go).
+	restores *restoreGate
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -259,6 +266,9 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.MemOverheadMiB == 0 {
 		cfg.MemOverheadMiB = 128
 	}
+	if cfg.MaxRestores <= 0 {
+		cfg.MaxRestores = runtime.NumCPU()
+	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "warren"
 	}
@@ -270,7 +280,8 @@ func New(cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, store: st, log: cfg.Log, obs: cfg.Observer, events: newBus(),
-		audit: &auditLog{w: cfg.Audit}, templates: map[string]*tplState{}, sandboxes: map[string]*sbState{}}
+		audit: &auditLog{w: cfg.Audit}, templates: map[string]*tplState{}, sandboxes: map[string]*sbState{},
+		restores: newRestoreGate(cfg.MaxRestores)}
 	d.launcher = cfg.Launcher
 	if d.launcher == nil {
 		if cfg.Warren == "" {

@@ -62,6 +62,7 @@ func Main(args []string, stderr io.Writer) int {
 	maxImage := fs.Int64("max-image-bytes", 0, "most uncompressed bytes an image's layers may hold (default: package image's, 16 GiB)")
 	var registries stringList
 	fs.Var(&registries, "registry", "a registry HOST[:PORT] that may be pulled from at a loopback or private address and over plain HTTP (repeatable; e.g. a registry on 127.0.0.1)")
+	maxRestores := fs.Int("max-restores", 0, "how many VMMs may restore at once (from start until the guest's agent answers); more creates and resumes queue (default: the host's CPUs)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics (GET /metrics) on this TCP address, e.g. 127.0.0.1:9464 (default: off)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -141,7 +142,7 @@ func Main(args []string, stderr io.Writer) int {
 		}
 	}
 	cfg := Config{VMMUIDs: vmmUIDs, State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups, Jail: *jailFlag, DNSUpstream: *dnsUpstream,
-		ImageDiskMiB: *imageDisk, MaxImageBytes: *maxImage, Registries: registries}
+		ImageDiskMiB: *imageDisk, MaxImageBytes: *maxImage, Registries: registries, MaxRestores: *maxRestores}
 	if *imageDisk != 0 && (*imageDisk < 64 || *imageDisk > maxImageDiskMiB) {
 		return fail(fmt.Errorf("--image-disk-mib: want 64 to %d", maxImageDiskMiB))
 	}

@@ -452,13 +452,18 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 }
 
 // startVMM restores snap in a new VMM for s, puts it in s's cgroup and
-// waits for its agent; on success s is running (caller holds s.mu).
+// waits for its agent, holding a restore slot throughout (admission.go);
+// on success s is running (caller holds s.mu).
 // diskArgs are the restore's --disk-path arguments: the sandbox's own
 // overlays over the template's bases (a create) or over its snapshot's
 // disk layers (a resume). Once the agent answers, the record gets the
 // VMM's live disks (GET /v1/disks).
 func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) error {
 	sb := s.rec
+	if err := d.admitRestore(o); err != nil {
+		return err
+	}
+	defer d.restores.release()
 	use, lasting := snap, false
 	if h := d.cfg.Hooks.BeforeRestore; h != nil {
 		p, done, err := h(sb.Tenant, snap)
