@@ -117,6 +117,10 @@ func (g *restoreGate) stats() (busy, waiting int) {
 	return g.busy, len(g.queue)
 }
 
+// Restores reports the restores holding an admission slot and those
+// queued for one (for metrics).
+func (d *Daemon) Restores() (running, queued int) { return d.restores.stats() }
+
 // admitRestore takes a restore slot for o's operation, reporting its
 // place in the queue as o's progress; the caller releases it with
 // d.restores.release().

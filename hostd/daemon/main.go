@@ -204,7 +204,8 @@ func Main(args []string, stderr io.Writer) int {
 		}
 	}
 	var d *Daemon
-	mx := metrics.New(metrics.Sources{LiveSandboxes: func() map[string]int { return d.StatusCounts() }, EgressDenied: d.EgressDenied})
+	mx := metrics.New(metrics.Sources{LiveSandboxes: func() map[string]int { return d.StatusCounts() }, EgressDenied: d.EgressDenied,
+		Restores: d.Restores})
 	cfg.Observer = mx
 	d, err = New(cfg)
 	if err != nil {

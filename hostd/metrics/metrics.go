@@ -1,7 +1,8 @@
 // Package metrics exports the host daemon's measurements in the Prometheus
 // text format (GET /metrics): API request latency, operation latency
 // (template build, create, fork, restore, snapshot, exec), live sandboxes,
-// snapshot bytes written and egress packets denied.
+// restores running and queued, snapshot bytes written and egress packets
+// denied.
 //
 // A Metrics is safe for concurrent use; the gauges' callbacks are called
 // on each scrape, from the scraping goroutine.
@@ -25,6 +26,9 @@ type Sources struct {
 	// EgressDenied is the total of packets the sandboxes' egress filters
 	// denied, since each filter was loaded.
 	EgressDenied func() float64
+	// Restores reports the restores under way (holding an admission
+	// slot) and those queued for one.
+	Restores func() (running, queued int)
 }
 
 // Metrics is the daemon's registry.
@@ -60,6 +64,14 @@ func New(src Sources) *Metrics {
 	if src.EgressDenied != nil {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "warren_egress_denied_packets_total", Help: "Packets the sandboxes' egress filters denied."}, src.EgressDenied))
+	}
+	if f := src.Restores; f != nil {
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "warren_restores_running", Help: "VMMs restoring now (admission slots in use: from start to the guest agent's answer)."},
+			func() float64 { r, _ := f(); return float64(r) }))
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "warren_restores_queued", Help: "Creates and resumes waiting for an admission slot."},
+			func() float64 { _, q := f(); return float64(q) }))
 	}
 	return m
 }
