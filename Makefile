@@ -190,10 +190,10 @@ ifeq ($(HAVE_KVM),yes)
 	./bin/bench-agent $(BENCH_ARGS) --json $(BUILD)/bench-agent.json
 	./bin/bench-snapshot $(BENCH_ARGS) $(BENCH_SNAPSHOT_ARGS) --json $(BUILD)/bench-snapshot.json
 	./bin/bench-fork $(BENCH_ARGS) $(BENCH_FORK_ARGS) --json $(BUILD)/bench-fork.json
-	./bin/bench-hostd $(BENCH_ARGS) $(BENCH_HOSTD_ARGS) --json $(BUILD)/bench-hostd.json --png $(BUILD)/bench-hostd.png
+	./bin/bench-hostd $(BENCH_ARGS) $(BENCH_HOSTD_ARGS) --json $(BUILD)/bench-hostd.json --png $(BUILD)/bench-hostd.png --tti-png $(BUILD)/bench-hostd-tti.png
 	./bin/bench-image $(BENCH_ARGS) $(BENCH_IMAGE_ARGS) --json $(BUILD)/bench-image.json --png $(BUILD)/bench-image.png
 else
-	$(KVMHOST) --timeout 4500 --host-root $(CURDIR) -- './bin/bench-boot $(BENCH_ARGS) --json $(BUILD)/bench-boot.json && ./bin/bench-devices $(BENCH_ARGS) --json $(BUILD)/bench-devices.json && ./bin/bench-agent $(BENCH_ARGS) --json $(BUILD)/bench-agent.json && ./bin/bench-snapshot $(BENCH_ARGS) $(BENCH_SNAPSHOT_ARGS) --json $(BUILD)/bench-snapshot.json && ./bin/bench-fork $(BENCH_ARGS) $(BENCH_FORK_ARGS) --json $(BUILD)/bench-fork.json && ./bin/bench-hostd $(BENCH_ARGS) $(BENCH_HOSTD_ARGS) --dir $(BUILD)/bench-hostd-data --json $(BUILD)/bench-hostd.json --png $(BUILD)/bench-hostd.png && ./bin/bench-image $(BENCH_ARGS) $(BENCH_IMAGE_ARGS) --dir $(BUILD)/bench-image-data --json $(BUILD)/bench-image.json --png $(BUILD)/bench-image.png'
+	$(KVMHOST) --timeout 4500 --host-root $(CURDIR) -- './bin/bench-boot $(BENCH_ARGS) --json $(BUILD)/bench-boot.json && ./bin/bench-devices $(BENCH_ARGS) --json $(BUILD)/bench-devices.json && ./bin/bench-agent $(BENCH_ARGS) --json $(BUILD)/bench-agent.json && ./bin/bench-snapshot $(BENCH_ARGS) $(BENCH_SNAPSHOT_ARGS) --json $(BUILD)/bench-snapshot.json && ./bin/bench-fork $(BENCH_ARGS) $(BENCH_FORK_ARGS) --json $(BUILD)/bench-fork.json && ./bin/bench-hostd $(BENCH_ARGS) $(BENCH_HOSTD_ARGS) --dir $(BUILD)/bench-hostd-data --json $(BUILD)/bench-hostd.json --png $(BUILD)/bench-hostd.png --tti-png $(BUILD)/bench-hostd-tti.png && ./bin/bench-image $(BENCH_ARGS) $(BENCH_IMAGE_ARGS) --dir $(BUILD)/bench-image-data --json $(BUILD)/bench-image.json --png $(BUILD)/bench-image.png'
 endif
 
 clean:

@@ -27,7 +27,14 @@
 // from process start to the guest agent's first answer over AF_VSOCK;
 // each QEMU is stopped after (not timed).
 //
-//	go run ./bench/hostd [--runs 50] [--concurrency 1,16] [--json out.json] [--png build/bench-hostd.png]
+// Then time to interactive (tti.go; --tti, on by default): create plus the
+// answer of the first exec, warren-hostd and the QEMU peer, --tti-runs
+// times in each of three arrival modes: sequential, staggered (a create
+// every --stagger, 200 ms) and burst (all at once), with their own table
+// and plot (--tti-png) and a "tti" member in --json. --concurrency none
+// measures TTI alone.
+//
+//	go run ./bench/hostd [--runs 50] [--concurrency 1,16] [--tti sequential,staggered,burst] [--json out.json] [--png build/bench-hostd.png]
 //	go run ./bench/hostd --merge a.json,b.json[,...] [--json merged.json] [--png build/bench-hostd.png]
 //
 // It prints one table with p50/p90/p99 per level, SPACE's figures and the
@@ -92,6 +99,12 @@ type config struct {
 	qemuFirst                              bool
 	timeout, createTimeout                 time.Duration
 	jsonOut, pngOut                        string
+	// Time to interactive (tti.go): the modes, runs per mode, the gap
+	// between staggered starts and the plot.
+	tti     []string
+	ttiRuns int
+	stagger time.Duration
+	ttiPNG  string
 }
 
 func main() {
@@ -116,6 +129,10 @@ func main() {
 	flag.DurationVar(&c.createTimeout, "create-timeout", 2*time.Minute, "limit for one create (or QEMU restore); past it the run counts as failed")
 	flag.StringVar(&c.jsonOut, "json", "", "also write the results as JSON here")
 	flag.StringVar(&c.pngOut, "png", "build/bench-hostd.png", `plot of the latency distribution ("" for none)`)
+	tti := flag.String("tti", strings.Join(ttiModes, ","), `time to interactive (create + first exec) in these modes, comma-separated: sequential, staggered, burst ("none": skip)`)
+	flag.IntVar(&c.ttiRuns, "tti-runs", 16, "creates (and QEMU restores) per --tti mode")
+	flag.DurationVar(&c.stagger, "stagger", 200*time.Millisecond, "--tti staggered: the gap between two creates")
+	flag.StringVar(&c.ttiPNG, "tti-png", "build/bench-hostd-tti.png", `plot of the time-to-interactive distribution ("" for none)`)
 	merge := flag.String("merge", "", "merge these --json files (comma-separated; complete or checkpoints) of separate invocations into one table, --png and --json, and exit (no /dev/kvm needed)")
 	flag.Parse()
 	if *merge != "" {
@@ -134,6 +151,14 @@ func main() {
 	var err error
 	if c.levels, err = parseLevels(*levels); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/hostd:", err)
+		os.Exit(2)
+	}
+	if c.tti, err = parseTTIModes(*tti); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/hostd:", err)
+		os.Exit(2)
+	}
+	if len(c.tti) > 0 && c.ttiRuns < 1 {
+		fmt.Fprintln(os.Stderr, "bench/hostd: --tti-runs must be at least 1")
 		os.Exit(2)
 	}
 	if c.runs < 1 {
@@ -157,9 +182,12 @@ func haveQEMU(bin string) bool {
 	return err == nil
 }
 
-// parseLevels parses --concurrency.
+// parseLevels parses --concurrency ("none": no create levels).
 func parseLevels(s string) ([]int, error) {
 	var out []int
+	if s == "none" {
+		return nil, nil
+	}
 	for _, f := range strings.Split(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
@@ -336,11 +364,24 @@ func run(ctx context.Context, c config) error {
 				return err
 			}
 		}
-		if li < len(c.levels)-1 {
+		if li < len(c.levels)-1 || len(c.tti) > 0 {
 			if err := report(false); err != nil {
 				return err
 			}
 		}
+	}
+	if len(c.tti) > 0 {
+		ws, qs := runTTI(ctx, c, a, tpl.ID, peer)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rs.extra["tti"] = ttiJSON(c, ws, qs)
+		if err := reportTTI(c, ws, qs); err != nil {
+			return err
+		}
+	}
+	if len(c.levels) == 0 {
+		return rs.writeJSONIfAsked()
 	}
 	return report(true)
 }

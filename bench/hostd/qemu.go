@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/warrenvm/warren/bench/proc"
 	"github.com/warrenvm/warren/bench/qemu"
 	"github.com/warrenvm/warren/bench/vsockpeer"
+	"github.com/warrenvm/warren/guestinit/agent"
 )
 
 // guestArgs are the kernel arguments both guests get besides the base line
@@ -103,6 +105,17 @@ func (q *qemuPeer) close() {
 // its agent's first answer, and stops it (SIGTERM, SIGKILL after 10 s)
 // after the timing.
 func (q *qemuPeer) restore(ctx context.Context) (time.Duration, error) {
+	return q.start(ctx, false)
+}
+
+// tti is restore's time to interactive: from process start to the end of
+// the agent's answer to its first exec (true).
+func (q *qemuPeer) tti(ctx context.Context) (time.Duration, error) {
+	return q.start(ctx, true)
+}
+
+// start is restore, and with firstExec tti.
+func (q *qemuPeer) start(ctx context.Context, firstExec bool) (time.Duration, error) {
 	cid := int(q.cid.Add(1)) // a fresh CID for each restore, as bench/fork does
 	argv := append(qemu.Argv(q.guest(cid), ""), "-incoming", "exec:cat "+q.file)
 	client := qemu.AgentClient(uint32(cid), agentdial.Racing)
@@ -122,6 +135,13 @@ func (q *qemuPeer) restore(ctx context.Context) (time.Duration, error) {
 	for {
 		c, cancel := context.WithDeadline(ctx, deadline)
 		_, err := client.Health(c)
+		if err == nil && firstExec {
+			var code int
+			if code, err = client.Exec(c, agent.ExecRequest{Argv: []string{"true"}}, io.Discard, io.Discard); err == nil && code != 0 {
+				cancel()
+				return 0, fmt.Errorf("exec true: exit %d", code)
+			}
+		}
 		cancel()
 		if err == nil {
 			return time.Since(start), nil

@@ -93,6 +93,14 @@ func (rs *results) writeJSON(complete bool) error {
 	return stats.WriteJSON(rs.c.jsonOut, rs.doc(rs.warren, rs.qemu, complete))
 }
 
+// writeJSONIfAsked writes the final --json, if one was asked for.
+func (rs *results) writeJSONIfAsked() error {
+	if rs.c.jsonOut == "" {
+		return nil
+	}
+	return rs.writeJSON(true)
+}
+
 // checkpoint is drive's onSample for system ("warren" or "qemu") with
 // --json: it writes the levels done plus partial, the level in progress
 // (marked incomplete), after each of its recorded runs. Only the JSON:
