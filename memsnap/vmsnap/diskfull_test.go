@@ -2,13 +2,19 @@ package vmsnap
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/warrenvm/warren/internal/kvmtest"
+	"github.com/warrenvm/warren/vmm"
+	"github.com/warrenvm/warren/vmm/testguest"
 )
 
 // smallFS mounts a tmpfs of size bytes on a new directory (root only) and
@@ -100,4 +106,111 @@ func names(ents []os.DirEntry) string {
 func fmtList(n []string) string {
 	b, _ := json.Marshal(n)
 	return string(b)
+}
+
+// fill writes a file in dir until the file system is full.
+func fill(t *testing.T, dir string) string {
+	t.Helper()
+	p := filepath.Join(dir, "filler")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if errors.Is(err, syscall.ENOSPC) {
+				return p
+			}
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSnapshotDiskFullRunsOn takes snapshots of the running counter guest
+// into a file system that fills up: the snapshot fails with ENOSPC, the
+// guest is left running (it counts on), the previous snapshot still loads
+// with the memory it had, and once there is room again snapshots succeed
+// and hold the guest's memory as it was in their pause (an incremental
+// one either does, or is refused with a request for a full one).
+func TestSnapshotDiskFullRunsOn(t *testing.T) {
+	kvmtest.Require(t)
+	dir := smallFS(t, "64m")
+	var con testguest.SyncBuffer
+	cfg := counterConfig(t, &con)
+	vm, err := vmm.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runVM(t, vm)
+	defer stop()
+	fp, err := HostFingerprint("", cfg.Profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewSnapshotter(vm, nil, json.RawMessage(`{"test":"diskfull"}`), fp)
+	var ram []byte
+	s.OnPaused = func(vm *vmm.VM) { ram = bytes.Clone(vm.Memory().Flat()) }
+	waitFor(t, "3 dots", func() bool { return strings.Count(con.String(), ".") >= 3 })
+	check := func(name string, want []byte) {
+		t.Helper()
+		sn, err := Load(filepath.Join(dir, name), hostIs(fp))
+		if err != nil {
+			t.Fatalf("load %s: %v", name, err)
+		}
+		defer sn.Close()
+		if !bytes.Equal(readAll(t, sn), want) {
+			t.Errorf("%s: memory differs from the guest's in its pause", name)
+		}
+	}
+
+	if _, err := s.Take(context.Background(), filepath.Join(dir, "s0"), Full); err != nil {
+		t.Fatal(err)
+	}
+	ram0 := ram
+	// Pages written as a device would, before the failing snapshot: the
+	// next good one must hold them.
+	if err := vm.Pause(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	page := bytes.Repeat([]byte{0x5a}, pageSize)
+	for p := range 32 {
+		vm.Memory().WriteAt(page, int64(extraGPA+p*pageSize))
+	}
+	if err := vm.Resume(); err != nil {
+		t.Fatal(err)
+	}
+
+	filler := fill(t, dir)
+	for _, kind := range []Kind{Incremental, Full} {
+		_, err := s.Take(context.Background(), filepath.Join(dir, "s1"), kind)
+		if !errors.Is(err, syscall.ENOSPC) {
+			t.Fatalf("%s snapshot on a full file system: %v, want ENOSPC", kind, err)
+		}
+		before := counter(vm)
+		waitFor(t, "the guest to count on after the failed snapshot", func() bool { return counter(vm) > before+1000 })
+	}
+	check("s0", ram0)
+
+	os.Remove(filler)
+	_, err = s.Take(context.Background(), filepath.Join(dir, "s1"), Incremental)
+	switch {
+	case err == nil:
+		check("s1", ram)
+	case strings.Contains(err.Error(), "take a full one"):
+		t.Logf("incremental after the failure refused: %v", err)
+	default:
+		t.Fatalf("incremental snapshot with room: %v", err)
+	}
+	if _, err := s.Take(context.Background(), filepath.Join(dir, "s2"), Full); err != nil {
+		t.Fatal(err)
+	}
+	check("s2", ram)
+	if !bytes.Contains(ram[extraGPA:extraGPA+32*pageSize], page) {
+		t.Error("the pages written before the failed snapshot are not in the next one")
+	}
+	if strings.Contains(con.String(), "X") {
+		t.Fatalf("the guest failed: %q", con.String())
+	}
 }
