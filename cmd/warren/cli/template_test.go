@@ -29,7 +29,9 @@ var template struct {
 
 func TestMain(m *testing.M) {
 	// A fork's children are this binary run as `warren fork-child`.
-	if len(os.Args) > 1 && os.Args[1] == "fork-child" {
+	// So are the VMMs of tests that need one per process
+	// (cliProcess).
+	if len(os.Args) > 1 && (os.Args[1] == "fork-child" || os.Getenv(cliProcessEnv) == "1") {
 		os.Exit(Main(os.Args[1:], nil, os.Stdout, os.Stderr))
 	}
 	code := m.Run()
