@@ -203,13 +203,23 @@ func (c *client) tryExec(id string, argv ...string) (string, string, int, error)
 	if st != 200 {
 		return "", "", -1, fmt.Errorf("exec %v in %s: %d %s", argv, id, st, b)
 	}
+	out, errOut, code, err := parseExec(b)
+	if err != nil {
+		return "", "", -1, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	return out, errOut, code, nil
+}
+
+// parseExec reads an exec answer's NDJSON frames: stdout, stderr and the
+// exit code (-1 without one); an error frame is an error.
+func parseExec(b []byte) (string, string, int, error) {
 	var out, errb strings.Builder
 	code := -1
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		var f wire.ExecFrame
 		if err := json.Unmarshal(sc.Bytes(), &f); err != nil {
-			return "", "", -1, fmt.Errorf("exec in %s: frame %q: %v", id, sc.Text(), err)
+			return "", "", -1, fmt.Errorf("frame %q: %v", sc.Text(), err)
 		}
 		out.Write(f.Stdout)
 		errb.Write(f.Stderr)
@@ -217,7 +227,7 @@ func (c *client) tryExec(id string, argv ...string) (string, string, int, error)
 			code = *f.Exit
 		}
 		if f.Error != "" {
-			return "", "", -1, fmt.Errorf("exec in %s: error frame: %s", id, f.Error)
+			return "", "", -1, fmt.Errorf("error frame: %s", f.Error)
 		}
 	}
 	return out.String(), errb.String(), code, nil
