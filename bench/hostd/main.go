@@ -344,14 +344,7 @@ func run(ctx context.Context, c config) error {
 			sb, lat, err := a.create(cctx, tpl.ID)
 			cancel()
 			if sb.ID != "" { // outside the timing
-				if c.termFirst && sb.PID > 0 {
-					termAndWait(sb.PID, 20*time.Second)
-				}
-				dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				if derr := a.deleteSandbox(dctx, sb.ID); derr != nil {
-					fmt.Printf("warning: delete %s: %v\n", sb.ID, derr)
-				}
-				cancel()
+				discard(a, c, sb)
 			}
 			return lat, err
 		}, rs.checkpoint("warren"))

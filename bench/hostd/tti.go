@@ -120,16 +120,22 @@ func warrenTTI(a *api, tpl string, c config) func(context.Context) (time.Duratio
 		}
 		lat := time.Since(start)
 		if sb.ID != "" {
-			if c.termFirst && sb.PID > 0 {
-				termAndWait(sb.PID, 20*time.Second)
-			}
-			dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			if derr := a.deleteSandbox(dctx, sb.ID); derr != nil {
-				fmt.Printf("warning: delete %s: %v\n", sb.ID, derr)
-			}
-			cancel()
+			discard(a, c, sb)
 		}
 		return lat, err
+	}
+}
+
+// discard deletes sb after a timing (SIGTERMing its VMM first with
+// --term-before-delete), outside the timing; a failure is a warning.
+func discard(a *api, c config, sb sandbox) {
+	if c.termFirst && sb.PID > 0 {
+		termAndWait(sb.PID, 20*time.Second)
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := a.deleteSandbox(dctx, sb.ID); err != nil {
+		fmt.Printf("warning: delete %s: %v\n", sb.ID, err)
 	}
 }
 
