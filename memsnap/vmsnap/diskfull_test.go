@@ -3,7 +3,6 @@ package vmsnap
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -13,8 +12,6 @@ import (
 	"testing"
 
 	"github.com/warrenvm/warren/internal/kvmtest"
-	"github.com/warrenvm/warren/vmm"
-	"github.com/warrenvm/warren/vmm/testguest"
 )
 
 // smallFS mounts a tmpfs of size bytes on a new directory (root only) and
@@ -100,12 +97,7 @@ func names(ents []os.DirEntry) string {
 		n = append(n, e.Name())
 	}
 	slices.Sort(n)
-	return fmtList(n)
-}
-
-func fmtList(n []string) string {
-	b, _ := json.Marshal(n)
-	return string(b)
+	return strings.Join(n, " ")
 }
 
 // fill writes a file in dir until the file system is full.
@@ -137,22 +129,9 @@ func fill(t *testing.T, dir string) string {
 func TestSnapshotDiskFullRunsOn(t *testing.T) {
 	kvmtest.Require(t)
 	dir := smallFS(t, "64m")
-	var con testguest.SyncBuffer
-	cfg := counterConfig(t, &con)
-	vm, err := vmm.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runVM(t, vm)
-	defer stop()
-	fp, err := HostFingerprint("", cfg.Profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := NewSnapshotter(vm, nil, json.RawMessage(`{"test":"diskfull"}`), fp)
-	var ram []byte
-	s.OnPaused = func(vm *vmm.VM) { ram = bytes.Clone(vm.Memory().Flat()) }
-	waitFor(t, "3 dots", func() bool { return strings.Count(con.String(), ".") >= 3 })
+	c := startSnappedCounter(t, `{"test":"diskfull"}`)
+	vm, s, fp := c.vm, c.s, c.fp
+	defer c.stop()
 	check := func(name string, want []byte) {
 		t.Helper()
 		sn, err := Load(filepath.Join(dir, name), hostIs(fp))
@@ -168,7 +147,7 @@ func TestSnapshotDiskFullRunsOn(t *testing.T) {
 	if _, err := s.Take(context.Background(), filepath.Join(dir, "s0"), Full); err != nil {
 		t.Fatal(err)
 	}
-	ram0 := ram
+	ram0 := c.ram
 	// Pages written as a device would, before the failing snapshot: the
 	// next good one must hold them.
 	if err := vm.Pause(context.Background()); err != nil {
@@ -194,10 +173,10 @@ func TestSnapshotDiskFullRunsOn(t *testing.T) {
 	check("s0", ram0)
 
 	os.Remove(filler)
-	_, err = s.Take(context.Background(), filepath.Join(dir, "s1"), Incremental)
+	_, err := s.Take(context.Background(), filepath.Join(dir, "s1"), Incremental)
 	switch {
 	case err == nil:
-		check("s1", ram)
+		check("s1", c.ram)
 	case strings.Contains(err.Error(), "take a full one"):
 		t.Logf("incremental after the failure refused: %v", err)
 	default:
@@ -206,11 +185,11 @@ func TestSnapshotDiskFullRunsOn(t *testing.T) {
 	if _, err := s.Take(context.Background(), filepath.Join(dir, "s2"), Full); err != nil {
 		t.Fatal(err)
 	}
-	check("s2", ram)
-	if !bytes.Contains(ram[extraGPA:extraGPA+32*pageSize], page) {
+	check("s2", c.ram)
+	if !bytes.Contains(c.ram[extraGPA:extraGPA+32*pageSize], page) {
 		t.Error("the pages written before the failed snapshot are not in the next one")
 	}
-	if strings.Contains(con.String(), "X") {
-		t.Fatalf("the guest failed: %q", con.String())
+	if strings.Contains(c.con.String(), "X") {
+		t.Fatalf("the guest failed: %q", c.con.String())
 	}
 }

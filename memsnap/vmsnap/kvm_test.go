@@ -80,6 +80,37 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// snappedCounter is the counter guest running (counterConfig, runVM) with
+// its Snapshotter, whose OnPaused keeps a copy of guest RAM in ram.
+type snappedCounter struct {
+	vm   *vmm.VM
+	s    *Snapshotter
+	fp   []byte
+	con  *testguest.SyncBuffer
+	stop func()
+	ram  []byte // guest RAM as in the last snapshot's pause
+}
+
+// startSnappedCounter starts the counter guest and its Snapshotter (run
+// options opts) and waits for it to count.
+func startSnappedCounter(t *testing.T, opts string) *snappedCounter {
+	t.Helper()
+	c := &snappedCounter{con: new(testguest.SyncBuffer)}
+	cfg := counterConfig(t, c.con)
+	var err error
+	if c.vm, err = vmm.New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	c.stop = runVM(t, c.vm)
+	if c.fp, err = HostFingerprint("", cfg.Profile); err != nil {
+		t.Fatal(err)
+	}
+	c.s = NewSnapshotter(c.vm, nil, json.RawMessage(opts), c.fp)
+	c.s.OnPaused = func(vm *vmm.VM) { c.ram = bytes.Clone(vm.Memory().Flat()) }
+	waitFor(t, "3 dots", func() bool { return strings.Count(c.con.String(), ".") >= 3 })
+	return c
+}
+
 // TestSnapshotCounter runs the counter guest, takes a full snapshot and
 // three incremental ones (writing 0, 64 and 256 extra pages through the
 // VMM's accessors before them, as a device would), keeping a copy of guest
@@ -89,22 +120,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // copy and the registers the saved ones, and the guest must count on.
 func TestSnapshotCounter(t *testing.T) {
 	kvmtest.Require(t)
-	var con testguest.SyncBuffer
-	cfg := counterConfig(t, &con)
-	vm, err := vmm.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runVM(t, vm)
-	fp, err := HostFingerprint("", cfg.Profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := NewSnapshotter(vm, nil, json.RawMessage(`{"test":"counter"}`), fp)
-	var ram []byte
-	s.OnPaused = func(vm *vmm.VM) { ram = bytes.Clone(vm.Memory().Flat()) }
+	c := startSnappedCounter(t, `{"test":"counter"}`)
+	vm, s, stop := c.vm, c.s, c.stop
 	dir := t.TempDir()
-	waitFor(t, "3 dots", func() bool { return strings.Count(con.String(), ".") >= 3 })
 	r := rand.New(rand.NewPCG(1, 2))
 	extra := []int{0, 0, 64, 256}
 	var reports []*Report
@@ -138,13 +156,13 @@ func TestSnapshotCounter(t *testing.T) {
 		}
 		t.Logf("%v", rep)
 		reports = append(reports, rep)
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("s%d.ram", i)), ram, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("s%d.ram", i)), c.ram, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
 	stop()
-	if strings.Contains(con.String(), "X") {
-		t.Fatalf("the guest failed: %q", con.String())
+	if strings.Contains(c.con.String(), "X") {
+		t.Fatalf("the guest failed: %q", c.con.String())
 	}
 	// The counter guest itself dirties one page (its counter); the extra
 	// pages come on top, and each random page costs about its size.
