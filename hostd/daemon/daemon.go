@@ -411,6 +411,20 @@ func (d *Daemon) adopt() {
 		d.log.Warn("stopping a VMM that no record owns (its daemon was killed while starting it)", "pid", p.PID)
 		stopProc(p.PID, p.StartTime, StopGrace)
 	}
+	// Sandbox directories without a record: fork children whose daemon
+	// was killed before it recorded them (their VMMs were strays, stopped
+	// above), or deletes cut short. Nothing can name them through the API.
+	for _, r := range d.store.RecordlessSandboxes() {
+		d.log.Warn("removing a sandbox directory that no record owns", "tenant", r.Tenant, "sandbox", r.ID)
+		if d.cg != nil {
+			if err := d.cg.Open(r.ID).Remove(); err != nil {
+				d.log.Warn("cgroup remove", "sandbox", r.ID, "err", err)
+			}
+		}
+		if err := d.store.RemoveSandbox(r.Tenant, r.ID); err != nil {
+			d.log.Error("remove a sandbox directory that no record owns", "sandbox", r.ID, "err", err)
+		}
+	}
 }
 
 // markStopped records that s's VMM is gone and removes the secrets file

@@ -589,3 +589,49 @@ func TestCgroupPlacement(t *testing.T) {
 		}
 	}
 }
+
+// TestForkChildWithoutAgent: a fork child whose agent never answers is
+// recorded as failed, with the reason, and its VMM is stopped at once
+// rather than left holding its memory until a delete; the parent runs on.
+func TestForkChildWithoutAgent(t *testing.T) {
+	f := newFakeLauncher(t)
+	td := startDaemon(t, t.TempDir(), f, func(c *Config) { c.RestoreTimeout = 2 * time.Second })
+	c := td.client(t, "alice")
+	sb := c.create(c.template(fakeKernel(t)).ID)
+	f.muteForkChildren.Store(true)
+	f.mu.Lock()
+	before := map[int]bool{}
+	for pid := range f.vms {
+		before[pid] = true
+	}
+	f.mu.Unlock()
+	var fr struct {
+		Children []store.Sandbox
+		Errors   []string
+	}
+	c.ok(201, "POST", "/v1/sandboxes/"+sb.ID+"/fork", map[string]any{"n": 1}, &fr)
+	if len(fr.Children) != 1 || len(fr.Errors) != 1 {
+		t.Fatalf("fork: %+v", fr)
+	}
+	k := fr.Children[0]
+	if k.Status != store.Failed || k.Reason == "" || k.PID != 0 {
+		t.Errorf("child %s: status %s, reason %q, pid %d; want failed with a reason and no VMM", k.ID, k.Status, k.Reason, k.PID)
+	}
+	f.mu.Lock()
+	var kids []*fakeVM
+	for pid, vm := range f.vms {
+		if !before[pid] {
+			kids = append(kids, vm)
+		}
+	}
+	f.mu.Unlock()
+	if len(kids) != 1 {
+		t.Fatalf("%d fake child VMMs, want 1", len(kids))
+	}
+	st, _ := procStartTime(kids[0].cmd.Process.Pid)
+	waitFor(t, 5*time.Second, "the child's VMM to stop", func() bool { return !alive(kids[0].cmd.Process.Pid, st) })
+	if out, _, code := c.exec(sb.ID, "echo", "parent"); out != "parent\n" || code != 0 {
+		t.Errorf("parent exec after the failed fork: %q %d", out, code)
+	}
+	c.ok(200, "DELETE", "/v1/sandboxes/"+k.ID, nil, nil)
+}

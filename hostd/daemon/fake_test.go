@@ -37,6 +37,9 @@ type fakeLauncher struct {
 	starts atomic.Int32
 	// failRestore makes `restore` fail to start.
 	failRestore atomic.Bool
+	// muteForkChildren starts fork children whose agent never answers
+	// (it listens elsewhere than the vsock path the fork reply names).
+	muteForkChildren atomic.Bool
 	// duringRun, when set, is called with a `run`'s arguments as it
 	// starts: what the build's guest does (to its disks, say).
 	duringRun func(args []string)
@@ -275,7 +278,11 @@ func (vm *fakeVM) serve() error {
 		var kids []map[string]any
 		for k := range req.N {
 			p := fmt.Sprintf("%s-%d", req.Prefix, k)
-			c, err := vm.launcher.startVM(p+".api", p+".vsock")
+			agentAt := p + ".vsock"
+			if vm.launcher.muteForkChildren.Load() {
+				agentAt = p + ".elsewhere"
+			}
+			c, err := vm.launcher.startVM(p+".api", agentAt)
 			if err != nil {
 				reply(w, 500, map[string]string{"error": err.Error()})
 				return

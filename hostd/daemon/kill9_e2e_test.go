@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/warrenvm/warren/internal/kvmtest"
 	"os"
@@ -355,24 +356,48 @@ func lastLines(s string, n int) string {
 }
 
 // TestStrayVMMs: a process shaped like one of the daemon's VMMs (argv[1]
-// run or restore, an argument under the state directory) that no record
-// owns is found, and a new daemon stops it; others are left alone.
+// run or restore with an argument under the state directory, a fork-child
+// holding its log under it, a jail-init of its own pid namespace with no
+// recorded VMM in it) that no record owns is found, and a new daemon stops
+// it and removes the sandbox directories that hold no record; others are
+// left alone.
 func TestStrayVMMs(t *testing.T) {
 	state := t.TempDir()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	spawn := func(argv ...string) *exec.Cmd {
+	spawnWith := func(prep func(*exec.Cmd), argv ...string) *exec.Cmd {
 		cmd := exec.Command(self)
 		cmd.Args = append([]string{"warren"}, argv...)
 		cmd.Env = append(os.Environ(), roleEnv+"=sleep")
+		if prep != nil {
+			prep(cmd)
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		return cmd
 	}
+	spawn := func(argv ...string) *exec.Cmd { return spawnWith(nil, argv...) }
+	logTo := func(path string) func(*exec.Cmd) {
+		return func(cmd *exec.Cmd) {
+			if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.Create(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			cmd.Stdout = f
+		}
+	}
+	// A fork child of a VMM that no record owns: its command line names
+	// nothing, its log is under the state directory.
+	strayKid := spawnWith(logTo(filepath.Join(state, "run", "fk-x", "child-0.log")), "fork-child")
+	otherKid := spawnWith(logTo(filepath.Join(t.TempDir(), "child-0.log")), "fork-child")
 	stray := spawn("restore", "--lazy", "--api", filepath.Join(state, "run", "sb-x.api"), "snap")
 	strayRun := spawn("run", "--kernel", "/k", "--console", filepath.Join(state, "tenants", "a", "templates", "tp-x", "console.log"))
 	owned := spawn("restore", "--api", filepath.Join(state, "run", "sb-y.api"))
@@ -386,22 +411,55 @@ func TestStrayVMMs(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	want := []int{stray.Process.Pid, strayRun.Process.Pid}
+	want := []int{stray.Process.Pid, strayRun.Process.Pid, strayKid.Process.Pid}
+	strays := []*exec.Cmd{stray, strayRun, strayKid, owned}
+	if os.Geteuid() == 0 {
+		// A jailed family's init (pid 1 of its own namespace) whose VMM
+		// is not recorded, or not started yet.
+		strayInit := spawnWith(func(cmd *exec.Cmd) {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+		}, jail.InitVerb, "--report-fd", "3", "--", "/bin/warren", "restore", "--api", filepath.Join(state, "run", "sb-w.api"))
+		want = append(want, strayInit.Process.Pid)
+		strays = append(strays, strayInit)
+	} else {
+		t.Log("not root: no jail-init in a pid namespace of its own")
+	}
 	slices.Sort(want)
+	// Sandbox directories: one without a record (a fork child its daemon
+	// never recorded) goes; one whose record is unreadable stays.
+	recordless := filepath.Join(state, "tenants", "acme", "sandboxes", "sb-norecord")
+	unreadable := filepath.Join(state, "tenants", "acme", "sandboxes", "sb-garbled")
+	for _, dir := range []string{recordless, unreadable} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "disk0.overlay"), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(unreadable, "sandbox.json"), []byte("{garbled"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, 10*time.Second, "the processes' command lines", func() bool {
 		return slices.Equal(pids(strayVMMs(state, map[int]bool{owned.Process.Pid: true})), want)
 	})
 	// A daemon starting on the state directory, whose records own none of
 	// them, stops the three under it (SIGTERM ends the "sleep" role).
 	startDaemon(t, state, newFakeLauncher(t))
-	for _, c := range []*exec.Cmd{stray, strayRun, owned} {
+	for _, c := range strays {
 		if err := c.Wait(); err == nil {
 			t.Fatalf("stray %v exited 0", c.Args)
 		}
 	}
-	for _, c := range []*exec.Cmd{other, notVMM} {
+	for _, c := range []*exec.Cmd{other, notVMM, otherKid} {
 		if err := c.Process.Signal(syscall.Signal(0)); err != nil {
 			t.Fatalf("%v was stopped: %v", c.Args, err)
 		}
+	}
+	if _, err := os.Stat(recordless); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the sandbox directory without a record is still there (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(unreadable, "disk0.overlay")); err != nil {
+		t.Errorf("the sandbox directory with an unreadable record lost its disk: %v", err)
 	}
 }

@@ -869,7 +869,10 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 		d.sandboxes[id] = ks
 		d.mu.Unlock()
 		if err := d.waitAgent(o, ch.Vsock, Proc{ch.PID, st}, d.cfg.RestoreTimeout, ch.Log, 50, 95); err != nil {
-			sb.Status, sb.Reason = store.Failed, err.Error()
+			// A child whose agent never answered is of no use: its VMM
+			// goes now rather than hold its memory until a delete.
+			stopProc(ch.PID, st, StopGrace)
+			sb.Status, sb.Reason, sb.PID, sb.StartTime = store.Failed, err.Error(), 0, 0
 			errs = append(errs, fmt.Sprintf("child %d: %v", ch.Index, err))
 		} else {
 			sb.Status = store.Running

@@ -233,22 +233,44 @@ func tail(path string, n int64) string {
 }
 
 // strayVMMs returns the VMM processes of the daemon whose state directory
-// is root that no record owns: every process, other than those in owned,
-// whose argv[1] is "run" or "restore" (a template build's or a sandbox's
-// `warren`, or a fork child, which shares its parent's command line) and
-// one of whose arguments is a path under root. A daemon killed between
-// starting a VMM and recording its PID (or between a VMM's fork and the
-// children's records) leaves such processes; nothing else should.
+// is root that no record owns (every PID in owned is a recorded VMM):
+//
+//   - a `warren run` or `warren restore` (a template build's or a
+//     sandbox's VMM) with an argument under root;
+//   - a `warren fork-child` (a fork child, started by its parent VMM with
+//     that command line alone) in the pid namespace of one of the
+//     daemon's jailed VMM families, or holding a file under root open
+//     (its log, for an unjailed parent);
+//   - a `warren jail-init` with an argument under root whose pid
+//     namespace holds no recorded VMM: a family whose every member is a
+//     stray, or whose init had not started its VMM yet. Stopping the init
+//     ends its whole namespace.
+//
+// A daemon killed between starting a VMM and recording its PID, or
+// between a VMM's fork and the children's records, leaves such processes;
+// nothing else should. The inits of families with a recorded member are
+// not returned: each ends once its namespace is empty.
 func strayVMMs(root string, owned map[int]bool) []Proc {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
 	prefix := filepath.Clean(root) + string(filepath.Separator)
-	var out []Proc
+	under := func(args []string) bool {
+		return slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, prefix) })
+	}
+	var strays, forkKids []int
+	nsOf := map[int]string{}
+	inits := map[string]int{} // pid namespace -> its jail-init of ours
+	ownedNS := map[string]bool{}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() || owned[pid] {
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		ns, _ := os.Readlink("/proc/" + e.Name() + "/ns/pid")
+		if owned[pid] {
+			ownedNS[ns] = true
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
@@ -256,22 +278,59 @@ func strayVMMs(root string, owned map[int]bool) []Proc {
 			continue
 		}
 		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
-		if len(argv) < 3 || (argv[1] != "run" && argv[1] != "restore") {
+		if len(argv) < 2 {
 			continue
 		}
-		mine := false
-		for _, a := range argv[2:] {
-			if strings.HasPrefix(a, prefix) {
-				mine = true
-				break
+		switch argv[1] {
+		case "run", "restore":
+			if under(argv[2:]) {
+				strays = append(strays, pid)
 			}
+		case jail.InitVerb:
+			if under(argv[2:]) && ns != "" {
+				inits[ns] = pid
+			}
+		case "fork-child":
+			nsOf[pid] = ns
+			forkKids = append(forkKids, pid)
 		}
-		if !mine {
-			continue
+	}
+	for _, pid := range forkKids {
+		if _, jailed := inits[nsOf[pid]]; (jailed && nsOf[pid] != "") || holdsFileUnder(pid, prefix) {
+			strays = append(strays, pid)
 		}
+	}
+	for ns, pid := range inits {
+		if !ownedNS[ns] {
+			strays = append(strays, pid)
+		}
+	}
+	slices.Sort(strays)
+	var out []Proc
+	for _, pid := range strays {
 		if st, err := procStartTime(pid); err == nil {
 			out = append(out, Proc{PID: pid, StartTime: st})
 		}
 	}
 	return out
+}
+
+// holdsFileUnder reports whether process pid has a file whose path
+// starts with prefix open (one of its first 64 descriptors: a VMM's log
+// is its stdout).
+func holdsFileUnder(pid int, prefix string) bool {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for i, e := range ents {
+		if i == 64 {
+			break
+		}
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && strings.HasPrefix(l, prefix) {
+			return true
+		}
+	}
+	return false
 }

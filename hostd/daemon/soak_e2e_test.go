@@ -107,7 +107,7 @@ func TestE2ESoak(t *testing.T) {
 	// call makes one API call and classifies its answer: ok (2xx), a
 	// clear error (4xx/5xx with a JSON error), or a transport error (the
 	// daemon is down: the caller waits for it and gives the cycle up).
-	var transportSeen []string
+	var transportSeen, clearSeen []string
 	noteTransport := func(err error) {
 		transport.Add(1)
 		unclearMu.Lock()
@@ -129,6 +129,9 @@ func TestE2ESoak(t *testing.T) {
 		var e struct{ Error string }
 		if st >= 400 && json.Unmarshal(b, &e) == nil && e.Error != "" {
 			clear.Add(1)
+			unclearMu.Lock()
+			clearSeen = append(clearSeen, fmt.Sprintf("%s %s: %d %s", method, path, st, e.Error))
+			unclearMu.Unlock()
 			return
 		}
 		noteUnclear(fmt.Sprintf("%s %s: %d %q", method, path, st, b))
@@ -325,6 +328,9 @@ func TestE2ESoak(t *testing.T) {
 	if len(transportSeen) > 0 {
 		t.Logf("transport errors (the first %d): %q", len(transportSeen), transportSeen)
 	}
+	for _, e := range clearSeen {
+		t.Logf("clear error: %s", e)
+	}
 	if unclear.Load() > 0 {
 		t.Errorf("answers that were neither a success nor a clear error: %q", unclearSeen)
 	}
@@ -349,12 +355,19 @@ func TestE2ESoak(t *testing.T) {
 
 	if p := stateProcs(state); len(p) > 0 {
 		t.Errorf("processes of the state directory left: %v", p)
+		for _, pid := range p {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			t.Logf("pid %d: %q", pid, strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00"))
+		}
 	}
 	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), state) {
 		t.Errorf("mounts under the state directory left:\n%s", grepLines(string(b), state))
 	}
 	if ents, _ := os.ReadDir(filepath.Join(state, "tenants", tenant, "sandboxes")); len(ents) > 0 {
 		t.Errorf("sandbox directories left: %v", ents)
+		for _, e := range ents {
+			t.Logf("%s holds %v", e.Name(), dirNames(filepath.Join(state, "tenants", tenant, "sandboxes", e.Name())))
+		}
 	}
 	for _, g := range cgroupDirs() {
 		if ledger.seen[filepath.Base(g)] {

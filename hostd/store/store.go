@@ -388,6 +388,34 @@ func (s *Store) Load() (tpls []*Template, sbs []*Sandbox, errs []error) {
 	return tpls, sbs, errs
 }
 
+// SandboxRef names one sandbox directory.
+type SandboxRef struct{ Tenant, ID string }
+
+// RecordlessSandboxes lists the sandbox directories that hold no record
+// (Load skips them): a delete cut short after its record went, or a fork
+// child whose daemon was killed before it recorded the child. A
+// directory whose record exists but cannot be read is not listed.
+func (s *Store) RecordlessSandboxes() []SandboxRef {
+	var out []SandboxRef
+	tenants, _ := os.ReadDir(filepath.Join(s.Root, "tenants"))
+	for _, te := range tenants {
+		if !te.IsDir() || !ValidTenant(te.Name()) {
+			continue
+		}
+		ids, _ := os.ReadDir(filepath.Join(s.Root, "tenants", te.Name(), "sandboxes"))
+		for _, e := range ids {
+			if !e.IsDir() {
+				continue
+			}
+			_, err := os.Lstat(filepath.Join(s.SandboxDir(te.Name(), e.Name()), sandboxFile))
+			if errors.Is(err, os.ErrNotExist) {
+				out = append(out, SandboxRef{te.Name(), e.Name()})
+			}
+		}
+	}
+	return out
+}
+
 func readJSON(path string, v any) (bool, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {

@@ -86,3 +86,36 @@ func TestValid(t *testing.T) {
 		t.Error("ValidID")
 	}
 }
+
+// TestRecordlessSandboxes: a sandbox directory without its record is
+// listed; one with a record, readable or not, is not, nor a stray file.
+func TestRecordlessSandboxes(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SaveSandbox(&Sandbox{ID: "sb-aaaaaaaaaaaa", Tenant: "alice", Status: Running}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"sb-bbbbbbbbbbbb", "sb-cccccccccccc"} {
+		if err := os.MkdirAll(s.SandboxDir("alice", id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(s.SandboxDir("alice", "sb-cccccccccccc"), sandboxFile), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(s.SandboxDir("alice", "x")), "stray"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := s.RecordlessSandboxes()
+	if len(got) != 1 || got[0] != (SandboxRef{"alice", "sb-bbbbbbbbbbbb"}) {
+		t.Fatalf("recordless: %v, want [alice sb-bbbbbbbbbbbb]", got)
+	}
+	if err := s.RemoveSandbox("alice", "sb-bbbbbbbbbbbb"); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.RecordlessSandboxes(); len(got) != 0 {
+		t.Fatalf("recordless after the remove: %v", got)
+	}
+}
