@@ -111,6 +111,9 @@ func startGuest(t *testing.T, o vmOptions) (*guest, error) {
 			g.done <- err
 			closeAll()
 			if t.Failed() {
+				// Why the VM stopped, when it did on its own (a triple
+				// fault says so here).
+				t.Logf("the VM's run ended with: %v", err)
 				t.Logf("guest console:\n%s", tail([]byte(g.con.String())))
 			}
 		})
