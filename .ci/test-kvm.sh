@@ -12,8 +12,8 @@
 # silent for --idle-timeout) this script boots a fresh
 # L1 and resumes where the last one stopped: packages that passed are not
 # run again, and inside a package the top-level tests that passed are
-# skipped (-test.skip). It boots at most $MAX_BOOTS (8) L1s, all within
-# $BUDGET (3000) seconds: each boot's timeout is cut to what is left, and
+# skipped (-test.skip). It boots at most $MAX_BOOTS (16) L1s, all within
+# $BUDGET (2700) seconds: each boot's timeout is cut to what is left, and
 # none starts with less than 300 s left. One boot gets at most $BOOT_TIMEOUT
 # (the whole budget by default: a freeze is found by the heartbeat and the
 # idle timeout, not by this); a whole run takes about 25 minutes.
@@ -103,25 +103,54 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
 	shift
 done
 [ "${1:-}" = -- ] && shift
-MAX_BOOTS=${MAX_BOOTS:-8}
-BUDGET=${BUDGET:-3000}
-BOOT_TIMEOUT=${BOOT_TIMEOUT:-3000}
+MAX_BOOTS=${MAX_BOOTS:-16}
+BUDGET=${BUDGET:-2700}
+BOOT_TIMEOUT=${BOOT_TIMEOUT:-2700}
+# CI's whole run must end within an hour: .ci/run sets WARREN_CI_DEADLINE
+# (seconds since the epoch), and the budget ends 90 s before it, leaving
+# time for the summaries.
+if [ -n "${WARREN_CI_DEADLINE:-}" ]; then
+	until_deadline=$((WARREN_CI_DEADLINE - $(date +%s) - 90))
+	((until_deadline < BUDGET)) && BUDGET=$until_deadline
+	echo "test-kvm: $BUDGET s for the nested KVM host (CI deadline $(date -u -d "@$WARREN_CI_DEADLINE" +%T) UTC)"
+fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 rm -rf "$STATE"
 mkdir -p "$STATE"
 start=$SECONDS
+# summary prints one line per L1 boot: how long it lived, how it ended
+# (run.sh's error, or L1's own BUG/panic line) and the test it was in.
+# It comes last, so that CI's tail of the log shows why boots were lost.
+summary() {
+	local b f
+	echo "test-kvm: L1 boots:"
+	for ((b = 1; b <= boot && b <= MAX_BOOTS; b++)); do
+		f=$STATE/boot$b
+		[ -f "$f.rc" ] || continue
+		printf '  boot %d: %s s, exit %s; %s; last test started: %s\n' "$b" "$(cat "$f.secs")" "$(cat "$f.rc")" \
+			"$(grep -a -m1 -E 'BUG:|Kernel panic|soft lockup|kvmhost: error' "$f.log" | sed 's/^\[ *[0-9.]*\] //' | cut -c1-150 || true)" \
+			"$(grep -a -E '^=== (RUN|package)' "$f.log" | tail -n1 | cut -c1-100)"
+	done
+}
 for ((boot = 1; boot <= MAX_BOOTS; boot++)); do
 	# No boot may run past the budget (run.sh takes the last --timeout).
 	left=$((BUDGET - (SECONDS - start)))
 	((left < BOOT_TIMEOUT)) || left=$BOOT_TIMEOUT
+	t0=$SECONDS
+	# Its output is kept (and shown as it comes) for the summary.
 	bash "$ROOT/.ci/kvmhost/run.sh" "$@" --timeout "$left" \
 		--env "STATE=$STATE" --env "TESTS=$TESTS" --env "PKGS=${PKGS[*]}" \
-		"$ROOT" -- 'sh .ci/test-kvm.sh --inner'
-	rc=$?
+		"$ROOT" -- 'sh .ci/test-kvm.sh --inner' 2>&1 | tee "$STATE/boot$boot.log"
+	rc=${PIPESTATUS[0]}
+	echo "$rc" >"$STATE/boot$boot.rc"
+	echo $((SECONDS - t0)) >"$STATE/boot$boot.secs"
 	case $rc in
 	124 | 125) ;;
-	*) exit "$rc" ;;
+	*)
+		((boot > 1)) && summary
+		exit "$rc"
+		;;
 	esac
 	done_pkgs=$(cd "$STATE" && ls -- *.done 2>/dev/null | sed 's/\.done$//' | tr '\n' ' ')
 	echo "test-kvm: the nested KVM host failed or froze in boot $boot (exit $rc, not a test verdict); packages done: ${done_pkgs:-none}"
@@ -135,4 +164,5 @@ for ((boot = 1; boot <= MAX_BOOTS; boot++)); do
 	fi
 	echo "test-kvm: booting a fresh L1 and resuming"
 done
+summary
 exit 125

@@ -34,11 +34,15 @@
 #   WARREN_KVMHOST_CPU           QEMU -cpu model (default below)
 #   WARREN_KVMHOST_KVM_AMD_PARAMS, WARREN_KVMHOST_KVM_PARAMS
 #                                insmod parameters for kvm_amd, kvm
+#   WARREN_KVMHOST_CPUS          L1 vCPUs when --cpus is not given (default 2)
+#   WARREN_KVMHOST_ACCEL         QEMU -accel (default tcg,thread=multi)
 #   WARREN_KVMHOST_QEMU_ARGS     extra QEMU arguments (word-split)
 #   WARREN_KVMHOST_QEMU          the QEMU binary (default: QEMU 10.0 from
 #                                bookworm-backports, cached; see below)
 #   WARREN_KVMHOST_KERNEL_PKG    pin the Debian kernel package
 #                                (e.g. linux-image-6.1.0-57-amd64)
+#   WARREN_KVMHOST_KERNEL_SUITE  bookworm (default) or bookworm-backports:
+#                                where L1's kernel comes from
 #   WARREN_KVMHOST_DEBUG=1       show the L1 kernel log and trace its init
 set -euo pipefail
 
@@ -47,7 +51,7 @@ SELF=$(readlink -f "${BASH_SOURCE[0]}")
 readonly SELF
 
 MEM=4096
-CPUS=2
+CPUS=${WARREN_KVMHOST_CPUS:-2}
 TIMEOUT=3600
 IDLE_TIMEOUT=0
 FROZEN_TIMEOUT=0
@@ -59,6 +63,7 @@ HOST_ROOT=0
 # lost their agent in 3 of 3 runs of cmd/warren/cli's fork tests, against 0
 # of 3 without XSAVE (README.md, "QEMU 10 for L1").
 CPU_MODEL=${WARREN_KVMHOST_CPU:-max,-la57,-xsave}
+ACCEL=${WARREN_KVMHOST_ACCEL:-tcg,thread=multi}
 # vls=0: no virtual VMLOAD/VMSAVE. With it (kvm_amd's default where the CPU
 # offers it, as TCG's "max" does) L1 crashed with a zero GS base in its
 # page-fault handler (gs:current_task read as 0, a stack overflow of page
@@ -138,6 +143,26 @@ mkdir -p "$CACHE_ROOT"
 # 7.2's (README.md, "QEMU 10 for L1": measured). WARREN_KVMHOST_QEMU picks
 # another binary (qemu-system-x86_64 for the host's own).
 QEMU_BPO_VERSION=1:10.0.2+ds-2+deb13u1~bpo12+1
+# bpo_apt CMD ARGS...: apt-get or apt-cache CMD with a private source list
+# for bookworm-backports (the host's apt configuration is left alone),
+# whose index lives in the cache and is fetched when missing or a day old.
+BPO_APT=$CACHE_ROOT/bpo-apt
+bpo_apt() {
+	local tool=$1
+	shift
+	local o=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$BPO_APT/sources" -o "Dir::State::Lists=$BPO_APT/lists")
+	(
+		flock 8
+		if [[ -z $(find "$BPO_APT/lists" -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null) ]]; then
+			mkdir -p "$BPO_APT/sources" "$BPO_APT/lists/partial"
+			printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+				>"$BPO_APT/sources/bpo.sources"
+			log "apt-get update (bookworm-backports, private list)"
+			apt-get "${o[@]}" update -qq >&2 || exit 1
+		fi
+	) 8>"$CACHE_ROOT/bpo-apt.lock" || return 1
+	"$tool" "${o[@]}" "$@"
+}
 qemu_bpo() {
 	local dir=$CACHE_ROOT/qemu-${QEMU_BPO_VERSION//[:~+]/_}
 	if [[ ! -x $dir/root/usr/bin/qemu-system-x86_64 ]]; then
@@ -147,12 +172,8 @@ qemu_bpo() {
 			log "fetching QEMU $QEMU_BPO_VERSION from bookworm-backports for L1 (once)"
 			local tmp
 			tmp=$(mktemp -d "$CACHE_ROOT/qemu-tmp.XXXXXX")
-			mkdir -p "$tmp/sources" "$tmp/lists/partial" "$tmp/debs" "$tmp/root"
-			printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
-				>"$tmp/sources/bpo.sources"
-			local o=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$tmp/sources" -o "Dir::State::Lists=$tmp/lists")
-			apt-get "${o[@]}" update -qq >&2 || exit 1
-			(cd "$tmp/debs" && apt-get "${o[@]}" download -qq "qemu-system-x86=$QEMU_BPO_VERSION" \
+			mkdir -p "$tmp/debs" "$tmp/root"
+			(cd "$tmp/debs" && bpo_apt apt-get download -qq "qemu-system-x86=$QEMU_BPO_VERSION" \
 				"qemu-system-common=$QEMU_BPO_VERSION" "qemu-system-data=$QEMU_BPO_VERSION" >&2) || exit 1
 			for d in "$tmp"/debs/*.deb; do dpkg-deb -x "$d" "$tmp/root" || exit 1; done
 			rm -rf "$dir"
@@ -175,19 +196,28 @@ if [[ -z $QEMU_BIN ]]; then
 fi
 SCRIPT_HASH=$(sha256sum "$SELF" | cut -c1-12)
 
-# resolve_kernel prints "PACKAGE VERSION" for the Debian kernel image to use.
+# resolve_kernel prints "PACKAGE VERSION" for the Debian kernel image to use:
+# bookworm's linux-image-amd64, or bookworm-backports' with
+# WARREN_KVMHOST_KERNEL_SUITE=bookworm-backports.
+kapt() {
+	if [[ ${WARREN_KVMHOST_KERNEL_SUITE:-bookworm} == bookworm-backports ]]; then
+		bpo_apt "$@"
+	else
+		"$@"
+	fi
+}
 resolve_kernel() {
 	local pkg=${WARREN_KVMHOST_KERNEL_PKG:-} meta ver dep
 	if [[ -n $pkg ]]; then
-		ver=$(apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ {print $2}')
+		ver=$(kapt apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ {print $2}')
 		[[ -n $ver && $ver != "(none)" ]] || return 1
 		echo "$pkg $ver"
 		return
 	fi
 	meta=linux-image-amd64
-	ver=$(apt-cache policy "$meta" 2>/dev/null | awk '/Candidate:/ {print $2}')
+	ver=$(kapt apt-cache policy "$meta" 2>/dev/null | awk '/Candidate:/ {print $2}')
 	[[ -n $ver && $ver != "(none)" ]] || return 1
-	dep=$(apt-cache show "$meta=$ver" 2>/dev/null |
+	dep=$(kapt apt-cache show "$meta=$ver" 2>/dev/null |
 		sed -n 's/^Depends:.*\(linux-image-[0-9][^ ,]*-amd64\).*/\1/p' | head -n1)
 	[[ -n $dep ]] || return 1
 	echo "$dep $ver"
@@ -222,9 +252,12 @@ build_image() {
 	# shellcheck disable=SC2064
 	trap "rm -rf '$work'" RETURN
 	log "building L1 image $(basename "$out") (once)"
-	(cd "$work" && apt-get download -qq "$KPKG=$KVER" busybox-static 2>&1 |
+	(cd "$work" && apt-get download -qq busybox-static 2>&1 |
 		grep -v 'unsandboxed' >&2; exit "${PIPESTATUS[0]}") ||
-		die "apt-get download $KPKG=$KVER busybox-static failed"
+		die "apt-get download busybox-static failed"
+	(cd "$work" && kapt apt-get download -qq "$KPKG=$KVER" 2>&1 |
+		grep -v 'unsandboxed' >&2; exit "${PIPESTATUS[0]}") ||
+		die "apt-get download $KPKG=$KVER failed"
 	mkdir "$work/x" "$work/bb"
 	# Only the kernel and the module trees that can hold what L1 needs
 	# (skipping the ~300 MB of drivers/gpu, drivers/net, sound, ...).
@@ -234,7 +267,7 @@ build_image() {
 		'./lib/modules/*/kernel/net/*' './lib/modules/*/kernel/fs/*' \
 		'./lib/modules/*/kernel/lib/*' './lib/modules/*/kernel/crypto/*' \
 		'./lib/modules/*/kernel/drivers/net/tun.ko*' \
-		'./lib/modules/*/kernel/drivers/vhost/*' ||
+		'./lib/modules/*/kernel/drivers/vhost/*' './lib/modules/*/modules.builtin' ||
 		die "extracting $KPKG failed"
 	dpkg-deb -x "$work"/busybox-static_*.deb "$work/bb"
 	kdir=$(find "$work/x/lib/modules" -mindepth 1 -maxdepth 1 -type d | head -n1)
@@ -278,7 +311,12 @@ build_image() {
 		local m=${1//-/_} d
 		[[ -n ${done_mod[$m]:-} ]] && return
 		done_mod[$m]=1
-		[[ -n ${path_of[$m]:-} ]] || die "module $m not in $KPKG"
+		if [[ -z ${path_of[$m]:-} ]]; then
+			# Built into this kernel (virtio_pci is, in 6.12's).
+			grep -q "/${m}.ko\$" "$kdir/modules.builtin" 2>/dev/null && return
+			grep -q "/${m//_/-}.ko\$" "$kdir/modules.builtin" 2>/dev/null && return
+			die "module $m not in $KPKG"
+		fi
 		for d in $("$MODINFO" -F depends "${path_of[$m]}" | tr ',' ' '); do
 			add_mod "$d"
 		done
@@ -473,7 +511,7 @@ append+=" loglevel=7"
 
 # shellcheck disable=SC2054 # commas are QEMU's
 qemu=("$QEMU_BIN" "${QEMU_DATA_ARGS[@]}"
-	-accel tcg,thread=multi -cpu "$CPU_MODEL" -smp "$CPUS" -m "$MEM"
+	-accel "$ACCEL" -cpu "$CPU_MODEL" -smp "$CPUS" -m "$MEM"
 	-nodefaults -no-user-config -nographic -no-reboot
 	-serial stdio -monitor none
 	-kernel "$KERNEL" -initrd "$TMP/initrd" -append "$append"
@@ -494,7 +532,7 @@ elapsed() {
 	local us=$((${EPOCHREALTIME/[.,]/} - T0))
 	printf '%d.%d' $((us / 1000000)) $((us / 100000 % 10))
 }
-log "booting L1 ($(cut -d' ' -f1,2 "$IMG/INFO"), $("$QEMU_BIN" --version | head -1 | sed 's/ (.*//'), -cpu $CPU_MODEL, ${CPUS} vCPUs, ${MEM} MiB, timeout ${TIMEOUT}s)"
+log "booting L1 ($(cut -d' ' -f1,2 "$IMG/INFO"), $("$QEMU_BIN" --version | head -1 | sed 's/ (.*//'), -accel $ACCEL -cpu $CPU_MODEL, ${CPUS} vCPUs, ${MEM} MiB, timeout ${TIMEOUT}s)"
 
 rc_file=$TMP/rc
 ready_file=$TMP/ready
