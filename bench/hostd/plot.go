@@ -1,21 +1,22 @@
 package main
 
 import (
-	"fmt"
 	"image"
 	"image/color"
-	"image/draw"
-	"image/png"
 	"math"
-	"os"
-	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"time"
 
-	"golang.org/x/image/font"
-	"golang.org/x/image/font/basicfont"
-	"golang.org/x/image/math/fixed"
+	gplot "gonum.org/v1/plot"
+	"gonum.org/v1/plot/font"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/text"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/warrenvm/warren/bench/benchplot"
 )
 
 // series is one curve of the plot: the empirical CDF of samples.
@@ -48,10 +49,8 @@ type plot struct {
 const logSpread = 8
 
 var (
-	white = color.RGBA{255, 255, 255, 255}
-	black = color.RGBA{0, 0, 0, 255}
-	grey  = color.RGBA{215, 215, 215, 255}
-	red   = color.RGBA{200, 30, 30, 255}
+	grey = color.RGBA{215, 215, 215, 255}
+	red  = color.RGBA{200, 30, 30, 255}
 	// palette colours the series in order.
 	palette = []color.RGBA{
 		{31, 90, 200, 255},  // blue
@@ -178,210 +177,186 @@ func tickLabel(v float64) string {
 	return strconv.FormatFloat(v, 'g', 4, 64) + "ms"
 }
 
-// canvas draws on an RGBA image.
-type canvas struct {
-	img  *image.RGBA
-	face font.Face
-}
+// durationTicks marks an x axis in ms at ticks' values, labelled as
+// durations.
+type durationTicks struct{ log bool }
 
-func (c *canvas) set(x, y int, col color.RGBA) {
-	if image.Pt(x, y).In(c.img.Rect) {
-		c.img.SetRGBA(x, y, col)
+// Ticks implements gplot.Ticker.
+func (t durationTicks) Ticks(lo, hi float64) []gplot.Tick {
+	var out []gplot.Tick
+	for _, v := range ticks(lo, hi, t.log) {
+		out = append(out, gplot.Tick{Value: v, Label: tickLabel(v)})
 	}
+	return out
 }
 
-// line draws a line width px wide; with dash > 0, dash px on, dash px off.
-func (c *canvas) line(x0, y0, x1, y1 int, col color.RGBA, width, dash int) {
-	dx, dy := abs(x1-x0), -abs(y1-y0)
-	sx, sy := sign(x1-x0), sign(y1-y0)
-	err := dx + dy
-	for n := 0; ; n++ {
-		if dash == 0 || (n/dash)%2 == 0 {
-			for i := 0; i < width; i++ {
-				for j := 0; j < width; j++ {
-					c.set(x0+i-width/2, y0+j-width/2, col)
-				}
-			}
+// refMarks draws the reference lines (red, dashed) or, with labels,
+// their labels near the bottom of the area on a white ground, in
+// alternating rows where they would overlap: there a CDF is still flat
+// at 0 or has already risen past.
+type refMarks struct {
+	refs   []refLine
+	labels bool
+}
+
+// Plot implements gplot.Plotter.
+func (r refMarks) Plot(c draw.Canvas, p *gplot.Plot) {
+	trX, _ := p.Transforms(&c)
+	line := draw.LineStyle{Color: red, Width: vg.Points(1.5), Dashes: []vg.Length{vg.Points(4), vg.Points(4)}}
+	sty := text.Style{Color: red, Font: font.From(gplot.DefaultFont, 10), Handler: gplot.DefaultTextHandler}
+	lastX, row := vg.Length(math.Inf(-1)), 0
+	for _, ref := range r.refs {
+		x := trX(ms(ref.At))
+		if !r.labels {
+			c.StrokeLine2(line, x, c.Min.Y, x, c.Max.Y)
+			continue
 		}
-		if x0 == x1 && y0 == y1 {
-			return
-		}
-		e2 := 2 * err
-		if e2 >= dy {
-			err += dy
-			x0 += sx
-		}
-		if e2 <= dx {
-			err += dx
-			y0 += sy
-		}
-	}
-}
-
-func (c *canvas) rect(r image.Rectangle, col color.RGBA) {
-	draw.Draw(c.img, r, image.NewUniform(col), image.Point{}, draw.Src)
-}
-
-// text draws s with its left end at x and its baseline at y.
-func (c *canvas) text(x, y int, s string, col color.RGBA) {
-	d := font.Drawer{Dst: c.img, Src: image.NewUniform(col), Face: c.face, Dot: fixed.P(x, y)}
-	d.DrawString(s)
-}
-
-func (c *canvas) textWidth(s string) int {
-	return font.MeasureString(c.face, s).Ceil()
-}
-
-func abs(v int) int {
-	if v < 0 {
-		return -v
-	}
-	return v
-}
-
-func sign(v int) int {
-	switch {
-	case v < 0:
-		return -1
-	case v > 0:
-		return 1
-	}
-	return 0
-}
-
-// render draws p.
-func render(p plot) *image.RGBA {
-	if p.Width == 0 {
-		p.Width = 960
-	}
-	if p.Height == 0 {
-		p.Height = 600
-	}
-	c := &canvas{img: image.NewRGBA(image.Rect(0, 0, p.Width, p.Height)), face: basicfont.Face7x13}
-	c.rect(c.img.Rect, white)
-	// The plot area.
-	left, right, top, bottom := 70, p.Width-30, 50, p.Height-60
-	lo, hi, logScale := xRange(p)
-	xOf := func(v float64) int {
-		var f float64
-		if logScale {
-			f = (math.Log(v) - math.Log(lo)) / (math.Log(hi) - math.Log(lo))
-		} else {
-			f = (v - lo) / (hi - lo)
-		}
-		return left + int(math.Round(f*float64(right-left)))
-	}
-	yOf := func(f float64) int { return bottom - int(math.Round(f*float64(bottom-top))) }
-
-	// Grid and ticks.
-	for _, v := range ticks(lo, hi, logScale) {
-		x := xOf(v)
-		c.line(x, top, x, bottom, grey, 1, 0)
-		c.line(x, bottom, x, bottom+5, black, 1, 0)
-		l := tickLabel(v)
-		c.text(x-c.textWidth(l)/2, bottom+18, l, black)
-	}
-	for _, f := range []float64{0, 0.25, 0.5, 0.75, 1} {
-		y := yOf(f)
-		c.line(left, y, right, y, grey, 1, 0)
-		c.line(left-5, y, left, y, black, 1, 0)
-		l := strconv.FormatFloat(f, 'f', 2, 64)
-		c.text(left-9-c.textWidth(l), y+4, l, black)
-	}
-	// Reference lines, labelled near the bottom on a white ground
-	// (alternating rows when close), where a CDF is flat at 0 or has
-	// already risen past.
-	type refLabel struct {
-		x, y int
-		s    string
-	}
-	var labels []refLabel
-	lastX, row := -1000, 0
-	for _, r := range p.Refs {
-		x := xOf(ms(r.At))
-		c.line(x, top, x, bottom, red, 1, 4)
-		if x-lastX < c.textWidth(r.Label)+8 {
+		w := sty.Width(ref.Label)
+		if x-lastX < w+vg.Points(6) {
 			row = 1 - row
 		} else {
 			row = 0
 		}
 		lastX = x
-		labels = append(labels, refLabel{x + 3, bottom - 8 - row*16, r.Label})
+		at := vg.Point{X: x + vg.Points(2), Y: c.Min.Y + vg.Points(6) + vg.Length(row)*sty.Height(ref.Label)*1.3}
+		ground := sty.Rectangle(ref.Label).Add(at)
+		ground.Min = ground.Min.Sub(vg.Point{X: 1, Y: 1})
+		ground.Max = ground.Max.Add(vg.Point{X: 1, Y: 1})
+		c.SetColor(color.White)
+		c.Fill(ground.Path())
+		c.FillText(sty, at, ref.Label)
 	}
-	// The CDFs: steps up by 1/n at each sorted sample.
-	for _, s := range p.Series {
-		v := append([]time.Duration(nil), s.Samples...)
-		sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
-		dash := 0
-		if s.Dashed {
-			dash = 6
-		}
-		px, py := left, yOf(0)
-		for i, d := range v {
-			x, y := xOf(ms(d)), yOf(float64(i+1)/float64(len(v)))
-			c.line(px, py, x, py, s.Color, 2, dash)
-			c.line(x, py, x, y, s.Color, 2, dash)
-			px, py = x, y
-		}
-		if len(v) > 0 {
-			c.line(px, py, right, py, s.Color, 2, dash)
-		}
+}
+
+// cdf is the step curve of samples' empirical CDF across [lo, hi]: up by
+// 1/n at each sorted sample (those below lo drawn at lo).
+func cdf(samples []time.Duration, lo, hi float64) plotter.XYs {
+	v := slices.Clone(samples)
+	slices.Sort(v)
+	pts := plotter.XYs{{X: lo, Y: 0}}
+	for i, d := range v {
+		pts = append(pts, plotter.XY{X: max(ms(d), lo), Y: float64(i+1) / float64(len(v))})
 	}
-	for _, l := range labels {
-		c.rect(image.Rect(l.x-1, l.y-11, l.x+c.textWidth(l.s)+1, l.y+3), white)
-		c.text(l.x, l.y, l.s, red)
-	}
-	// Frame, title, axis labels.
-	c.line(left, top, right, top, black, 1, 0)
-	c.line(left, bottom, right, bottom, black, 1, 0)
-	c.line(left, top, left, bottom, black, 1, 0)
-	c.line(right, top, right, bottom, black, 1, 0)
-	c.text((p.Width-c.textWidth(p.Title))/2, 20, p.Title, black)
-	ylab := "fraction of creates <= x"
-	c.text(left-60, top-8, ylab, black)
-	xl := p.XLabel
+	return append(pts, plotter.XY{X: hi, Y: 1})
+}
+
+// newPlot builds p with gonum's plot, the series drawn in order.
+func newPlot(p plot) (*gplot.Plot, error) {
+	lo, hi, logScale := xRange(p)
+	g := gplot.New()
+	g.Title.Text = p.Title
+	g.Title.TextStyle.Font.Size = vg.Points(13)
+	g.X.Label.Text = p.XLabel
 	if logScale {
-		xl += " (log scale)"
+		g.X.Label.Text += " (log scale)"
+		g.X.Scale = gplot.LogScale{}
 	}
-	c.text(left+(right-left-c.textWidth(xl))/2, p.Height-18, xl, black)
-	// Legend, top left inside the area (a CDF leaves it empty).
-	if len(p.Series) > 0 {
-		w := 0
-		for _, s := range p.Series {
-			w = max(w, c.textWidth(s.Label))
-		}
-		lx, ly := left+10, top+40
-		box := image.Rect(lx, ly, lx+w+50, ly+len(p.Series)*16+8)
-		c.rect(box, white)
-		c.line(box.Min.X, box.Min.Y, box.Max.X, box.Min.Y, black, 1, 0)
-		c.line(box.Min.X, box.Max.Y, box.Max.X, box.Max.Y, black, 1, 0)
-		c.line(box.Min.X, box.Min.Y, box.Min.X, box.Max.Y, black, 1, 0)
-		c.line(box.Max.X, box.Min.Y, box.Max.X, box.Max.Y, black, 1, 0)
-		for i, s := range p.Series {
-			y := ly + 12 + i*16
-			dash := 0
-			if s.Dashed {
-				dash = 6
-			}
-			c.line(lx+6, y-4, lx+36, y-4, s.Color, 2, dash)
-			c.text(lx+42, y, s.Label, black)
-		}
+	g.X.Min, g.X.Max = lo, hi
+	g.X.Tick.Marker = durationTicks{logScale}
+	g.Y.Label.Text = "fraction of creates <= x"
+	g.Y.Min, g.Y.Max = 0, 1
+	var yTicks []gplot.Tick
+	for _, f := range []float64{0, 0.25, 0.5, 0.75, 1} {
+		yTicks = append(yTicks, gplot.Tick{Value: f, Label: strconv.FormatFloat(f, 'f', 2, 64)})
 	}
-	return c.img
+	g.Y.Tick.Marker = gplot.ConstantTicks(yTicks)
+	grid := plotter.NewGrid()
+	grid.Vertical = draw.LineStyle{Color: grey, Width: vg.Points(0.75)}
+	grid.Horizontal = grid.Vertical
+	g.Add(grid, refMarks{refs: p.Refs})
+	legend := newLegendBox()
+	for _, s := range p.Series {
+		l, err := plotter.NewLine(cdf(s.Samples, lo, hi))
+		if err != nil {
+			return nil, err
+		}
+		l.StepStyle = plotter.PostStep
+		l.LineStyle = draw.LineStyle{Color: s.Color, Width: vg.Points(1.5)}
+		if s.Dashed {
+			l.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+		}
+		if len(s.Samples) > 0 {
+			g.Add(l)
+		}
+		legend.add(s.Label, l)
+	}
+	g.Add(refMarks{refs: p.Refs, labels: true}, legend)
+	return g, nil
+}
+
+// legendBox is the legend, in a white framed box near the top left of
+// the area, which a CDF leaves empty.
+type legendBox struct {
+	gplot.Legend
+	labels []string
+}
+
+// newLegendBox is an empty legend, its entries' text after their lines.
+func newLegendBox() *legendBox {
+	l := &legendBox{Legend: gplot.NewLegend()}
+	l.Top, l.Left = true, true
+	l.ThumbnailWidth = vg.Points(24)
+	return l
+}
+
+// add appends an entry.
+func (l *legendBox) add(label string, thumb gplot.Thumbnailer) {
+	l.Add(label, thumb)
+	l.labels = append(l.labels, label)
+}
+
+// Plot implements gplot.Plotter.
+func (l *legendBox) Plot(c draw.Canvas, _ *gplot.Plot) {
+	if len(l.labels) == 0 {
+		return
+	}
+	var w, h vg.Length // the widest label, the tallest
+	for _, s := range l.labels {
+		w, h = max(w, l.TextStyle.Width(" "+s)), max(h, l.TextStyle.Rectangle(s).Max.Y)
+	}
+	pad, n := vg.Points(4), vg.Length(len(l.labels))
+	box := vg.Rectangle{Min: vg.Point{X: c.Min.X + vg.Points(8)}, Max: vg.Point{Y: c.Max.Y - vg.Points(24)}}
+	box.Max.X = box.Min.X + l.ThumbnailWidth + w + 3*pad
+	box.Min.Y = box.Max.Y - n*h - (n-1)*l.Padding - l.TextStyle.FontExtents().Descent - 2*pad
+	c.SetColor(color.White)
+	c.Fill(box.Path())
+	c.SetLineStyle(draw.LineStyle{Color: color.Black, Width: vg.Points(0.5)})
+	c.Stroke(box.Path())
+	l.Draw(draw.Crop(draw.Canvas{Canvas: c.Canvas, Rectangle: box}, pad, -pad, pad, -pad))
+}
+
+// canvas renders p on a Width×Height canvas (960×600 by default).
+func (p plot) canvas() (*vgimg.Canvas, error) {
+	g, err := newPlot(p)
+	if err != nil {
+		return nil, err
+	}
+	w, h := p.Width, p.Height
+	if w == 0 {
+		w = 960
+	}
+	if h == 0 {
+		h = 600
+	}
+	c := benchplot.Canvas(w, h)
+	g.Draw(draw.Crop(draw.New(c), vg.Points(4), -vg.Points(12), vg.Points(4), -vg.Points(6)))
+	return c, nil
+}
+
+// render draws p as an image.
+func render(p plot) (image.Image, error) {
+	c, err := p.canvas()
+	if err != nil {
+		return nil, err
+	}
+	return c.Image(), nil
 }
 
 // writePNG renders p to path.
 func writePNG(path string, p plot) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	f, err := os.Create(path)
+	c, err := p.canvas()
 	if err != nil {
 		return err
 	}
-	if err := png.Encode(f, render(p)); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return f.Close()
+	return benchplot.SavePNG(path, c)
 }

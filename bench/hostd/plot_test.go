@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"image"
+	"image/color"
 	"image/png"
+	"math"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -34,8 +37,25 @@ func syntheticPlot(w, h int) plot {
 	}
 }
 
+// near counts img's pixels within tol (the sum of the channels'
+// differences) of c: drawn lines are anti-aliased, so only some take c
+// exactly.
+func near(img image.Image, c color.RGBA, tol float64) int {
+	n := 0
+	for y := img.Bounds().Min.Y; y < img.Bounds().Max.Y; y++ {
+		for x := img.Bounds().Min.X; x < img.Bounds().Max.X; x++ {
+			r, g, b, _ := img.At(x, y).RGBA()
+			d := math.Abs(float64(r>>8)-float64(c.R)) + math.Abs(float64(g>>8)-float64(c.G)) + math.Abs(float64(b>>8)-float64(c.B))
+			if d <= tol {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 func TestRenderWritesPNG(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "p.png")
+	path := filepath.Join(t.TempDir(), "sub", "p.png")   // creating its directory
 	if out := os.Getenv("BENCH_HOSTD_PLOT"); out != "" { // to look at it
 		path = out
 	}
@@ -53,32 +73,75 @@ func TestRenderWritesPNG(t *testing.T) {
 	if got := img.Bounds().Size(); got.X != 960 || got.Y != 600 {
 		t.Fatalf("size %v, want 960x600", got)
 	}
-	// Each series' colour and the reference lines' red are drawn.
-	seen := map[[3]uint32]bool{}
-	for y := 0; y < 600; y++ {
-		for x := 0; x < 960; x++ {
-			r, g, b, _ := img.At(x, y).RGBA()
-			seen[[3]uint32{r >> 8, g >> 8, b >> 8}] = true
+	// Each series' colour (the third shares the first's) and the
+	// reference lines' red are drawn: curves over a few hundred pixels,
+	// thin lines and their labels over fewer.
+	for _, c := range palette[:2] {
+		if n := near(img, c, 24); n < 300 {
+			t.Errorf("colour %v drawn on %d pixels", c, n)
 		}
 	}
-	for _, c := range append(palette[:2], red) {
-		if !seen[[3]uint32{uint32(c.R), uint32(c.G), uint32(c.B)}] {
-			t.Errorf("colour %v not drawn", c)
+	if n := near(img, red, 24); n < 200 {
+		t.Errorf("red drawn on %d pixels", n)
+	}
+	if n := near(img, palette[2], 24); n != 0 {
+		t.Errorf("colour %v of no series drawn on %d pixels", palette[2], n)
+	}
+	// Mostly white, with dark text.
+	if n := near(img, color.RGBA{255, 255, 255, 255}, 0); n < 960*600/2 || n > 960*600*99/100 {
+		t.Errorf("%d white pixels", n)
+	}
+	if n := near(img, color.RGBA{0, 0, 0, 255}, 150); n < 500 {
+		t.Errorf("%d dark pixels", n)
+	}
+}
+
+func TestRenderSeries(t *testing.T) {
+	// One more series, one more colour; its samples on the curve only.
+	p := syntheticPlot(480, 300)
+	p.Refs = nil
+	p.Series[2].Color = palette[2]
+	img, err := render(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range palette[:3] {
+		if n := near(img, c, 24); n < 150 {
+			t.Errorf("series %d's colour %v drawn on %d pixels", i, c, n)
 		}
+	}
+	if n := near(img, red, 24); n != 0 {
+		t.Errorf("no reference lines, but red on %d pixels", n)
+	}
+	// Without samples a series is in the legend only: far fewer pixels.
+	withSamples := near(img, palette[2], 24)
+	p.Series[2].Samples = nil
+	if img, err = render(p); err != nil {
+		t.Fatal(err)
+	}
+	if n := near(img, palette[2], 24); n == 0 || n*3 > withSamples {
+		t.Errorf("empty series drawn on %d pixels, %d with samples", n, withSamples)
 	}
 }
 
 func TestRenderSizesAndEmpty(t *testing.T) {
-	p := syntheticPlot(400, 300)
-	if got := render(p).Bounds().Size(); got.X != 400 || got.Y != 300 {
-		t.Fatalf("size %v", got)
+	for _, tc := range []struct {
+		p    plot
+		w, h int
+	}{
+		{syntheticPlot(400, 300), 400, 300},
+		{plot{Title: "no samples"}, 960, 600}, // default size, no series
+		{plot{Series: []series{{Label: "one", Samples: []time.Duration{5 * time.Millisecond}, Color: palette[0]}}}, 960, 600},
+		{plot{Series: []series{{Label: "zero", Samples: []time.Duration{0, 0, time.Second}, Color: palette[0]}}}, 960, 600}, // log axis, samples at 0
+	} {
+		img, err := render(tc.p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := img.Bounds().Size(); got.X != tc.w || got.Y != tc.h {
+			t.Fatalf("%+v: size %v", tc.p, got)
+		}
 	}
-	p = plot{Title: "no samples"} // default size, no series: must not panic
-	if got := render(p).Bounds().Size(); got.X != 960 || got.Y != 600 {
-		t.Fatalf("default size %v", got)
-	}
-	p = plot{Series: []series{{Label: "one", Samples: []time.Duration{5 * time.Millisecond}, Color: palette[0]}}}
-	render(p)
 }
 
 func TestXRange(t *testing.T) {

@@ -2,15 +2,14 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
 
+	"github.com/warrenvm/warren/bench/benchplot"
 	"github.com/warrenvm/warren/bench/stats"
 )
 
@@ -47,7 +46,7 @@ func writePlot(path string, res *results) error {
 	}
 	const cols = 3
 	rows := (len(panels) + cols - 1) / cols
-	img := vgimg.New(vg.Length(cols)*4*vg.Inch, vg.Length(rows)*3*vg.Inch)
+	img := benchplot.Canvas(cols*384, rows*288) // 384×288 pixels (4×3 inches) a panel
 	dc := draw.New(img)
 	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4,
 		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
@@ -83,15 +82,7 @@ func writePlot(path string, res *results) error {
 			}
 		}
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return benchplot.SavePNG(path, img)
 }
 
 // unitOf picks a unit for durations up to d.

@@ -1,0 +1,50 @@
+package benchplot
+
+import (
+	"image/color"
+	"image/png"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+func TestCanvasSize(t *testing.T) {
+	for _, sz := range [][2]int{{960, 600}, {400, 300}, {1152, 864}, {1, 1}, {333, 777}} {
+		if got := Canvas(sz[0], sz[1]).Image().Bounds().Size(); got.X != sz[0] || got.Y != sz[1] {
+			t.Errorf("Canvas(%d, %d) is %v", sz[0], sz[1], got)
+		}
+	}
+}
+
+func TestSavePNG(t *testing.T) {
+	c := Canvas(200, 100)
+	dc := draw.New(c)
+	dc.SetColor(color.RGBA{R: 255, A: 255})
+	dc.Fill(vg.Rectangle{Min: vg.Point{X: 0, Y: 0}, Max: vg.Point{X: 30, Y: 30}}.Path())
+	path := filepath.Join(t.TempDir(), "sub", "dir", "p.png") // the directory is created
+	if err := SavePNG(path, c); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("not a valid PNG: %v", err)
+	}
+	if got := img.Bounds().Size(); got.X != 200 || got.Y != 100 {
+		t.Fatalf("size %v, want 200x100", got)
+	}
+	// y grows upward on the canvas: the square is at the bottom left.
+	if r, g, b, _ := img.At(5, 95).RGBA(); r>>8 != 255 || g != 0 || b != 0 {
+		t.Errorf("bottom left is %v, want red", img.At(5, 95))
+	}
+	if r, g, b, _ := img.At(150, 20).RGBA(); r>>8 != 255 || g>>8 != 255 || b>>8 != 255 {
+		t.Errorf("top right is %v, want white", img.At(150, 20))
+	}
+}
