@@ -140,6 +140,7 @@ type Filter struct {
 	clsact  *netlink.BpfFilter
 	qdisc   *netlink.GenericQdisc // the clsact qdisc, when we created it
 	nlh     *netlink.Handle       // netlink in the device's namespace
+	link    *os.File              // an adopted tcx link (FromFiles), closed by Close
 	monoOff time.Duration         // wall clock minus CLOCK_MONOTONIC
 }
 
@@ -628,6 +629,10 @@ func (f *Filter) Close() error {
 	}
 	f.closed = true
 	err := f.detachLocked()
+	if f.link != nil {
+		f.link.Close()
+		f.link = nil
+	}
 	if rerr := f.reader.Close(); err == nil && rerr != nil {
 		err = rerr
 	}

@@ -16,7 +16,8 @@ import (
 // uid of the range of their own, owning their directory while they run,
 // in a jail of their own with only their files; the template's directory
 // back to root once its build is over; a network template and sandbox
-// jailed as root with /dev/net/tun and the network's files.
+// the same, with the network's files and their network from jail-init's
+// helper (no /dev/net/tun).
 func TestConfinementSpecs(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipped: needs root (chown)")
@@ -34,7 +35,7 @@ func TestConfinementSpecs(t *testing.T) {
 	if build.c == nil || !r.has(build.c.UID) || build.c.GID != build.c.UID || build.dirOwner != build.c.UID {
 		t.Fatalf("template build: %+v, its directory owned by %d: want a uid of the range owning it", build.c, build.dirOwner)
 	}
-	if build.c.Root != filepath.Join(state, "jail", tp.ID) || build.c.Tun {
+	if build.c.Root != filepath.Join(state, "jail", tp.ID) || build.c.NetHelper {
 		t.Errorf("template build's jail: %+v", build.c)
 	}
 	if !slices.Contains(build.c.Binds, jail.Bind{Path: tdir, Writable: true}) {
@@ -47,7 +48,7 @@ func TestConfinementSpecs(t *testing.T) {
 	sb1, sb2 := c.create(tp.ID), c.create(tp.ID)
 	c1, c2 := f.confined[sb1.ID], f.confined[sb2.ID]
 	for i, fc := range []fakeConfine{c1, c2} {
-		if fc.c == nil || !r.has(fc.c.UID) || fc.dirOwner != fc.c.UID || fc.c.Tun {
+		if fc.c == nil || !r.has(fc.c.UID) || fc.dirOwner != fc.c.UID || fc.c.NetHelper {
 			t.Fatalf("sandbox %d: %+v, its directory owned by %d", i+1, fc.c, fc.dirOwner)
 		}
 	}
@@ -76,15 +77,15 @@ func TestConfinementSpecs(t *testing.T) {
 
 	ntp := c.networkTemplate(fakeKernel(t))
 	nb := f.confined[ntp.ID]
-	if nb.c == nil || nb.c.UID != 0 || !nb.c.Tun || nb.c.Root != filepath.Join(state, "jail", ntp.ID) {
+	if nb.c == nil || !r.has(nb.c.UID) || !nb.c.NetHelper || nb.c.Root != filepath.Join(state, "jail", ntp.ID) {
 		t.Fatalf("network template build: %+v", nb.c)
 	}
 	nsb := c.create(ntp.ID)
 	ns := f.confined[nsb.ID]
-	if ns.c == nil || ns.c.UID != 0 || !ns.c.Tun || ns.dirOwner != 0 {
+	if ns.c == nil || !r.has(ns.c.UID) || !ns.c.NetHelper || ns.dirOwner != ns.c.UID {
 		t.Fatalf("network sandbox: %+v, its directory owned by %d", ns.c, ns.dirOwner)
 	}
-	if args, err := ns.c.jailArgs(); err != nil || strings.Contains(args, "user=") || !strings.Contains(args, "dev=tun") {
+	if args, err := ns.c.jailArgs(); err != nil || !strings.Contains(args, "user=") || strings.Contains(args, "dev=tun") {
 		t.Errorf("network jailArgs %q %v", args, err)
 	}
 	if _, err := os.Stat("/etc/resolv.conf"); err == nil && !slices.Contains(ns.c.Binds, jail.Bind{Path: "/etc/resolv.conf"}) {

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenvm/warren/hostd/crypt"
+	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/hostd/store"
 )
 
@@ -336,27 +337,35 @@ func checkConfined(t *testing.T, r *UIDRange, pid int, own, secret string) strin
 		strings.Fields(status["Uid"])[0], status["CapEff"], status["NoNewPrivs"], status["Seccomp"], own, secret)
 }
 
-// checkNetConfined checks a network VMM (pid): root, but with no
-// capability beyond those its fork children's networks need
-// (CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_NET_BIND_SERVICE), no_new_privs, a
-// seccomp filter, and pivot_rooted like the others (checkJailRoot).
-func checkNetConfined(t *testing.T, pid int, own, secret string) string {
+// checkNetConfined checks a network VMM (pid) the way checkConfined
+// checks the others: a uid of the range, no capability (but CAP_BPF where
+// hostd/jail.BPFNeedsCap: its filter's maps need it there), no_new_privs,
+// the filter, its jail root; and no /dev/net/tun there (its jail-init
+// made its network).
+func checkNetConfined(t *testing.T, r *UIDRange, pid int, own, secret string) string {
 	t.Helper()
 	status := procStatus(t, pid)
-	const allowed = 1<<unix.CAP_NET_ADMIN | 1<<unix.CAP_SYS_ADMIN | 1<<unix.CAP_NET_BIND_SERVICE
-	for _, k := range []string{"CapEff", "CapPrm"} {
-		v, err := strconv.ParseUint(status[k], 16, 64)
-		if err != nil || v&^allowed != 0 {
-			t.Errorf("network VMM %d: %s %q: more than CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_NET_BIND_SERVICE (%v)", pid, k, status[k], err)
+	for _, k := range []string{"Uid", "Gid"} {
+		for _, v := range strings.Fields(status[k]) {
+			if id, err := strconv.Atoi(v); err != nil || !r.has(id) {
+				t.Errorf("network VMM %d: %s %q: want every id in the range %d:%d", pid, k, status[k], r.First, r.Count)
+			}
 		}
 	}
-	for k, want := range map[string]string{"NoNewPrivs": "1", "Seccomp": "2"} {
+	want := "0000000000000000"
+	if jail.BPFNeedsCap() {
+		want = fmt.Sprintf("%016x", uint64(1)<<unix.CAP_BPF)
+	}
+	for k, want := range map[string]string{"CapEff": want, "CapPrm": want, "CapBnd": want, "NoNewPrivs": "1", "Seccomp": "2"} {
 		if status[k] != want {
 			t.Errorf("network VMM %d: %s %q, want %q", pid, k, status[k], want)
 		}
 	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d/root/dev/net/tun", pid)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("network VMM %d: /dev/net/tun in its root (%v)", pid, err)
+	}
 	checkJailRoot(t, pid, own, secret)
-	return fmt.Sprintf("pid %d: uid %s, CapEff %s, NoNewPrivs %s, Seccomp %s; its root has %s, not %s", pid,
+	return fmt.Sprintf("pid %d: uid %s, CapEff %s, NoNewPrivs %s, Seccomp %s; its root has %s, not %s nor /dev/net/tun", pid,
 		strings.Fields(status["Uid"])[0], status["CapEff"], status["NoNewPrivs"], status["Seccomp"], own, secret)
 }
 

@@ -145,7 +145,7 @@ func TestE2EImage(t *testing.T) {
 	pol := map[string]any{"credentials": []map[string]any{{"secret": "API_KEY", "hosts": []string{"api.test"}, "substitute": []string{"headers", "query"}}}}
 	a.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": pol, "secrets": []string{"API_KEY"}}, &sb)
 	step("sandbox %s running (API_KEY scoped to api.test)", sb.ID)
-	step("its network VMM is confined: %s", checkNetConfined(t, sb.PID, td.store.SandboxDir(sb.Tenant, sb.ID), keys.Dir))
+	step("its network VMM is confined: %s", checkNetConfined(t, td.cfg.VMMUIDs, sb.PID, td.store.SandboxDir(sb.Tenant, sb.ID), keys.Dir))
 	want := func(id, cmd, out string) {
 		t.Helper()
 		got, errOut, code := a.exec(id, "sh", "-c", cmd)

@@ -41,9 +41,10 @@ import (
 // translated with jail.HostPID.
 //
 // Not used, deliberately:
-//   - a network namespace for a network sandbox's VMM: it makes its own
-//     (`warren run --private-net`: its tap and egress services live
-//     there) and keeps the host's for its upstream connections;
+//   - a network namespace for a network sandbox's VMM: it gets a private
+//     one (`warren run --private-net`: its tap and egress services live
+//     there) from its jail-init (`--net-helper`, Confinement.NetHelper),
+//     and keeps the host's for its upstream connections;
 //   - Pdeathsig: a VMM outlives the daemon, which re-adopts it when it
 //     starts again.
 func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, error) {
@@ -67,6 +68,9 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 			jv += "," + opts
 		}
 		args := []string{cmd.Args[0], jail.InitVerb, "--report-fd", "3"}
+		if spec.Confine != nil && spec.Confine.NetHelper {
+			args = append(args, "--net-helper")
+		}
 		for _, dir := range spec.Cgroup {
 			// jail-init joins the VMM's cgroup first: the VMM is born in it.
 			args = append(args, "--cgroup", dir)
@@ -95,13 +99,13 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 // only Binds at their own paths and its device nodes, and leaves root for
 // UID/GID with no capability left (hostd/jail.PivotRoot, Enter).
 type Confinement struct {
-	// UID and GID are the VMM's own, from the daemon's --vmm-uid-range;
-	// 0 for a network VMM, which stays root with the capabilities its fork
-	// children's networks need (see networkBinds).
+	// UID and GID are the VMM's own, from the daemon's --vmm-uid-range.
 	UID, GID int
-	// Tun makes /dev/net/tun in the jail (a network VMM's fork children
-	// open their taps there).
-	Tun bool
+	// NetHelper starts the VMM's jail-init with --net-helper: a network
+	// VMM's private network, and its fork children's, are made by
+	// jail-init, which stays root, and handed over as descriptors
+	// (cmd/warren/cli's nethelper.go), so the VMM needs no privilege.
+	NetHelper bool
 	// Root is the jail directory (empty on the host; STATE/jail/ID).
 	Root string
 	// Binds are the host paths it still needs.
@@ -113,9 +117,6 @@ func (c *Confinement) jailArgs() (string, error) {
 	opts := []string{"root=" + c.Root, "dev=kvm", "dev=null"}
 	if c.UID != 0 {
 		opts = append(opts, fmt.Sprintf("user=%d:%d", c.UID, c.GID))
-	}
-	if c.Tun {
-		opts = append(opts, "dev=tun")
 	}
 	for _, b := range c.Binds {
 		if strings.ContainsAny(b.Path, ",:") {
@@ -251,8 +252,8 @@ func (d *Daemon) famRunDir(sb *store.Sandbox) string {
 
 // confinement prepares the files of sandbox sb's next VMM for its uid and
 // returns its Confinement, or nil when VMMs are not confined (no
-// --vmm-uid-range). A network sandbox's VMM is jailed the same way but
-// keeps uid 0 and some capabilities (networkBinds says why).
+// --vmm-uid-range). A network sandbox's VMM is jailed the same way, its
+// network made by its jail-init (networkBinds says what it reads).
 //
 // Its directory (and what the daemon made in it: overlays, snapshots/)
 // is owned by its uid, 0700; the tenant's sandboxes directory is bound
@@ -269,12 +270,9 @@ func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
 		return nil, nil
 	}
 	dir := d.store.SandboxDir(sb.Tenant, sb.ID)
-	uid := 0
-	if !sb.Network {
-		var err error
-		if uid, err = d.sandboxUID(dir, sb.ID); err != nil {
-			return nil, err
-		}
+	uid, err := d.sandboxUID(dir, sb.ID)
+	if err != nil {
+		return nil, err
 	}
 	tenant := filepath.Join(d.store.Root, "tenants", sb.Tenant)
 	sbs, tpls, imgs := filepath.Join(tenant, "sandboxes"), filepath.Join(tenant, "templates"), filepath.Join(tenant, "images")
@@ -322,7 +320,7 @@ func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
 		}
 	}
 	if sb.Network {
-		c.UID, c.GID, c.Tun = 0, 0, true
+		c.NetHelper = true
 		c.Binds = append(c.Binds, d.networkBinds()...)
 	}
 	return c, nil
@@ -336,11 +334,10 @@ func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
 // /sys/devices/system/cpu/possible (a fork child's egress filter sizes its
 // per-CPU maps by it). Those that do not exist are left out.
 //
-// A network VMM is jailed in a root of its own like any other, but keeps
-// uid 0 and the capabilities its fork children's networks need
-// (CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_NET_BIND_SERVICE: cmd/warren/cli's
-// jailConfig), since a child makes its own network namespace, tap, egress
-// filter and listening sockets: see hostd/jail's doc, what is left.
+// A network VMM is jailed like any other, as its own uid with no
+// capability (CAP_BPF alone on kernels before 6.5, for its filter's maps:
+// hostd/jail.BPFNeedsCap): its private network, and its fork children's,
+// come from its jail-init (Confinement.NetHelper).
 func (d *Daemon) networkBinds() []jail.Bind {
 	var paths []string
 	if d.cfg.DNSUpstream == "" {
@@ -374,11 +371,9 @@ func (d *Daemon) templateConfinement(t *store.Template, dir string) (c *Confinem
 	if d.cfg.VMMUIDs == nil {
 		return nil, release, nil
 	}
-	uid := 0
-	if !t.Network {
-		if uid, err = d.sandboxUID(dir, t.ID); err != nil {
-			return nil, release, err
-		}
+	uid, err := d.sandboxUID(dir, t.ID)
+	if err != nil {
+		return nil, release, err
 	}
 	root := filepath.Join(d.store.Root, "jail", t.ID)
 	release = func() {
@@ -405,7 +400,7 @@ func (d *Daemon) templateConfinement(t *store.Template, dir string) (c *Confinem
 		c.Binds = append(c.Binds, jail.Bind{Path: "/sys/module"})
 	}
 	if t.Network {
-		c.UID, c.GID, c.Tun = 0, 0, true
+		c.NetHelper = true
 		c.Binds = append(c.Binds, d.networkBinds()...)
 	}
 	return c, release, nil
@@ -415,7 +410,7 @@ func (d *Daemon) templateConfinement(t *store.Template, dir string) (c *Confinem
 // the working copy at path (a rollback's, under the decryption
 // directory): its directory and files become the uid's.
 func (d *Daemon) grantVMM(sb *store.Sandbox, path string) {
-	if d.cfg.VMMUIDs == nil || d.cfg.DecryptDir == "" || sb.Network {
+	if d.cfg.VMMUIDs == nil || d.cfg.DecryptDir == "" {
 		return
 	}
 	uid := dirOwner(d.store.SandboxDir(sb.Tenant, sb.ID))
@@ -430,7 +425,7 @@ func (d *Daemon) grantVMM(sb *store.Sandbox, path string) {
 // parent's VMM makes the child's overlays there, and the child runs as
 // the parent's uid).
 func (d *Daemon) shareDir(parent *store.Sandbox, dir string) {
-	if d.cfg.VMMUIDs == nil || parent.Network {
+	if d.cfg.VMMUIDs == nil {
 		return
 	}
 	if uid := dirOwner(d.store.SandboxDir(parent.Tenant, parent.ID)); d.cfg.VMMUIDs.has(uid) {

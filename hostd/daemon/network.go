@@ -141,7 +141,13 @@ func (d *Daemon) writeSandboxSecrets(sb *store.Sandbox, path string) error {
 	if len(b) > maxSandboxSecrets {
 		return errf(400, "the sandbox's secrets add up to more than %d bytes", maxSandboxSecrets)
 	}
-	return store.WriteFileAtomic(path, b, 0o600)
+	// A confined VMM reads it as its own uid (the sandbox directory's
+	// owner) at every credential request: it is the uid's from the start.
+	uid := -1
+	if owner := dirOwner(d.store.SandboxDir(sb.Tenant, sb.ID)); d.cfg.VMMUIDs != nil && d.cfg.VMMUIDs.has(owner) {
+		uid = owner
+	}
+	return store.WriteFileAtomicOwned(path, b, 0o600, uid)
 }
 
 // refreshSecrets rewrites the secrets file of every network sandbox of

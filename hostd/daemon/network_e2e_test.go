@@ -77,7 +77,7 @@ func TestE2ENetwork(t *testing.T) {
 	a.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID}, &s2)
 	sbs = append(sbs, s2)
 	step("sandboxes %s (API_KEY scoped to api.test) and %s (deny all) running at once", s1.ID, s2.ID)
-	step("the network VMM is confined: %s", checkNetConfined(t, s1.PID, td.store.SandboxDir(s1.Tenant, s1.ID), td.store.SecretsPath(s1.Tenant)))
+	step("the network VMM is confined: %s", checkNetConfined(t, td.cfg.VMMUIDs, s1.PID, td.store.SandboxDir(s1.Tenant, s1.ID), td.store.SecretsPath(s1.Tenant)))
 
 	sh := func(id, cmd string) (string, int) {
 		t.Helper()

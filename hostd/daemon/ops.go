@@ -484,6 +484,13 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 	os.Remove(sb.Vsock)
 	s.agent.Close() // connections to a previous VMM
 	o.progress("starting the VMM", 10)
+	// Confinement first: it gives the sandbox's directory its uid, which
+	// the secrets file restoreNetArgs writes is then given too.
+	confine, err := d.confinement(sb)
+	if err != nil {
+		d.dropSecrets(sb, false)
+		return fmt.Errorf("confine the VMM: %w", err)
+	}
 	netArgs, err := d.restoreNetArgs(sb)
 	if err != nil {
 		d.dropSecrets(sb, false)
@@ -500,11 +507,6 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 		// its .wraw is shared by all the template's sandboxes (see
 		// atrest.go).
 		args = slices.Delete(args, 1, 2)
-	}
-	confine, err := d.confinement(sb)
-	if err != nil {
-		d.dropSecrets(sb, false)
-		return fmt.Errorf("confine the VMM: %w", err)
 	}
 	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Args: args, Log: sb.Log, Network: sb.Network, Confine: confine,
 		Cgroup: d.sandboxCgroup(s)})

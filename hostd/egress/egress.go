@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -100,6 +101,17 @@ type Config struct {
 	// again.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	Log  *slog.Logger
+	// Prepared, when set, is the privileged part made already (Prepare,
+	// maybe by a helper: PreparedFromFiles), for Tap, HostAddr, GuestAddr,
+	// Policy.IPv6 and Attach; Start owns it from then on. Nil: Start
+	// prepares it itself, which needs CAP_NET_ADMIN, CAP_BPF and
+	// CAP_NET_BIND_SERVICE.
+	Prepared *Prepared
+}
+
+// prepareConfig is the part of cfg that Prepare needs.
+func (cfg Config) prepareConfig() PrepareConfig {
+	return PrepareConfig{Tap: cfg.Tap, HostAddr: cfg.HostAddr, GuestAddr: cfg.GuestAddr, IPv6: cfg.Policy.IPv6, Attach: cfg.Attach}
 }
 
 // Sandbox is one sandbox's running egress services.
@@ -141,10 +153,26 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 			s.Close()
 		}
 	}()
-	if s.log, err = audit.Open(cfg.AuditPath, cfg.Sandbox, cfg.AuditRate, cfg.AuditBurst, cfg.AuditMaxBytes); err != nil {
-		return nil, err
+	prep := cfg.Prepared
+	if prep == nil {
+		if prep, err = Prepare(cfg.prepareConfig()); err != nil {
+			return nil, err
+		}
 	}
-	if err := setHostAddr(cfg.Tap, cfg.HostAddr); err != nil {
+	s.filter = prep.Filter
+	closeSockets := func() {
+		for _, c := range []io.Closer{prep.DNSUDP, prep.DNSTCP, prep.HTTP, prep.HTTPS} {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeSockets()
+		}
+	}()
+	if s.log, err = audit.Open(cfg.AuditPath, cfg.Sandbox, cfg.AuditRate, cfg.AuditBurst, cfg.AuditMaxBytes); err != nil {
 		return nil, err
 	}
 	if len(cfg.CAPEM) > 0 {
@@ -156,19 +184,6 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 		return nil, fmt.Errorf("egress: proxy CA: %w", err)
 	}
 
-	// The filter first, with only infrastructure allowed.
-	s.filter, err = filter.Load(filter.Config{GuestIP: cfg.GuestAddr, Gateway: cfg.HostAddr.Addr(),
-		ProxyPorts: []uint16{ProxyHTTPPort, ProxyHTTPSPort}, IPv6: cfg.Policy.IPv6})
-	if err != nil {
-		return nil, fmt.Errorf("egress: %w", err)
-	}
-	mode := cfg.Attach
-	if mode == filter.AttachNone {
-		mode = filter.AttachAuto
-	}
-	if err := s.filter.Attach(cfg.Tap, mode); err != nil {
-		return nil, fmt.Errorf("egress: %w", err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	go func() {
@@ -188,16 +203,7 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("egress: resolver: %w", err)
 	}
-	host := cfg.HostAddr.Addr().String()
-	udp, err := net.ListenPacket("udp4", net.JoinHostPort(host, fmt.Sprint(DNSPort)))
-	if err != nil {
-		return nil, fmt.Errorf("egress: resolver: %w", err)
-	}
-	tcp, err := net.Listen("tcp4", net.JoinHostPort(host, fmt.Sprint(DNSPort)))
-	if err != nil {
-		udp.Close()
-		return nil, fmt.Errorf("egress: resolver: %w", err)
-	}
+	udp, tcp := prep.DNSUDP, prep.DNSTCP
 	go s.gate.Serve(udp, tcp)
 	if len(cfg.DNSState) > 0 {
 		if err := s.gate.Restore(cfg.DNSState); err != nil {
@@ -231,16 +237,8 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("egress: proxy: %w", err)
 	}
-	for _, p := range []struct {
-		port   int
-		useTLS bool
-	}{{ProxyHTTPPort, false}, {ProxyHTTPSPort, true}} {
-		l, err := net.Listen("tcp4", net.JoinHostPort(host, fmt.Sprint(p.port)))
-		if err != nil {
-			return nil, fmt.Errorf("egress: proxy: %w", err)
-		}
-		go s.proxy.Serve(l, p.useTLS)
-	}
+	go s.proxy.Serve(prep.HTTP, false)
+	go s.proxy.Serve(prep.HTTPS, true)
 	s.log.Record(audit.Record{Source: audit.SourcePolicy, Reason: "start", Detail: summary(cfg.Policy) +
 		", filter attached with " + s.filter.AttachedMode().String()})
 	return s, nil

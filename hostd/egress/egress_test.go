@@ -163,13 +163,36 @@ func TestSandboxServices(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// Started again from the state (a restore): same CA, same policy.
+	// Started again from the state (a restore): same CA, same policy;
+	// this time its privileged part is made by one owner (as a VMM
+	// family's helper does) and handed over as descriptors.
 	cfg.Policy, cfg.CAPEM, cfg.CAKeyPEM, cfg.DNSState = state.Policy, state.CAPEM, state.CAKeyPEM, state.DNS
+	prep, err := Prepare(cfg.prepareConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, mode, err := prep.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prep.Release()
+	if cfg.Prepared, err = PreparedFromFiles(cfg.prepareConfig(), mode, files); err != nil {
+		t.Fatal(err)
+	}
 	s2, err := Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s2.Close()
+	if r := ask("denied.test"); r.Rcode != dns.RcodeNameError {
+		t.Errorf("the handed-over resolver: denied.test rcode %d", r.Rcode)
+	}
+	if got := aOf(ask("api.test")); len(got) != 1 || got[0] != host.Addr().String() {
+		t.Errorf("the handed-over resolver: api.test answered %v", got)
+	}
+	if st, err := s2.Stats(); err != nil || st.Attach != mode.String() {
+		t.Errorf("the handed-over filter: stats %+v, %v; want attached with %v", st, err, mode)
+	}
 	if s2.Guest().TrustPEM != g.TrustPEM {
 		t.Error("the CA changed across a restart from the saved state")
 	}

@@ -108,3 +108,52 @@ func SetUser(uid, gid int) error {
 	}
 	return nil
 }
+
+// raiseAmbient adds the capabilities of mask (which must be permitted and
+// inheritable) to the ambient set on all threads: a process that is not
+// root keeps its ambient capabilities across execve.
+func raiseAmbient(mask uint64) error {
+	for c := uintptr(0); c < 64; c++ {
+		if mask&(1<<c) == 0 {
+			continue
+		}
+		if err := allThreads(unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_RAISE, c); err != nil {
+			return fmt.Errorf("jail: prctl(PR_CAP_AMBIENT_RAISE, %d): %w", c, err)
+		}
+	}
+	return nil
+}
+
+// BPFNeedsCap reports whether bpf(2) on a map's or a program's descriptor
+// needs CAP_BPF here: before Linux 6.5 every bpf(2) command is refused
+// without it while kernel.unprivileged_bpf_disabled is set (Debian's and
+// most distributions' default); from 6.5 on, only creating maps and
+// loading programs are.
+func BPFNeedsCap() bool {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return true
+	}
+	major, minor, ok := kernelVersion(unix.ByteSliceToString(u.Release[:]))
+	if ok && (major > 6 || major == 6 && minor >= 5) {
+		return false
+	}
+	b, err := os.ReadFile("/proc/sys/kernel/unprivileged_bpf_disabled")
+	return err != nil || strings.TrimSpace(string(b)) != "0"
+}
+
+// kernelVersion parses the major and minor numbers of a kernel release
+// ("6.1.0-27-amd64").
+func kernelVersion(release string) (major, minor int, ok bool) {
+	f := strings.SplitN(release, ".", 3)
+	if len(f) < 2 {
+		return 0, 0, false
+	}
+	major, err1 := strconv.Atoi(f[0])
+	minorStr := f[1]
+	if i := strings.IndexFunc(minorStr, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+		minorStr = minorStr[:i]
+	}
+	minor, err2 := strconv.Atoi(minorStr)
+	return major, minor, err1 == nil && err2 == nil
+}

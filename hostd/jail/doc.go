@@ -105,10 +105,10 @@
 //
 // Which one the daemon should use: ProfileStrict for every VMM that does
 // not serve the fork API (run, restore, and fork children themselves once
-// set up); ProfileVMM only for a VMM whose fork API is enabled. A fork
-// child with --netns also needs the parent to keep CAP_SYS_ADMIN (new
-// network namespace) and CAP_NET_ADMIN (its tap): capabilities dropped in
-// the parent are gone for its children too. A VMM with egress needs
+// set up); ProfileVMM only for a VMM whose fork API is enabled. Without a
+// helper (below), a fork child with --netns also needs the parent to keep
+// CAP_SYS_ADMIN (new network namespace) and CAP_NET_ADMIN (its tap):
+// capabilities dropped in the parent are gone for its children too. A VMM with egress needs
 // Options.BPFMaps under ProfileStrict.
 //
 // # A missing syscall
@@ -140,8 +140,8 @@
 // they live on in the namespace while its init does, and the daemon finds
 // their PIDs in its own namespace with HostPID), a new, empty network
 // namespace for a VMM without a network but not for a network one (it
-// makes its own for its tap and egress services and keeps the host's for
-// upstream connections) and no Pdeathsig (VMMs outlive the daemon, which
+// gets its own for its tap and egress services from its jail-init, the
+// helper below, and keeps the host's for upstream connections) and no Pdeathsig (VMMs outlive the daemon, which
 // re-adopts them).
 //
 // A VMM may pivot_root only in a mount namespace that is not its
@@ -179,21 +179,44 @@
 // What warren-hostd does with it (hostd/daemon's jail.go, on by default:
 // --vmm-uid-range 1000000:65536): every VMM it starts, template builds
 // included, gets Config.Root, a jail directory STATE/jail/ID binding only
-// its own files; every VMM without a network also gets Config.User, a uid
-// and gid of its own from the range (the owner of its directory, kept by
-// its fork children, given back to root when a template's build ends). A
+// its own files, and Config.User, a uid and gid of its own from the range
+// (the owner of its directory, kept by its fork children, given back to
+// root when a template's build ends). A
 // peer that reaches the daemon's unix socket as root acts for any tenant,
 // so no VMM may see that socket: none does, the jail does not bind it.
 //
+// # The helper: a network VMM's privileged work
+//
+// A network VMM needs a private network namespace with a tap in it, the
+// tap's host address, the egress filter loaded and attached, and the
+// resolver's and proxy's sockets listening on ports 53, 80 and 443 there;
+// so does each of its fork children, which it starts long after it gave
+// up its privileges. None of that is done by the VMM: its jail-init
+// (RunInitWith with InitOptions.Helper; warren-hostd passes
+// `jail-init --net-helper` for a network VMM, daemon.Confinement.NetHelper)
+// stays root for the family's life and serves requests on a unix socket
+// the VMM inherits ($HelperEnv) and hands to its fork children: it makes
+// the network and hands it over as descriptors (helper.go;
+// cmd/warren/cli's nethelper.go says what it accepts: a new namespace
+// always, never the host's, a tap of a plain name, bounded and
+// rate-limited). The VMM adopts them (egress.PreparedFromFiles,
+// filter.FromFiles) and runs as its own uid with no capability, in the
+// host's network namespace only for its threads' upstream connections
+// (which need none). On kernels before 6.5 every bpf(2) call on the
+// filter's maps needs CAP_BPF while kernel.unprivileged_bpf_disabled is
+// set (BPFNeedsCap): there a network VMM keeps CAP_BPF alone, ambient so
+// that its fork children keep it (Config.KeepCaps with Config.User); it
+// lets it create maps and load socket-filter programs, not attach
+// anything to a device (that needs CAP_NET_ADMIN) nor reach another
+// process's BPF objects (that needs CAP_SYS_ADMIN).
+//
+// jail-init shares the VMM's mount namespace, so the VMM's pivot_root
+// changes jail-init's root too: it opens /dev/net before it starts the
+// VMM and makes taps through that descriptor. It is non-dumpable, and
+// the jail binds nothing of its own, so a VMM can reach it only through
+// the socket.
+//
 // What is left (issue 16, hole 3), and what it would take:
-//   - A network VMM keeps uid 0 and CAP_NET_ADMIN, CAP_SYS_ADMIN and
-//     CAP_NET_BIND_SERVICE, in the host's network namespace (for its
-//     egress services' upstream connections), because its fork children
-//     make their own network namespace, tap, egress filter and listening
-//     sockets. Closing it needs a privileged helper per VMM family (RunInit
-//     is the natural one) that makes those and hands the descriptors over,
-//     and the filter's map updates moved there too on kernels before 6.5,
-//     where bpf(2) on a map's descriptor still needs CAP_BPF.
 //   - ProfileVMM VMMs still execve `warren fork-child` (the children
 //     inherit the parent's jail, uid and filter, never more), so fork
 //     children share their parent's uid; daemon-started children, handed
@@ -208,7 +231,8 @@
 // running VMMs and fork children (/proc/PID/status: uids in the range,
 // capabilities, no_new_privs, seccomp; /proc/PID/root: its own directory
 // there, the key directory and the secrets file not), the network VMMs'
-// too (uid 0, no capability but the three above).
+// too (checkNetConfined: a uid of the range, no capability but CAP_BPF
+// where BPFNeedsCap, no /dev/net/tun in the jail).
 //
 // Run for real (hostd/daemon's e2e test in the nested KVM host, every VMM
 // under ProfileVMM, ModeLog then ModeErrno: template build, restore, exec,

@@ -71,6 +71,23 @@ const InitEnv = "WARREN_JAIL_INIT"
 // files for it: a template's kernel and initramfs): the VMM inherits each
 // at the same number, and RunInit closes its own copies once it started.
 func RunInit(argv []string, reportFD int, passFDs ...int) int {
+	return RunInitWith(argv, InitOptions{ReportFD: reportFD, PassFDs: passFDs})
+}
+
+// InitOptions are RunInitWith's: RunInit's reportFD and passFDs, and the
+// family's privileged helper.
+type InitOptions struct {
+	ReportFD int
+	PassFDs  []int
+	// Helper, when set, is served (ServeHelper) on a socket whose other end
+	// the VMM inherits at the descriptor $HelperEnv names, for as long as
+	// a process of the family holds it.
+	Helper HelperFunc
+}
+
+// RunInitWith is RunInit with a helper (InitOptions.Helper).
+func RunInitWith(argv []string, o InitOptions) int {
+	reportFD, passFDs := o.ReportFD, o.PassFDs
 	if len(argv) == 0 {
 		fmt.Fprintln(os.Stderr, "jail-init: no command")
 		return 2
@@ -113,15 +130,33 @@ func RunInit(argv []string, reportFD int, passFDs ...int) int {
 	}
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, ParentMountNSEnv+"=") && !strings.HasPrefix(kv, InitEnv+"=") {
+		if !strings.HasPrefix(kv, ParentMountNSEnv+"=") && !strings.HasPrefix(kv, InitEnv+"=") && !strings.HasPrefix(kv, HelperEnv+"=") {
 			env = append(env, kv)
 		}
 	}
 	env = append(env, InitEnv+"=1")
+	var helper *os.File
+	if o.Helper != nil {
+		h, theirs, err := helperPair()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "jail-init:", err)
+			return 1
+		}
+		helper = h
+		env = append(env, HelperEnv+"="+strconv.Itoa(len(files)))
+		files = append(files, theirs)
+	}
 	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Files: files, Env: env})
 	for _, f := range files[3:] {
 		if f != nil {
 			f.Close()
+		}
+	}
+	if helper != nil {
+		if err == nil {
+			go ServeHelper(helper, o.Helper)
+		} else {
+			helper.Close()
 		}
 	}
 	if err != nil {

@@ -33,14 +33,15 @@ import (
 const helperEnv = "JAIL_HELPER"
 
 var helpers = map[string]func(h *helper){
-	"strict": helperStrict,
-	"vmm":    helperVMM,
-	"kill":   helperKill,
-	"log":    helperLog,
-	"caps":   helperCaps,
-	"enter":  helperEnter,
-	"long":   helperLong,
-	"noop":   func(h *helper) {},
+	"strict":   helperStrict,
+	"vmm":      helperVMM,
+	"kill":     helperKill,
+	"log":      helperLog,
+	"caps":     helperCaps,
+	"enter":    helperEnter,
+	"userkeep": helperUserKeep,
+	"long":     helperLong,
+	"noop":     func(h *helper) {},
 	// The Go runtime under a filter that kills on anything unlisted: any
 	// syscall the table misses shows up as SIGSYS.
 	"strictkill": func(h *helper) {
@@ -300,6 +301,26 @@ func TestSysProcAttrNamespaces(t *testing.T) {
 	}
 	if a := SysProcAttr(NSOptions{}); a.Pdeathsig != syscall.SIGKILL {
 		t.Errorf("Pdeathsig %v", a.Pdeathsig)
+	}
+}
+
+// TestUserKeepsCaps: leaving root with KeepCaps (a network VMM's CAP_BPF
+// where BPFNeedsCap) keeps exactly those, on every thread, and they
+// survive the execve of a fork child.
+func TestUserKeepsCaps(t *testing.T) {
+	needRoot(t)
+	expectHelperOK(t, "userkeep", nil)
+}
+
+func TestKernelVersion(t *testing.T) {
+	for rel, want := range map[string][2]int{"6.1.0-27-amd64": {6, 1}, "6.18.44-fc-v1045": {6, 18}, "5.15.0": {5, 15}, "6.5rc1": {6, 5}} {
+		maj, min, ok := kernelVersion(rel)
+		if !ok || maj != want[0] || min != want[1] {
+			t.Errorf("%s: %d.%d %v", rel, maj, min, ok)
+		}
+	}
+	if _, _, ok := kernelVersion("garbage"); ok {
+		t.Error("garbage parsed")
 	}
 }
 
@@ -688,16 +709,7 @@ func capLines() (map[string][]string, error) {
 func helperCaps(h *helper) {
 	// Threads that exist before the drop must lose their capabilities
 	// too: park some on locked OS threads.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Go(func() {
-			runtime.LockOSThread()
-			<-stop
-		})
-	}
-	defer func() { close(stop); wg.Wait() }()
-	time.Sleep(10 * time.Millisecond)
+	defer parkThreads(8)()
 
 	keep := []uintptr{unix.CAP_NET_ADMIN}
 	if err := DropCapabilities(keep); err != nil {
@@ -705,22 +717,13 @@ func helperCaps(h *helper) {
 		return
 	}
 	want := fmt.Sprintf("%016x", CapMask(keep))
-	caps, err := capLines()
-	if err != nil {
-		h.failf("%v", err)
+	caps, ok := capsAre(h, want, "CapEff", "CapPrm", "CapInh", "CapBnd")
+	if !ok {
 		return
 	}
 	threads := len(caps["CapEff"])
 	if threads < 9 {
 		h.failf("only %d threads seen", threads)
-	}
-	for _, k := range []string{"CapEff", "CapPrm", "CapInh", "CapBnd"} {
-		for _, v := range caps[k] {
-			if v != want {
-				h.failf("%s = %s on some thread, want %s (all: %v)", k, v, want, caps[k])
-				break
-			}
-		}
 	}
 	for _, v := range caps["CapAmb"] {
 		if v != "0000000000000000" {
@@ -742,6 +745,41 @@ func helperCaps(h *helper) {
 	if strings.Contains(readStatus("Seccomp"), "2") {
 		h.failf("a filter is installed")
 	}
+}
+
+// parkThreads parks n goroutines on locked OS threads (threads that exist
+// before a change of per-thread state, which must reach them too) and
+// returns the function that lets them go.
+func parkThreads(n int) func() {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			runtime.LockOSThread()
+			<-stop
+		})
+	}
+	time.Sleep(10 * time.Millisecond)
+	return func() { close(stop); wg.Wait() }
+}
+
+// capsAre checks that every thread's capability sets named keys are want;
+// it returns every thread's sets, and false if they could not be read.
+func capsAre(h *helper, want string, keys ...string) (map[string][]string, bool) {
+	caps, err := capLines()
+	if err != nil {
+		h.failf("%v", err)
+		return nil, false
+	}
+	for _, k := range keys {
+		for _, v := range caps[k] {
+			if v != want {
+				h.failf("%s = %s on some thread, want %s (all: %v)", k, v, want, caps[k])
+				break
+			}
+		}
+	}
+	return caps, true
 }
 
 func readStatus(key string) string {
@@ -815,6 +853,33 @@ func helperEnter(h *helper) {
 	}
 	h.wantErrno("mount", unix.Mount("none", "/tmp", "tmpfs", 0, ""), unix.EPERM)
 	checkGoRuntime(h)
+}
+
+func helperUserKeep(h *helper) {
+	defer parkThreads(4)()
+	keep := []uintptr{unix.CAP_BPF}
+	if err := Enter(Config{User: &User{UID: 65534, GID: 65534}, KeepCaps: keep, Profile: ProfileVMM}); err != nil {
+		h.failf("enter: %v", err)
+		return
+	}
+	want := fmt.Sprintf("%016x", CapMask(keep))
+	if _, ok := capsAre(h, want, "CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"); !ok {
+		return
+	}
+	if f := strings.Fields(readStatus("Uid")); len(f) != 4 || f[0] != "65534" || f[3] != "65534" {
+		h.failf("Uid: %v", f)
+	}
+	out, err := exec.Command("/bin/cat", "/proc/self/status").Output()
+	if err != nil {
+		h.failf("exec a child: %v", err)
+		return
+	}
+	for l := range strings.Lines(string(out)) {
+		if k, v, ok := strings.Cut(l, ":"); ok && (k == "CapEff" || k == "CapAmb") && strings.TrimSpace(v) != want {
+			h.failf("the exec'd child's %s = %s, want %s", k, strings.TrimSpace(v), want)
+		}
+	}
+	h.logf("ok: uid 65534 with only CAP_BPF, ambient, and so in an exec'd child")
 }
 
 func helperLong(h *helper) {

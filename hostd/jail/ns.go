@@ -84,10 +84,12 @@ type Config struct {
 	Root *RootOptions
 	// KeepCaps are the capabilities the VMM keeps (none by default). A
 	// VMM that creates taps for fork children in new network namespaces
-	// needs CAP_NET_ADMIN and CAP_SYS_ADMIN; see the package doc.
+	// needs CAP_NET_ADMIN and CAP_SYS_ADMIN; see the package doc. With
+	// User, they are kept across leaving root and made ambient, so that
+	// the fork children it execs have them too (a network VMM's CAP_BPF
+	// where BPFNeedsCap).
 	KeepCaps []uintptr
-	// User, when set, switches to this uid/gid (then no capability
-	// survives; KeepCaps must be empty).
+	// User, when set, switches to this uid/gid, keeping KeepCaps only.
 	User *User
 	// Profile and Seccomp select the filter.
 	Profile Profile
@@ -118,20 +120,32 @@ func Enter(cfg Config) error {
 		}
 	}
 	if cfg.User != nil {
-		if len(cfg.KeepCaps) > 0 {
-			return fmt.Errorf("jail: KeepCaps with User: capabilities do not survive leaving root")
-		}
 		// Empty the bounding set first (it needs CAP_SETPCAP; permitted
 		// and effective keep CAP_SETUID/CAP_SETGID for SetUser), then
 		// leave root, then clear whatever is left (all of it, for uid 0).
-		if err := dropBounding(0); err != nil {
+		mask := CapMask(cfg.KeepCaps)
+		if err := dropBounding(mask); err != nil {
 			return err
+		}
+		if mask != 0 {
+			// Leaving root keeps the permitted set only with keepcaps.
+			if err := allThreads(unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 1, 0); err != nil {
+				return fmt.Errorf("jail: prctl(PR_SET_KEEPCAPS): %w", err)
+			}
 		}
 		if err := SetUser(cfg.User.UID, cfg.User.GID); err != nil {
 			return err
 		}
-		if err := setCaps(0); err != nil {
+		if err := setCaps(mask); err != nil {
 			return err
+		}
+		if mask != 0 {
+			if err := raiseAmbient(mask); err != nil {
+				return err
+			}
+			if err := allThreads(unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 0, 0); err != nil {
+				return fmt.Errorf("jail: prctl(PR_SET_KEEPCAPS): %w", err)
+			}
 		}
 	} else if err := DropCapabilities(cfg.KeepCaps); err != nil {
 		return err

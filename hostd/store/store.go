@@ -444,6 +444,13 @@ func WriteJSON(path string, v any) error {
 
 // WriteFileAtomic is WriteJSON for bytes.
 func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
+	return WriteFileAtomicOwned(path, data, mode, -1)
+}
+
+// WriteFileAtomicOwned is WriteFileAtomic for a file owned by uid (and its
+// group of the same number) from the moment it appears; uid -1 leaves it
+// the caller's.
+func WriteFileAtomicOwned(path string, data []byte, mode os.FileMode, uid int) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -463,6 +470,11 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
 	}
 	if err := f.Chmod(mode); err != nil {
 		return fail(err)
+	}
+	if uid >= 0 {
+		if err := f.Chown(uid, uid); err != nil {
+			return fail(err)
+		}
 	}
 	if err := f.Sync(); err != nil {
 		return fail(err)

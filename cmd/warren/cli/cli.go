@@ -74,11 +74,12 @@ func vmMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return forkChildCmd(args[1:], stdout, stderr)
 	case jail.InitVerb:
 		// pid 1 of a jailed VMM's pid namespace (warren-hostd --jail):
-		// jail-init [--report-fd N] -- COMMAND...
+		// jail-init [--report-fd N] [--net-helper] -- COMMAND...
 		fs := flag.NewFlagSet("warren "+jail.InitVerb, flag.ContinueOnError)
 		fs.SetOutput(stderr)
 		fd := fs.Int("report-fd", -1, "unix socket to report the command's pid on (SCM_CREDENTIALS)")
 		pass := fs.Int("pass-fds", 0, "pass descriptors 4 to 3+N on to the command at the same numbers (the daemon's files for the VMM)")
+		helper := fs.Bool("net-helper", false, "serve the VMM family's private networks (a network VMM that leaves root asks for them: nethelper.go)")
 		var cgroups stringsFlag
 		fs.Var(&cgroups, "cgroup", "join this cgroup directory before starting the command, which is then born in it (repeatable: one per v1 hierarchy)")
 		if err := fs.Parse(args[1:]); err != nil {
@@ -96,7 +97,16 @@ func vmMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		for i := range *pass {
 			fds = append(fds, 4+i)
 		}
-		return jail.RunInit(fs.Args(), *fd, fds...)
+		o := jail.InitOptions{ReportFD: *fd, PassFDs: fds}
+		if *helper {
+			h, err := newNetHelper()
+			if err != nil {
+				fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
+				return 1
+			}
+			o.Helper = h
+		}
+		return jail.RunInitWith(fs.Args(), o)
 	case "flatten":
 		return flattenCmd(args[1:], stdout, stderr)
 	case "rollback":

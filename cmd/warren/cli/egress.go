@@ -156,13 +156,19 @@ func parseAttach(s string) (filter.AttachMode, error) {
 	return 0, fmt.Errorf("--egress-attach %q: want auto, tcx or clsact", s)
 }
 
-// startEgress starts the egress services of a VM whose tap exists.
-func startEgress(e *egressOptions, tap string, o vmOptions) (*egress.Sandbox, error) {
-	cfg := egress.Config{Sandbox: e.Sandbox, Tap: tap, HostAddr: e.HostAddr, GuestAddr: e.GuestAddr,
+// startEgress starts the egress services of a VM whose tap exists, on
+// prep when the VM's helper made their privileged part (which they then
+// own; nil: they make it).
+func startEgress(e *egressOptions, tap string, o vmOptions, prep *egress.Prepared) (_ *egress.Sandbox, err error) {
+	defer func() {
+		if err != nil && prep != nil {
+			prep.Close()
+		}
+	}()
+	cfg := egress.Config{Prepared: prep, Sandbox: e.Sandbox, Tap: tap, HostAddr: e.HostAddr, GuestAddr: e.GuestAddr,
 		Policy: e.State.Policy, AuditPath: e.Audit, CAPEM: e.State.CAPEM, CAKeyPEM: e.State.CAKeyPEM,
 		DNSUpstream: e.DNSUpstream, DNSState: e.State.DNS, Log: o.log,
 		UpstreamAllow: e.UpstreamAllow, PolicyOptions: e.policyOptions()}
-	var err error
 	if cfg.Attach, err = parseAttach(e.Attach); err != nil {
 		return nil, err
 	}
@@ -179,7 +185,9 @@ func startEgress(e *egressOptions, tap string, o vmOptions) (*egress.Sandbox, er
 			return nil, fmt.Errorf("--upstream-ca: %w", err)
 		}
 	}
-	return egress.Start(cfg)
+	s, err := egress.Start(cfg)
+	prep = nil // Start's now, whatever the outcome
+	return s, err
 }
 
 // liveOptions returns the run options a snapshot of the VM records now:

@@ -125,6 +125,10 @@ type forkSpec struct {
 	// Jail is the parent's --jail: the child hardens itself the same way
 	// once set up (see jail.go).
 	Jail string `json:"jail,omitempty"`
+	// NetHelper, when not 0, is the descriptor of the family's helper
+	// socket (after the memory files): the child's private network comes
+	// from there (nethelper.go).
+	NetHelper int `json:"net_helper,omitempty"`
 }
 
 // forkRestore is what buildVMWithDevices makes a forked child from.
@@ -227,6 +231,13 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 			egState.Policy = *req.Egress
 		}
 	}
+	helper, err := helperConn()
+	if err != nil {
+		return nil, fmt.Errorf("fork: %w", err)
+	}
+	// With a helper, a child's namespace is a private network the helper
+	// makes (this process may make none): --netns means just that.
+	cloneNetNS := req.NetNS && helper == nil
 	specs := make([]forkSpec, req.N)
 	children := make([]forkChild, req.N)
 	for k := range req.N {
@@ -236,6 +247,9 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 		ch.Hostname, ch.MachineID = fmt.Sprintf("fork-%s-%d", tag, k), agent.NewMachineID()
 		o := a.opts
 		o.Disks = nil
+		if req.NetNS && helper != nil {
+			o.PrivateNet = true
+		}
 		if o.Vsock != "" {
 			o.Vsock, o.CID = p+".vsock", randomCID()
 			ch.Vsock, ch.CID = o.Vsock, o.CID
@@ -304,13 +318,13 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 		return nil, err
 	}
 	for k := range specs {
-		cmd, ready, err := startForkChild(exe, &specs[k], files, children[k].Log, req.NetNS)
+		cmd, ready, err := startForkChild(exe, &specs[k], files, children[k].Log, cloneNetNS, helper)
 		if err != nil {
 			return fail(fmt.Errorf("fork: child %d: %w", k, err))
 		}
 		procs[k] = started{cmd, ready}
 		children[k].PID = cmd.Process.Pid
-		if req.NetNS {
+		if cloneNetNS {
 			children[k].NetNS = fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
 		}
 	}
@@ -337,9 +351,13 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 }
 
 // startForkChild starts one child process with its spec on fd 3, the
-// ready pipe on fd 4 and the memory files from fd 5 on; the returned file
-// is the read end of the ready pipe.
-func startForkChild(exe string, spec *forkSpec, memFiles []*os.File, logPath string, netns bool) (*exec.Cmd, *os.File, error) {
+// ready pipe on fd 4, the memory files from fd 5 on and the helper
+// socket, when set, after them; the returned file is the read end of the
+// ready pipe.
+func startForkChild(exe string, spec *forkSpec, memFiles []*os.File, logPath string, netns bool, helper *os.File) (*exec.Cmd, *os.File, error) {
+	if helper != nil {
+		spec.NetHelper = 5 + len(memFiles)
+	}
 	b, err := json.Marshal(spec)
 	if err != nil {
 		return nil, nil, err
@@ -365,6 +383,9 @@ func startForkChild(exe string, spec *forkSpec, memFiles []*os.File, logPath str
 	cmd := exec.Command(exe, "fork-child")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = append([]*os.File{specR, readyW}, memFiles...)
+	if helper != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, helper)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if netns {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
@@ -432,6 +453,12 @@ func forkChildCmd(args []string, stdout, stderr io.Writer) int {
 		return fail("spec: %v", err)
 	}
 	forkChildProcess = true
+	if spec.NetHelper != 0 {
+		if spec.NetHelper < 5 || spec.NetHelper > 5+4096 {
+			return fail("spec: helper descriptor %d", spec.NetHelper)
+		}
+		setHelperConn(os.NewFile(uintptr(spec.NetHelper), "helper"))
+	}
 	js, err := parseJail(spec.Jail)
 	if err != nil {
 		return fail("%v", err)

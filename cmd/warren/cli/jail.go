@@ -21,7 +21,8 @@ import (
 // hostd/jail.Enter: private mounts (only in a mount namespace of its own,
 // as the daemon starts it), every capability dropped but those its fork
 // children need (CAP_NET_ADMIN and CAP_SYS_ADMIN with a tap, under
-// ProfileVMM), no_new_privs, and the seccomp allowlist on all threads.
+// ProfileVMM, unless the family's helper makes their networks:
+// nethelper.go), no_new_privs, and the seccomp allowlist on all threads.
 //
 // Profiles: "strict" (jail.ProfileStrict) for a VMM that never starts a
 // process; "vmm" (jail.ProfileVMM) for one whose control API may fork
@@ -195,7 +196,15 @@ func jailConfig(j jailSpec, o *vmOptions) jail.Config {
 	if o != nil && o.egress != nil {
 		cfg.Seccomp.BPFMaps = true
 	}
-	if o != nil && o.tap != "" && j.profile == jail.ProfileVMM && j.user == nil {
+	helper, _ := helperConn()
+	if o != nil && o.tap != "" && helper != nil && o.privateNet {
+		// Its network and its fork children's come from the family's
+		// helper (nethelper.go): nothing to keep for them, but on older
+		// kernels the filter's maps answer only to CAP_BPF.
+		if o.egress != nil && jail.BPFNeedsCap() {
+			cfg.KeepCaps = []uintptr{unix.CAP_BPF}
+		}
+	} else if o != nil && o.tap != "" && j.profile == jail.ProfileVMM && j.user == nil {
 		// A fork child creates its own tap (CAP_NET_ADMIN), maybe in a
 		// new network namespace (CAP_SYS_ADMIN): capabilities dropped
 		// here would be gone for it too.

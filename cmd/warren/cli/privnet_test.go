@@ -21,7 +21,9 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/warrenvm/warren/ebpf/policy"
+	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/internal/testtls"
+	"golang.org/x/sys/unix"
 )
 
 // TestPrivateNet opens a VM's network the way `warren run --private-net
@@ -35,7 +37,9 @@ import (
 // listens only on the host side's loopback (the operator's
 // --upstream-allow) and gets the real secret in place of the
 // placeholder; the same request over plain HTTP is refused and reaches
-// nothing. Two such VMs use the same tap name and addresses at once.
+// nothing. Two such VMs use the same tap name and addresses at once: the
+// first made in this process, the second by a helper (as jail-init makes
+// a jailed VMM's, nethelper.go) and handed over as descriptors.
 // Needs root (namespaces, taps, eBPF) and the host's 127.0.0.1:443 (the
 // proxy always connects upstream on 443); it puts nothing on the host's
 // network but that listener.
@@ -91,7 +95,11 @@ func TestPrivateNet(t *testing.T) {
 		o := vmOptions{tap: "wt0", mac: net.HardwareAddr{0x02, 0, 0, 0, 0, 1}, privateNet: true, egress: eg, log: slog.New(slog.DiscardHandler)}
 		d := vmDevices{netns: -1}
 		var closers []func() error
-		if _, err := openNet(o, &d, &closers); err != nil {
+		var conn *os.File
+		if name == "b" {
+			conn = startNetHelper(t)
+		}
+		if _, err := openNetWith(conn, o, &d, &closers); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
@@ -185,6 +193,24 @@ func TestPrivateNet(t *testing.T) {
 			t.Fatal("the upstream saw nothing")
 		}
 	}
+}
+
+// startNetHelper serves jail-init's network helper in this process (on a
+// goroutine) and returns the requester's end of its socket.
+func startNetHelper(t *testing.T) *os.File {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs := os.NewFile(uintptr(fds[0]), "helper"), os.NewFile(uintptr(fds[1]), "helper-vmm")
+	h, err := newNetHelper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go jail.ServeHelper(ours, h)
+	t.Cleanup(func() { theirs.Close(); ours.Close() })
+	return theirs
 }
 
 // hasAddr reports whether the calling thread's network namespace has the

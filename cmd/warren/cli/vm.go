@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 
 	"github.com/vishvananda/netns"
@@ -273,14 +274,48 @@ func virtioSpec(name string, queues int, dev virtio.Device, log *slog.Logger, mm
 // private network namespace (d.netns) when o.privateNet is set. What it
 // opens is appended to closers, in the order they must close.
 func openNet(o vmOptions, d *vmDevices, closers *[]func() error) (*vnet.Device, error) {
+	conn, err := helperConn()
+	if err != nil {
+		return nil, err
+	}
+	return openNetWith(conn, o, d, closers)
+}
+
+// openNetWith is openNet with the family's helper conn (nil: none).
+func openNetWith(conn *os.File, o vmOptions, d *vmDevices, closers *[]func() error) (*vnet.Device, error) {
 	var dev *vnet.Device
+	if conn != nil && o.privateNet {
+		// Made by the family's helper: this VMM has no privilege for it.
+		tap, ns, prep, err := askPrivateNet(conn, o)
+		if err != nil {
+			return nil, err
+		}
+		d.netns = ns
+		*closers = append(*closers, func() error { return ns.Close() })
+		if dev, err = vnet.NewBackend(tap, o.mac, vnet.Options{NewIdentity: o.fork != nil}); err != nil {
+			tap.Close()
+			if prep != nil {
+				prep.Close()
+			}
+			return nil, fmt.Errorf("--tap %s: %w", o.tap, err)
+		}
+		if o.egress != nil {
+			if d.egress, err = startEgress(o.egress, o.tap, o, prep); err != nil {
+				dev.Close()
+				return nil, fmt.Errorf("--egress: %w", err)
+			}
+			*closers = append(*closers, d.egress.Close)
+		}
+		*closers = append(*closers, dev.Close)
+		return dev, nil
+	}
 	makeNet := func() error {
 		var err error
 		if dev, err = vnet.New(o.tap, o.mac, vnet.Options{NewIdentity: o.fork != nil}); err != nil {
 			return fmt.Errorf("--tap %s: %w", o.tap, err)
 		}
 		if o.egress != nil {
-			if d.egress, err = startEgress(o.egress, o.tap, o); err != nil {
+			if d.egress, err = startEgress(o.egress, o.tap, o, nil); err != nil {
 				dev.Close()
 				return fmt.Errorf("--egress: %w", err)
 			}

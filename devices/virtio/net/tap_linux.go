@@ -19,9 +19,17 @@ import (
 // made with `ip tuntap add mode tap` with a matching owner, or a
 // multi-queue tap); a tap created here vanishes when the file is closed.
 func OpenTap(name string) (*os.File, error) {
-	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	return OpenTapAt(unix.AT_FDCWD, "/dev/net/tun", name)
+}
+
+// OpenTapAt is OpenTap with the tun device at path relative to the
+// directory descriptor dir (unix.AT_FDCWD: the working directory): a
+// process whose root has changed since (a jail's pivot_root) opens it
+// through a descriptor of /dev/net taken before.
+func OpenTapAt(dir int, path, name string) (*os.File, error) {
+	fd, err := unix.Openat(dir, path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, fmt.Errorf("tap %q: open /dev/net/tun: %w", name, err)
+		return nil, fmt.Errorf("tap %q: open %s: %w", name, path, err)
 	}
 	ok := false
 	defer func() {
