@@ -267,6 +267,24 @@ func (d *daemonCmd) printJSON(v any) {
 	fmt.Fprintf(d.stdout, "%s\n", b)
 }
 
+// parseSandbox parses args, which must leave exactly nArgs positionals,
+// the first a sandbox reference, and returns the sandbox's id; a non-zero
+// code (a usage error, 2, or a failure, 1, already reported) is the
+// verb's exit status.
+func (d *daemonCmd) parseSandbox(args []string, nArgs int) (id string, code int) {
+	if code := d.parse(args); code != 0 {
+		return "", code
+	}
+	if d.fs.NArg() != nArgs {
+		return "", d.usageErr()
+	}
+	id, err := d.resolve(d.fs.Arg(0))
+	if err != nil {
+		return "", d.fail(err)
+	}
+	return id, 0
+}
+
 // resolve turns a sandbox reference (id or name) into its id.
 func (d *daemonCmd) resolve(ref string) (string, error) { return d.c.Resolve(d.ctx, ref) }
 
@@ -300,45 +318,42 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb"
 }
 
+// daemonCmds run the verbs that talk to warren-hostd, by name.
+var daemonCmds = map[string]func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int{
+	"templates": withoutStdin(templatesCmd),
+	"images":    withoutStdin(imagesCmd),
+	"create":    withoutStdin(createCmd),
+	"ls":        withoutStdin(lsCmd),
+	"rm":        withoutStdin(rmCmd),
+	"events":    withoutStdin(eventsCmd),
+	"secrets":   secretsCmd,
+	"keys":      withoutStdin(keysCmd),
+	"egress":    withoutStdin(sbEgressCmd),
+	"exec":      sbExecCmd,
+	"cp":        sbCpCmd,
+	"pause":     withoutStdin(sbPauseCmd),
+	"resume":    withoutStdin(sbResumeCmd),
+	"snapshot":  withoutStdin(sbSnapshotCmd),
+	"fork":      withoutStdin(sbForkCmd),
+	"rollback":  withoutStdin(sbRollbackCmd),
+}
+
+// withoutStdin adapts a verb that reads no input to daemonCmds' shape.
+func withoutStdin(f func(ctx context.Context, args []string, stdout, stderr io.Writer) int) func(context.Context, []string, io.Reader, io.Writer, io.Writer) int {
+	return func(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
+		return f(ctx, args, stdout, stderr)
+	}
+}
+
 func daemonVerb(verb string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	run, ok := daemonCmds[verb]
+	if !ok {
+		fmt.Fprintf(stderr, "warren: unknown command %q\n", verb)
+		return 2
+	}
 	ctx, stop := interruptContext()
 	defer stop()
-	switch verb {
-	case "templates":
-		return templatesCmd(ctx, args, stdout, stderr)
-	case "images":
-		return imagesCmd(ctx, args, stdout, stderr)
-	case "create":
-		return createCmd(ctx, args, stdout, stderr)
-	case "ls":
-		return lsCmd(ctx, args, stdout, stderr)
-	case "rm":
-		return rmCmd(ctx, args, stdout, stderr)
-	case "events":
-		return eventsCmd(ctx, args, stdout, stderr)
-	case "secrets":
-		return secretsCmd(ctx, args, stdin, stdout, stderr)
-	case "keys":
-		return keysCmd(ctx, args, stdout, stderr)
-	case "egress":
-		return sbEgressCmd(ctx, args, stdout, stderr)
-	case "exec":
-		return sbExecCmd(ctx, args, stdin, stdout, stderr)
-	case "cp":
-		return sbCpCmd(ctx, args, stdin, stdout, stderr)
-	case "pause":
-		return sbPauseCmd(ctx, args, stdout, stderr)
-	case "resume":
-		return sbResumeCmd(ctx, args, stdout, stderr)
-	case "snapshot":
-		return sbSnapshotCmd(ctx, args, stdout, stderr)
-	case "fork":
-		return sbForkCmd(ctx, args, stdout, stderr)
-	case "rollback":
-		return sbRollbackCmd(ctx, args, stdout, stderr)
-	}
-	fmt.Fprintf(stderr, "warren: unknown command %q\n", verb)
-	return 2
+	return run(ctx, args, stdin, stdout, stderr)
 }
 
 func templatesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -725,15 +740,9 @@ func (d *daemonCmd) sandboxLine(s *client.Sandbox) {
 func sbPauseCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	d := newDaemonCmd(ctx, "pause", "pause [--to-disk] SANDBOX", stdout, stderr)
 	toDisk := d.fs.Bool("to-disk", false, "snapshot the sandbox and stop its VMM (status suspended; resume restores it)")
-	if code := d.parse(args); code != 0 {
+	id, code := d.parseSandbox(args, 1)
+	if code != 0 {
 		return code
-	}
-	if d.fs.NArg() != 1 {
-		return d.usageErr()
-	}
-	id, err := d.resolve(d.fs.Arg(0))
-	if err != nil {
-		return d.fail(err)
 	}
 	fn, done := d.progress("pause")
 	s, err := d.c.Pause(ctx, id, *toDisk, fn)
@@ -747,15 +756,9 @@ func sbPauseCmd(ctx context.Context, args []string, stdout, stderr io.Writer) in
 
 func sbResumeCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	d := newDaemonCmd(ctx, "resume", "resume SANDBOX", stdout, stderr)
-	if code := d.parse(args); code != 0 {
+	id, code := d.parseSandbox(args, 1)
+	if code != 0 {
 		return code
-	}
-	if d.fs.NArg() != 1 {
-		return d.usageErr()
-	}
-	id, err := d.resolve(d.fs.Arg(0))
-	if err != nil {
-		return d.fail(err)
 	}
 	fn, done := d.progress("resume")
 	s, err := d.c.Resume(ctx, id, fn)
@@ -774,15 +777,9 @@ func sbSnapshotCmd(ctx context.Context, args []string, stdout, stderr io.Writer)
 	every := d.fs.String("every", "", "take rolling snapshots at this interval, kept by the daemon (0: stop them)")
 	keep := d.fs.Int("keep", 0, "with --every: layers in a chain before a new full snapshot (daemon default 8)")
 	list := d.fs.Bool("list", false, "list the sandbox's snapshots")
-	if code := d.parse(args); code != 0 {
+	id, code := d.parseSandbox(args, 1)
+	if code != 0 {
 		return code
-	}
-	if d.fs.NArg() != 1 {
-		return d.usageErr()
-	}
-	id, err := d.resolve(d.fs.Arg(0))
-	if err != nil {
-		return d.fail(err)
 	}
 	switch {
 	case *list:
@@ -807,6 +804,7 @@ func sbSnapshotCmd(ctx context.Context, args []string, stdout, stderr io.Writer)
 	case *every != "":
 		var dur time.Duration
 		if *every != "0" && *every != "off" {
+			var err error
 			if dur, err = time.ParseDuration(*every); err != nil || dur <= 0 {
 				fmt.Fprintf(stderr, "warren snapshot: --every %q is not a duration\n", *every)
 				return 2
@@ -841,15 +839,12 @@ func sbSnapshotCmd(ctx context.Context, args []string, stdout, stderr io.Writer)
 func sbForkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	d := newDaemonCmd(ctx, "fork", "fork [-n N] SANDBOX", stdout, stderr)
 	n := d.fs.Int("n", 1, "number of children (1-64)")
-	if code := d.parse(args); code != 0 {
+	id, code := d.parseSandbox(args, 1)
+	if code != 0 {
 		return code
 	}
-	if d.fs.NArg() != 1 || *n < 1 {
+	if *n < 1 {
 		return d.usageErr()
-	}
-	id, err := d.resolve(d.fs.Arg(0))
-	if err != nil {
-		return d.fail(err)
 	}
 	fn, done := d.progress("fork")
 	r, err := d.c.Fork(ctx, id, *n, fn)
@@ -876,15 +871,9 @@ func sbForkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 func sbRollbackCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	d := newDaemonCmd(ctx, "rollback", "rollback SANDBOX SNAPSHOT", stdout, stderr)
-	if code := d.parse(args); code != 0 {
+	id, code := d.parseSandbox(args, 2)
+	if code != 0 {
 		return code
-	}
-	if d.fs.NArg() != 2 {
-		return d.usageErr()
-	}
-	id, err := d.resolve(d.fs.Arg(0))
-	if err != nil {
-		return d.fail(err)
 	}
 	rep, err := d.c.Rollback(ctx, id, d.fs.Arg(1))
 	if err != nil {
@@ -918,22 +907,18 @@ func readPolicy(path string) (json.RawMessage, error) {
 func sbEgressCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	d := newDaemonCmd(ctx, "egress", "egress [--policy FILE] SANDBOX\n\nprints the egress policy in force and the counters of a network sandbox;\nwith --policy, replaces the policy first (live, and for its later restores)", stdout, stderr)
 	pol := d.fs.String("policy", "", "replace the sandbox's egress policy with this one (JSON)")
-	if code := d.parse(args); code != 0 {
+	id, code := d.parseSandbox(args, 1)
+	if code != 0 {
 		return code
 	}
-	if d.fs.NArg() != 1 {
-		return d.usageErr()
-	}
-	id, err := d.resolve(d.fs.Arg(0))
-	if err != nil {
-		return d.fail(err)
-	}
 	var rep *wire.EgressReply
+	var err error
 	if *pol != "" {
-		b, err := readPolicy(*pol)
-		if err != nil {
-			return d.fail(err)
+		b, rerr := readPolicy(*pol)
+		if rerr != nil {
+			return d.fail(rerr)
 		}
+		// (err, not a new one in this block: a refused policy must fail.)
 		rep, err = d.c.SetEgress(ctx, id, b)
 	} else {
 		rep, err = d.c.Egress(ctx, id)

@@ -240,6 +240,13 @@ func TestDaemonNetworkVerbs(t *testing.T) {
 	if out := run(0, "", "egress", "--policy", pol, sb); !strings.Contains(out, "192.0.2.0/24") {
 		t.Errorf("egress --policy: %q", out)
 	}
+	// A policy the daemon refuses (here: a sandbox without a network)
+	// fails the command, not just prints nothing.
+	plainTpl := strings.TrimSpace(run(0, "", "templates", "create", "--kernel", "vmlinux"))
+	plain := strings.TrimSpace(run(0, "", "create", "--template", plainTpl))
+	if out := run(1, "", "egress", "--policy", pol, plain); out != "" {
+		t.Errorf("a refused egress --policy printed %q", out)
+	}
 	os.WriteFile(pol, []byte(`not json`), 0o600)
 	run(1, "", "egress", "--policy", pol, sb)
 	run(1, "", "create", "--template", tpl, "--secret", "NOPE")
