@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,6 +65,13 @@ func dumpGuest(t *testing.T, g *guest) {
 		}
 		t.Logf("  ioapic irr %#x", le.Uint32(st.IOAPIC[16:]))
 	}
+}
+
+// dumpStacks logs every goroutine's stack: in these tests the VMM runs in
+// the test's process, so its vsock worker and host streams are there.
+func dumpStacks(t *testing.T) {
+	buf := make([]byte, 4<<20)
+	t.Logf("goroutines:\n%s", buf[:runtime.Stack(buf, true)])
 }
 
 // cli runs the warren command as a user would (in-process) and returns its
@@ -274,17 +282,44 @@ func TestAgentEndToEnd(t *testing.T) {
 			t.Fatal("the endless writer produced nothing")
 		}
 		time.Sleep(2 * time.Second) // let both streams run out of credit
-		if _, err := c.Health(ctx); err != nil {
-			t.Fatalf("health while two streams are stalled: %v", err)
+		// Each call has its own deadline: one that never answers fails
+		// the test with where the guest and every goroutine (the VMM's
+		// vsock worker and host streams among them) are, instead of
+		// hanging until the harness takes the host for frozen.
+		stuck := func(what string, err error) {
+			t.Helper()
+			dumpGuest(t, g)
+			dumpStacks(t)
+			t.Fatalf("%s: %v", what, err)
+		}
+		hctx, hcancel := context.WithTimeout(ctx, time.Minute)
+		_, err := c.Health(hctx)
+		hcancel()
+		if err != nil {
+			stuck("health while two streams are stalled", err)
 		}
 		var o bytes.Buffer
-		if code, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"cat", "/tmp/data.bin"}}, &o, io.Discard); err != nil || code != 0 ||
-			sha256.Sum256(o.Bytes()) != sha256.Sum256(data) {
-			t.Fatalf("exec while two streams are stalled: exit %d, err %v, %d bytes", code, err, o.Len())
+		ectx, ecancel := context.WithTimeout(ctx, 2*time.Minute)
+		code, err := c.Exec(ectx, agent.ExecRequest{Argv: []string{"cat", "/tmp/data.bin"}}, &o, io.Discard)
+		ecancel()
+		if err != nil {
+			stuck(fmt.Sprintf("exec while two streams are stalled (%d bytes)", o.Len()), err)
+		}
+		if code != 0 || sha256.Sum256(o.Bytes()) != sha256.Sum256(data) {
+			t.Fatalf("exec while two streams are stalled: exit %d, %d bytes", code, o.Len())
 		}
 		scancel()
 		close(bw.release)
-		wg.Wait()
+		ended := make(chan struct{})
+		go func() {
+			wg.Wait()
+			close(ended)
+		}()
+		select {
+		case <-ended:
+		case <-time.After(time.Minute):
+			stuck("the stalled execs, cancelled", errors.New("still running after a minute"))
+		}
 		if m := &g.dev.vsock.Metrics; m.TxPackets.Load() == 0 || m.RxPackets.Load() == 0 {
 			t.Errorf("vsock counters did not move")
 		}
