@@ -84,4 +84,8 @@
 // vmsnap Snapshotter.Rollback puts a running VM back to one of its
 // snapshots in place; it lives beside the snapshot code it shares
 // (memsnap Chain.RestoreOver rewrites only the pages that differ).
+//
+// May import: vmm, devices, memsnap (same rank: snapshot layers for
+// fork bases), internal. Not hostd, cmd, bench or guest code
+// (internal/layout checks it).
 package cow

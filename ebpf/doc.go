@@ -6,4 +6,7 @@
 // and ebpf/audit (the rate-limited JSON-lines audit log). The credential
 // proxy lives in hostd/credproxy and the whole per-sandbox service in
 // hostd/egress. See ebpf/README.md.
+//
+// May import: vmm, devices, internal. Not hostd, cmd, bench or guest
+// code (internal/layout checks it).
 package ebpf

@@ -19,4 +19,8 @@
 // against their declared sizes and digests, uncompressed layers against a
 // total limit and their diff_ids, and tar entries by package flatten's
 // rules. See README.md for the design and measured figures.
+//
+// May import: vmm, devices, cow, memsnap, ebpf, internal, and
+// guestinit/imageconfig; not hostd, cmd or bench (internal/layout checks
+// it).
 package image

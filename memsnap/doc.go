@@ -102,4 +102,8 @@
 // layers share page size, memory size and Fingerprint. Errors wrap
 // ErrCorrupt, ErrVersion, ErrMissingParent, ErrIncompatible or ErrCycle and
 // name the file.
+//
+// May import: vmm, devices, cow (same rank: disk sets in whole-VM
+// snapshots), internal. Not hostd, cmd, bench or guest code
+// (internal/layout checks it).
 package memsnap
