@@ -56,17 +56,6 @@ func counter(vm *vmm.VM) uint32 {
 	return binary.LittleEndian.Uint32(b[:])
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // meminfo returns the /proc/meminfo fields in bytes.
 func meminfo(t *testing.T) map[string]uint64 {
 	f, err := os.Open("/proc/meminfo")
@@ -110,7 +99,7 @@ func TestForkSharesMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	runVM(t, parent)
-	waitFor(t, "the parent to count", func() bool { return counter(parent) > 100 })
+	kvmtest.WaitFor(t, 2*time.Minute, "the parent to count", func() bool { return counter(parent) > 100 })
 
 	// The guest's RAM in use: every page from fillFrom on holds its own
 	// page number (written by the host, as a guest that filled its page
@@ -137,7 +126,7 @@ func TestForkSharesMemory(t *testing.T) {
 	t.Logf("fork of a %d MiB guest: parent paused %v, Fork took %v, memory in %d layers", memBytes>>20, pt.Pause, time.Since(start), len(pt.Memory.Layers))
 	atFork := binary.LittleEndian.Uint32(pageAt(t, pt, counterAddr/pageSize))
 	c0 := counter(parent)
-	waitFor(t, "the parent to count on after the fork", func() bool { return counter(parent) > c0+1000 })
+	kvmtest.WaitFor(t, 2*time.Minute, "the parent to count on after the fork", func() bool { return counter(parent) > c0+1000 })
 
 	kids := make([]*vmm.VM, children)
 	for k := range children {
@@ -155,7 +144,7 @@ func TestForkSharesMemory(t *testing.T) {
 		kids[k] = vm
 	}
 	for k, vm := range kids {
-		waitFor(t, fmt.Sprintf("child %d to count", k), func() bool { return counter(vm) > atFork+1000 })
+		kvmtest.WaitFor(t, 2*time.Minute, fmt.Sprintf("child %d to count", k), func() bool { return counter(vm) > atFork+1000 })
 		// The child's own writes, as a device of its would make them.
 		if err := vm.Pause(context.Background()); err != nil {
 			t.Fatal(err)

@@ -133,7 +133,7 @@ func TestSnapshotDisks(t *testing.T) {
 		t.Fatal(err)
 	}
 	runVM(t, vm)
-	waitFor(t, "the guest to count", func() bool { return counter(vm) > 100 })
+	kvmtest.WaitFor(t, 2*time.Minute, "the guest to count", func() bool { return counter(vm) > 100 })
 	dir, roDir, snaps := t.TempDir(), t.TempDir(), t.TempDir()
 	rw := newRawDisk(t, dir, "disk0.img", false)
 	ro := newRawDisk(t, roDir, "ro.img", true)

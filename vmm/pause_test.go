@@ -6,7 +6,6 @@ import (
 	"errors"
 	"github.com/warrenvm/warren/internal/kvmtest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -110,18 +109,6 @@ func readCounter(t *testing.T, vm *VM, gpa int64) uint32 {
 	return binary.LittleEndian.Uint32(b[:])
 }
 
-// waitFor polls cond until it holds or a minute passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func pause(t *testing.T, vm *VM) time.Duration {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -175,7 +162,7 @@ func TestPauseResume(t *testing.T) {
 			return nil
 		},
 		Resume: func() error { record("rb"); return nil }})
-	waitFor(t, "3 dots", func() bool { return strings.Count(con.String(), ".") >= 3 })
+	kvmtest.WaitFor(t, time.Minute, "3 dots", func() bool { return strings.Count(con.String(), ".") >= 3 })
 
 	took := pause(t, vm)
 	t.Logf("Pause took %v", took)
@@ -204,7 +191,7 @@ func TestPauseResume(t *testing.T) {
 	if got := takeEvents(); got != "qa,qb,rb,ra" {
 		t.Errorf("hook calls %q, want qa,qb,rb,ra", got)
 	}
-	waitFor(t, "progress after Resume", func() bool { return readCounter(t, vm, counterAddr) > c1+1<<20 })
+	kvmtest.WaitFor(t, time.Minute, "progress after Resume", func() bool { return readCounter(t, vm, counterAddr) > c1+1<<20 })
 
 	// A hook that fails to quiesce: Pause fails and the guest runs on.
 	failQuiesce.Store(true)
@@ -219,7 +206,7 @@ func TestPauseResume(t *testing.T) {
 		t.Error("Paused() after a failed Pause")
 	}
 	c5 := readCounter(t, vm, counterAddr)
-	waitFor(t, "progress after a failed Pause", func() bool { return readCounter(t, vm, counterAddr) > c5+1<<20 })
+	kvmtest.WaitFor(t, time.Minute, "progress after a failed Pause", func() bool { return readCounter(t, vm, counterAddr) > c5+1<<20 })
 
 	// A second round works the same way.
 	pause(t, vm)
@@ -231,7 +218,7 @@ func TestPauseResume(t *testing.T) {
 	if err := vm.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "progress after the second Resume", func() bool { return readCounter(t, vm, counterAddr) > c3+1<<20 })
+	kvmtest.WaitFor(t, time.Minute, "progress after the second Resume", func() bool { return readCounter(t, vm, counterAddr) > c3+1<<20 })
 	stop()
 	if strings.Contains(con.String(), "X") {
 		t.Errorf("the guest saw memory and EBX disagree: %q", con.String())
@@ -245,12 +232,12 @@ func TestPauseCompletesPortIO(t *testing.T) {
 	kvmtest.Require(t)
 	var con syncBuffer
 	vm, dev, stop := startCounter(t, counterConfig(t, &con, 1), nil, nil)
-	waitFor(t, "a dot", func() bool { return strings.Contains(con.String(), ".") })
+	kvmtest.WaitFor(t, time.Minute, "a dot", func() bool { return strings.Contains(con.String(), ".") })
 	dev.armed.Store(true)
 	<-dev.entered // a vCPU thread is now inside the port read
 	paused := make(chan error, 1)
 	go func() { paused <- vm.Pause(context.Background()) }()
-	waitFor(t, "the pause request", vm.pause.requested.Load)
+	kvmtest.WaitFor(t, time.Minute, "the pause request", vm.pause.requested.Load)
 	close(dev.release)
 	if err := <-paused; err != nil {
 		t.Fatal(err)
@@ -273,7 +260,7 @@ func TestPauseCompletesPortIO(t *testing.T) {
 	if err := vm.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the magic value in the guest's sum", func() bool { return readCounter(t, vm, sumAddr) >= counterMagic })
+	kvmtest.WaitFor(t, time.Minute, "the magic value in the guest's sum", func() bool { return readCounter(t, vm, sumAddr) >= counterMagic })
 	stop()
 }
 
@@ -306,16 +293,7 @@ func TestSaveRestoreNewProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRestoreChild$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "WARREN_RESTORE_CHILD="+dir)
-	out, err := cmd.CombinedOutput()
-	t.Logf("child:\n%s", out)
-	if err != nil {
-		t.Fatalf("child: %v", err)
-	}
-	if !strings.Contains(string(out), "--- PASS: TestRestoreChild") {
-		t.Fatal("the child did not run TestRestoreChild")
-	}
+	kvmtest.RunChild(t, "TestRestoreChild", "WARREN_RESTORE_CHILD="+dir)
 }
 
 // TestRestoreChild is the restoring half of TestSaveRestoreNewProcess; it
@@ -345,7 +323,7 @@ func saveCounter(t *testing.T, cpus int) (cfg Config, st *State, ram []byte, sav
 	var con syncBuffer
 	cfg = counterConfig(t, &con, cpus)
 	vm, _, stop := startCounter(t, cfg, nil, nil)
-	waitFor(t, "3 dots", func() bool { return strings.Count(con.String(), ".") >= 3 })
+	kvmtest.WaitFor(t, time.Minute, "3 dots", func() bool { return strings.Count(con.String(), ".") >= 3 })
 	t.Logf("Pause took %v", pause(t, vm))
 	start := time.Now()
 	st, err := vm.SaveState()
@@ -401,8 +379,8 @@ func restoreCounter(t *testing.T, cfg Config, blob, ram []byte, saved uint32) {
 	if err := vm.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "progress after restore", func() bool { return readCounter(t, vm, counterAddr) > saved+1<<20 })
-	waitFor(t, "a dot after restore", func() bool { return strings.Contains(con.String(), ".") })
+	kvmtest.WaitFor(t, time.Minute, "progress after restore", func() bool { return readCounter(t, vm, counterAddr) > saved+1<<20 })
+	kvmtest.WaitFor(t, time.Minute, "a dot after restore", func() bool { return strings.Contains(con.String(), ".") })
 	stop()
 	if out := con.String(); strings.Contains(out, "X") {
 		t.Errorf("after restore the guest saw memory and EBX disagree: %q", out)

@@ -10,7 +10,10 @@ package kvmtest
 
 import (
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
+	"time"
 )
 
 // Env is the variable `make test` sets to "nested" when this machine's KVM
@@ -26,5 +29,36 @@ func Require(t testing.TB) {
 	}
 	if _, err := os.Stat("/dev/kvm"); err != nil {
 		t.Skip("skipped: /dev/kvm is absent on this host (make test runs KVM tests in a nested KVM host)")
+	}
+}
+
+// WaitFor polls cond every few milliseconds until it holds, and fails t
+// (naming what) when limit passes first.
+func WaitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// RunChild runs test (a top-level test of the same binary, which skips
+// unless env is set) in a new process of this test binary with env set
+// (NAME=VALUE), logs its output, and fails t unless it ran and passed: a
+// restore in a process that never held the VM.
+func RunChild(t testing.TB, test, env string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), env)
+	out, err := cmd.CombinedOutput()
+	t.Logf("child:\n%s", out)
+	if err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	if !strings.Contains(string(out), "--- PASS: "+test) {
+		t.Fatalf("the child did not run %s", test)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/warrenvm/warren/internal/kvmtest"
 )
@@ -168,7 +169,7 @@ func TestSnapshotDiskFullRunsOn(t *testing.T) {
 			t.Fatalf("%s snapshot on a full file system: %v, want ENOSPC", kind, err)
 		}
 		before := counter(vm)
-		waitFor(t, "the guest to count on after the failed snapshot", func() bool { return counter(vm) > before+1000 })
+		kvmtest.WaitFor(t, 2*time.Minute, "the guest to count on after the failed snapshot", func() bool { return counter(vm) > before+1000 })
 	}
 	check("s0", ram0)
 

@@ -9,7 +9,6 @@ import (
 	"github.com/warrenvm/warren/internal/kvmtest"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -69,17 +68,6 @@ func counter(vm *vmm.VM) uint32 {
 	return binary.LittleEndian.Uint32(b[:])
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // snappedCounter is the counter guest running (counterConfig, runVM) with
 // its Snapshotter, whose OnPaused keeps a copy of guest RAM in ram.
 type snappedCounter struct {
@@ -107,7 +95,7 @@ func startSnappedCounter(t *testing.T, opts string) *snappedCounter {
 	}
 	c.s = NewSnapshotter(c.vm, nil, json.RawMessage(opts), c.fp)
 	c.s.OnPaused = func(vm *vmm.VM) { c.ram = bytes.Clone(vm.Memory().Flat()) }
-	waitFor(t, "3 dots", func() bool { return strings.Count(c.con.String(), ".") >= 3 })
+	kvmtest.WaitFor(t, 2*time.Minute, "3 dots", func() bool { return strings.Count(c.con.String(), ".") >= 3 })
 	return c
 }
 
@@ -145,7 +133,7 @@ func TestSnapshotCounter(t *testing.T) {
 			}
 		}
 		before := counter(vm)
-		waitFor(t, "the guest to count", func() bool { return counter(vm) > before+1000 })
+		kvmtest.WaitFor(t, 2*time.Minute, "the guest to count", func() bool { return counter(vm) > before+1000 })
 		kind := Incremental
 		if i == 0 {
 			kind = Full
@@ -176,16 +164,7 @@ func TestSnapshotCounter(t *testing.T) {
 		t.Errorf("layer sizes %d (64 pages) and %d (256 pages) are not proportional", b2, b3)
 	}
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestSnapshotRestoreChild$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "WARREN_VMSNAP_CHILD="+dir)
-	out, err := cmd.CombinedOutput()
-	t.Logf("child:\n%s", out)
-	if err != nil {
-		t.Fatalf("child: %v", err)
-	}
-	if !strings.Contains(string(out), "--- PASS: TestSnapshotRestoreChild") {
-		t.Fatal("the child did not run TestSnapshotRestoreChild")
-	}
+	kvmtest.RunChild(t, "TestSnapshotRestoreChild", "WARREN_VMSNAP_CHILD="+dir)
 }
 
 // TestSnapshotRestoreChild is the restoring half of TestSnapshotCounter,
@@ -259,8 +238,8 @@ func TestSnapshotRestoreChild(t *testing.T) {
 				if err := vm.Resume(); err != nil {
 					t.Fatal(err)
 				}
-				waitFor(t, "progress after restore", func() bool { return counter(vm) > saved+1<<19 })
-				waitFor(t, "a dot after restore", func() bool { return strings.Contains(con.String(), ".") })
+				kvmtest.WaitFor(t, 2*time.Minute, "progress after restore", func() bool { return counter(vm) > saved+1<<19 })
+				kvmtest.WaitFor(t, 2*time.Minute, "a dot after restore", func() bool { return strings.Contains(con.String(), ".") })
 				if strings.Contains(con.String(), "X") {
 					t.Fatalf("after restore the guest saw memory and EBX disagree: %q", con.String())
 				}
