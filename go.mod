@@ -6,6 +6,7 @@ require (
 	github.com/Microsoft/hcsshim v0.15.0
 	github.com/cilium/ebpf v0.22.0
 	github.com/google/go-containerregistry v0.22.1
+	github.com/google/renameio/v2 v2.0.2
 	github.com/klauspost/compress v1.20.4
 	github.com/mdlayher/vsock v1.4.0
 	github.com/miekg/dns v1.1.73

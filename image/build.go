@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"hash"
 	"io"
 	"io/fs"
@@ -116,7 +117,7 @@ func (s *Store) Build(ctx context.Context, img v1.Image, opts BuildOptions) (*Ba
 		}
 		return nil, fmt.Errorf("image build %s: publish: %w", info.digest, err)
 	}
-	if err := syncDir(s.basesDir()); err != nil {
+	if err := atomicfile.SyncDir(s.basesDir()); err != nil {
 		return nil, fmt.Errorf("image build %s: publish: %w", info.digest, err)
 	}
 	base, err := s.Lookup(key)
@@ -244,7 +245,7 @@ func (b *builder) build() (string, error) {
 	if err := writeSynced(filepath.Join(out, "base.json"), append(j, '\n'), 0o444); err != nil {
 		return "", err
 	}
-	if err := syncDir(out); err != nil {
+	if err := atomicfile.SyncDir(out); err != nil {
 		return "", err
 	}
 	return out, nil

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"io/fs"
 	"os"
@@ -253,7 +254,7 @@ func (s *Store) Remove(key string) error {
 	if err := os.Rename(dir, gone); err != nil {
 		return fmt.Errorf("image: remove base %s: %w", key, err)
 	}
-	if err := syncDir(s.basesDir()); err != nil {
+	if err := atomicfile.SyncDir(s.basesDir()); err != nil {
 		return fmt.Errorf("image: remove base %s: %w", key, err)
 	}
 	if err := os.RemoveAll(gone); err != nil {
@@ -384,15 +385,6 @@ func randHex() string {
 	var b [8]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // writeSynced writes a new file, fsynced, with mode perm.

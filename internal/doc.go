@@ -1,5 +1,6 @@
 // Package internal holds helpers the whole module shares and nobody
-// outside it may import: internal/kvmtest (the gate for tests that need
+// outside it may import: internal/atomicfile (the one atomic file
+// replacement), internal/kvmtest (the gate for tests that need
 // /dev/kvm), internal/logcap (caps on guest-driven logs),
 // internal/testsum (`make test`'s summary), internal/testtls (TLS for
 // tests) and internal/layout (the repository's shape, checked).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"io/fs"
 	"math/bits"
@@ -315,13 +316,13 @@ func (c *Chain) Restore(dst []byte) error {
 // restore. The file is written and renamed into place like a layer.
 func (c *Chain) Flatten(path string) (err error) {
 	fail := func(err error) error { return fmt.Errorf("memsnap: flatten %s to %s: %w", c.Top().path, path, err) }
-	f, err := createAtomic(path)
+	f, err := atomicfile.Create(path, 0o600)
 	if err != nil {
 		return fail(err)
 	}
 	defer func() {
 		if err != nil {
-			f.abort()
+			f.Abort()
 		}
 	}()
 	if err := f.Truncate(int64(c.MemSize())); err != nil {
@@ -350,7 +351,7 @@ func (c *Chain) Flatten(path string) (err error) {
 	if err != nil {
 		return fail(err)
 	}
-	if err := f.commit(); err != nil {
+	if err := f.Commit(); err != nil {
 		return fail(err)
 	}
 	return nil

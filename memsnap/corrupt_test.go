@@ -381,7 +381,7 @@ func TestKilledWriterKeepsOldFile(t *testing.T) {
 	// Wait until the child's temporary file has chunks in it.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		tmps, _ := filepath.Glob(filepath.Join(dir, ".snap"+Ext+".tmp-*"))
+		tmps, _ := filepath.Glob(filepath.Join(dir, ".snap"+Ext+"[0-9]*"))
 		if len(tmps) == 1 {
 			if st, err := os.Stat(tmps[0]); err == nil && st.Size() > 64<<10 {
 				break
@@ -408,7 +408,7 @@ func TestKilledWriterKeepsOldFile(t *testing.T) {
 		t.Fatal("old layer no longer verifies")
 	}
 	// The partial temporary file is not a valid layer.
-	tmps, _ := filepath.Glob(filepath.Join(dir, ".snap"+Ext+".tmp-*"))
+	tmps, _ := filepath.Glob(filepath.Join(dir, ".snap"+Ext+"[0-9]*"))
 	if len(tmps) != 1 {
 		t.Fatalf("temporary files %v", tmps)
 	}

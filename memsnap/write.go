@@ -5,8 +5,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
-	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -70,9 +70,9 @@ func (o *Options) fill() error {
 // are implied. It returns the new layer, opened; the caller closes it.
 //
 // The file is written under a temporary name in path's directory, synced,
-// renamed over path and the directory synced, so a crash or error leaves any
-// previous file at path intact (a stale ".NAME.tmp-*" file may remain after
-// a crash). mem must not change while WriteBase runs (pause the vCPUs).
+// renamed over path and the directory synced (internal/atomicfile), so a
+// crash or error leaves any previous file at path intact (a stale
+// temporary file, ".NAME" and digits, may remain after a crash). mem must not change while WriteBase runs (pause the vCPUs).
 func WriteBase(path string, mem io.ReaderAt, size uint64, opts Options) (*Layer, error) {
 	if err := opts.fill(); err != nil {
 		return nil, fmt.Errorf("memsnap: write %s: %w", path, err)
@@ -291,13 +291,13 @@ func writeLayer(path string, h *Header, opts *Options, produce func(*chunkBuilde
 	}
 	defer enc.Close()
 
-	f, err := createAtomic(path)
+	f, err := atomicfile.Create(path, 0o600)
 	if err != nil {
 		return fail(err)
 	}
 	defer func() {
 		if err != nil {
-			f.abort()
+			f.Abort()
 		}
 	}()
 
@@ -382,7 +382,7 @@ func writeLayer(path string, h *Header, opts *Options, produce func(*chunkBuilde
 	if _, err := f.Write(append(ixb, ft...)); err != nil {
 		return fail(err)
 	}
-	if err := f.commit(); err != nil {
+	if err := f.Commit(); err != nil {
 		return fail(err)
 	}
 	l, err = Open(path)
@@ -390,17 +390,4 @@ func writeLayer(path string, h *Header, opts *Options, produce func(*chunkBuilde
 		return nil, err
 	}
 	return l, nil
-}
-
-// syncDir fsyncs a directory so that a rename in it is durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync directory %s: %w", dir, err)
-	}
-	return nil
 }

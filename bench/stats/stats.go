@@ -5,9 +5,9 @@ package stats
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"math"
-	"os"
 	"sort"
 	"time"
 )
@@ -105,16 +105,8 @@ func WriteJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	// Written to a temporary name and renamed: a benchmark that rewrites
-	// its results as it goes (bench/snapshot's checkpoints) never leaves a
-	// torn file when the host dies mid-write.
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	// Replaced atomically: a benchmark that rewrites its results as it
+	// goes (bench/snapshot's checkpoints) never leaves a torn file when the
+	// host dies mid-write.
+	return atomicfile.Write(path, b, 0o644)
 }

@@ -3,6 +3,7 @@ package crypt
 import (
 	"context"
 	"fmt"
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"os"
 	"path/filepath"
@@ -18,7 +19,7 @@ func EncryptFile(dst, src string, key Key) error {
 		return fmt.Errorf("crypt: encrypt: %w", err)
 	}
 	defer in.Close()
-	err = writeAtomic(dst, func(f *os.File) error {
+	err = atomicfile.WriteFunc(dst, 0o600, func(f *os.File) error {
 		w, err := NewWriter(f, key, nil)
 		if err != nil {
 			return err
@@ -44,37 +45,8 @@ func DecryptFile(dst, src string, p Provider, tenant string) error {
 		return err
 	}
 	defer r.Close()
-	return writeAtomic(dst, func(f *os.File) error {
+	return atomicfile.WriteFunc(dst, 0o600, func(f *os.File) error {
 		_, err := io.Copy(f, r)
 		return err
 	})
-}
-
-// writeAtomic has fill write a temporary file next to path, then makes it
-// path durably (fsync, rename, fsync of the directory).
-func writeAtomic(path string, fill func(*os.File) error) error {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	err = fill(f)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return syncDir(dir)
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"io/fs"
 	"os"
@@ -256,7 +257,7 @@ func (p *LocalProvider) create(tenant string) (Key, error) {
 		return Key{}, fmt.Errorf("crypt: create key: %w", err)
 	}
 	os.Remove(tmp)
-	if err := syncDir(p.Dir); err != nil {
+	if err := atomicfile.SyncDir(p.Dir); err != nil {
 		return Key{}, fmt.Errorf("crypt: create key: %w", err)
 	}
 	return NewKey("", m)
@@ -314,7 +315,7 @@ func (p *LocalProvider) Revoke(tenant string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("crypt: revoke: %w", err)
 	}
-	return syncDir(p.Dir)
+	return atomicfile.SyncDir(p.Dir)
 }
 
 // shred records the key's ID (if the file parses) and overwrites the
@@ -354,7 +355,7 @@ func (p *LocalProvider) writeMarker(tenant, keyID string) error {
 		text += " key " + keyID
 	}
 	text += "\n"
-	if err := writeFileAtomic(p.revokedPath(tenant), []byte(text)); err != nil {
+	if err := atomicfile.Write(p.revokedPath(tenant), []byte(text), 0o600); err != nil {
 		return fmt.Errorf("crypt: revoke: %w", err)
 	}
 	return nil
@@ -386,29 +387,8 @@ func (p *LocalProvider) Reinstate(tenant string) (Key, error) {
 	if err := os.Remove(p.revokedPath(tenant)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return Key{}, fmt.Errorf("crypt: reinstate: %w", err)
 	}
-	if err := syncDir(p.Dir); err != nil {
+	if err := atomicfile.SyncDir(p.Dir); err != nil {
 		return Key{}, fmt.Errorf("crypt: reinstate: %w", err)
 	}
 	return p.create(tenant)
-}
-
-// writeFileAtomic writes data to path via a temporary file in the same
-// directory: write, fsync, rename, fsync the directory.
-func writeFileAtomic(path string, data []byte) error {
-	return writeAtomic(path, func(f *os.File) error {
-		_, err := f.Write(data)
-		return err
-	})
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

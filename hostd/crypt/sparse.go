@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"io/fs"
 	"os"
@@ -207,7 +208,7 @@ func unpackSparse(f *os.File, r io.Reader, total int64) error {
 // writeAtomicMode is writeAtomic with the file's permission bits set to
 // perm before it is renamed into place.
 func writeAtomicMode(path string, perm fs.FileMode, fill func(*os.File) error) error {
-	return writeAtomic(path, func(f *os.File) error {
+	return atomicfile.WriteFunc(path, 0o600, func(f *os.File) error {
 		if err := fill(f); err != nil {
 			return err
 		}

@@ -26,10 +26,11 @@ import (
 //
 // Writing (Hooks.SnapshotWritten). The VMM writes DIR/NAME as today (the
 // NAME.wstate state file and its NAME.<unique>.wsnap layer); then each of
-// them is encrypted in place: crypt.EncryptFile writes DIR/.X.tmp-*,
-// fsyncs it, renames it over X and fsyncs DIR, so at every instant X is
-// either the whole plaintext or the whole ciphertext (a crash leaves at
-// worst a stray .X.tmp-* of ciphertext), and the rename unlinks the
+// them is encrypted in place: crypt.EncryptFile writes a temporary DIR/.X
+// and digits (internal/atomicfile), fsyncs it, renames it over X and
+// fsyncs DIR, so at every instant X is either the whole plaintext or the
+// whole ciphertext (a crash leaves at worst a stray temporary file of
+// ciphertext), and the rename unlinks the
 // plaintext (a VMM that still has it open keeps its inode until it closes
 // it). A flattened cache DIR/NAME.*.wraw (plaintext RAM) is removed. The
 // snapshot is recorded only once all its files are sealed. Files the

@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -352,7 +353,7 @@ func removeDir(dir string) error {
 			return err
 		}
 	}
-	syncDir(dir)
+	atomicfile.SyncDir(dir)
 	return os.RemoveAll(dir)
 }
 
@@ -451,50 +452,15 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
 // group of the same number) from the moment it appears; uid -1 leaves it
 // the caller's.
 func WriteFileAtomicOwned(path string, data []byte, mode os.FileMode, uid int) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	fail := func(err error) error {
-		f.Close()
-		os.Remove(tmp)
-		return fmt.Errorf("store: write %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		return fail(err)
-	}
-	if err := f.Chmod(mode); err != nil {
-		return fail(err)
-	}
+	var opts []atomicfile.Option
 	if uid >= 0 {
-		if err := f.Chown(uid, uid); err != nil {
-			return fail(err)
-		}
+		opts = append(opts, atomicfile.Owner(uid))
 	}
-	if err := f.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.Write(path, data, mode, opts...); err != nil {
 		return fmt.Errorf("store: write %s: %w", path, err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("store: write %s: %w", path, err)
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return nil
 }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,7 +30,7 @@ func TestSaveLoadRestart(t *testing.T) {
 	// No temporary files are left behind.
 	ents, _ := os.ReadDir(s.SandboxDir("alice", sb.ID))
 	for _, e := range ents {
-		if strings.Contains(e.Name(), ".tmp-") {
+		if atomicfile.IsTemp(e.Name()) {
 			t.Errorf("leftover %s", e.Name())
 		}
 	}

@@ -37,10 +37,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"hash/crc32"
 	"io"
 	"os"
-	"path/filepath"
 )
 
 // Version is the format version this package writes and reads.
@@ -276,30 +276,5 @@ func Write(path string, f *File) error {
 // WriteAtomic puts data at path so that a crash leaves either the old file
 // or the complete new one.
 func WriteAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.Write(path, data, 0o600)
 }

@@ -3,11 +3,11 @@ package vmsnap
 import (
 	"bytes"
 	"encoding/binary"
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -117,7 +117,7 @@ func TestCrashSafety(t *testing.T) {
 		}
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
-			if strings.Contains(e.Name(), ".tmp-") {
+			if atomicfile.IsTemp(e.Name()) {
 				midWrite++
 				os.Remove(filepath.Join(dir, e.Name()))
 			}

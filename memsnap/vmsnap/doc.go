@@ -20,7 +20,7 @@
 // the state file is then written to a temporary file, synced and renamed over
 // NAME.wstate. A crash at any point therefore leaves the previous NAME.wstate
 // and everything it refers to intact (at worst an unreferenced layer or a
-// ".*.tmp-*" file remains).
+// temporary file, atomicfile.IsTemp, remains).
 //
 // An incremental layer names its parent layer by content hash (memsnap
 // resolves it among the *.wsnap files of the same directory), so an

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"io/fs"
 	"os"
@@ -244,20 +245,17 @@ func writeHostCopy(hostPath, guestPath string, stdout io.Writer, read func(io.Wr
 	if fi, err := os.Stat(hostPath); err == nil && fi.IsDir() {
 		hostPath = filepath.Join(hostPath, path.Base(guestPath))
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(hostPath), "."+filepath.Base(hostPath)+".warren-cp-*")
+	f, err := atomicfile.Create(hostPath, 0o600)
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	mode, err := read(tmp)
+	mode, err := read(f.File)
 	if err == nil {
-		err = tmp.Chmod(mode.Perm())
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
+		err = f.Chmod(mode.Perm())
 	}
 	if err != nil {
+		f.Abort()
 		return err
 	}
-	return os.Rename(tmp.Name(), hostPath)
+	return f.Commit()
 }
