@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/warrenvm/warren/bench/stats"
@@ -40,14 +41,15 @@ func main() {
 	qemu := flag.String("qemu", "qemu-system-x86_64", "QEMU binary")
 	timeout := flag.Duration("timeout", 10*time.Minute, "limit for one boot")
 	jsonOut := flag.String("json", "", "also write results as JSON to this file")
+	keepGoing := flag.Bool("keep-going", false, "count a failed boot (triple fault, no ready line, timeout) and go on, then report each system's failure rate: the nested host's L2 fault rates, Warren's against QEMU's on the same kernel (issue 18)")
 	flag.Parse()
-	if err := run(*kernel, *initramfs, *runs, *mem, *cpus, *warren, *qemu, *timeout, *jsonOut); err != nil {
+	if err := run(*kernel, *initramfs, *runs, *mem, *cpus, *warren, *qemu, *timeout, *jsonOut, *keepGoing); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/boot:", err)
 		os.Exit(1)
 	}
 }
 
-func run(kernel, initramfs string, runs, mem, cpus int, warren, qemu string, timeout time.Duration, jsonOut string) error {
+func run(kernel, initramfs string, runs, mem, cpus int, warren, qemu string, timeout time.Duration, jsonOut string, keepGoing bool) error {
 	if _, err := os.Stat("/dev/kvm"); err != nil {
 		return errors.New("/dev/kvm is absent: run `make bench`, which runs this inside the nested KVM host")
 	}
@@ -79,15 +81,38 @@ func run(kernel, initramfs string, runs, mem, cpus int, warren, qemu string, tim
 	fmt.Printf("host profile: %s\nkernel: %s\ninitramfs: %s\ncmdline: %s\n\n", profile, kernel, initramfs, full.String())
 	samples := make([][]time.Duration, len(systems))
 	guest := make([][]float64, len(systems))
+	failures := make([]map[string]int, len(systems))
+	for i := range failures {
+		failures[i] = map[string]int{}
+	}
 	for r := 0; r < runs; r++ {
 		for i, s := range systems { // alternate, so drift hits both alike
 			d, up, err := timeToReady(s.argv, timeout)
+			if err != nil && keepGoing {
+				kind := failureKind(err)
+				failures[i][kind]++
+				fmt.Printf("run %d %-6s FAILED (%s): %v\n", r+1, s.name, kind, err)
+				continue
+			}
 			if err != nil {
 				return fmt.Errorf("%s run %d: %w", s.name, r+1, err)
 			}
 			fmt.Printf("run %d %-6s ready after %8s (guest uptime %.2fs)\n", r+1, s.name, d.Round(time.Millisecond), up)
 			samples[i] = append(samples[i], d)
 			guest[i] = append(guest[i], up)
+		}
+	}
+	if keepGoing {
+		fmt.Println()
+		for i, s := range systems {
+			n := 0
+			for _, c := range failures[i] {
+				n += c
+			}
+			fmt.Printf("%-6s %d of %d boots failed (%.2f%%): %v\n", s.name, n, runs, 100*float64(n)/float64(max(runs, 1)), failures[i])
+		}
+		if len(samples[0]) == 0 || len(samples[1]) == 0 {
+			return errors.New("a system never reached ready")
 		}
 	}
 	ours, peer := stats.Summarise("warren", samples[0]), stats.Summarise("qemu", samples[1])
@@ -100,6 +125,7 @@ func run(kernel, initramfs string, runs, mem, cpus int, warren, qemu string, tim
 			"benchmark": "boot-to-ready", "host_profile": profile.String(), "cmdline": full.String(),
 			"warren": ours, "qemu": peer, "guest_uptime_s": map[string][]float64{"warren": guest[0], "qemu": guest[1]},
 			"ratio_median": stats.Ratio(ours.Median, peer.Median),
+			"runs":         runs, "failures": map[string]map[string]int{"warren": failures[0], "qemu": failures[1]},
 		}, "", "  ")
 		if err := os.WriteFile(jsonOut, b, 0o644); err != nil {
 			return err
@@ -119,7 +145,8 @@ func timeToReady(argv []string, timeout time.Duration) (time.Duration, float64, 
 	if err != nil {
 		return 0, 0, err
 	}
-	cmd.Stderr = os.Stderr
+	var errTail tailBuffer
+	cmd.Stderr = io.MultiWriter(os.Stderr, &errTail)
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return 0, 0, err
@@ -148,7 +175,38 @@ func timeToReady(argv []string, timeout time.Duration) (time.Duration, float64, 
 	io.Copy(io.Discard, out)
 	cmd.Wait()
 	if !found {
-		return 0, 0, fmt.Errorf("no ready line (last output: %q)", tail)
+		if ctx.Err() != nil {
+			return 0, 0, fmt.Errorf("timed out after %v with no ready line (last output: %q; stderr: %q)", timeout, tail, errTail.String())
+		}
+		return 0, 0, fmt.Errorf("no ready line (last output: %q; stderr: %q)", tail, errTail.String())
 	}
 	return d, up, nil
 }
+
+// failureKind names how a boot failed, from timeToReady's error: a
+// triple fault (Warren says so; QEMU, with -no-reboot, exits at the reset
+// a triple fault causes, before the ready line), a timeout, or an exit
+// with no ready line.
+func failureKind(err error) string {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "triple fault"):
+		return "triple-fault"
+	case strings.HasPrefix(msg, "timed out"):
+		return "timeout"
+	}
+	return "no-ready"
+}
+
+// tailBuffer keeps the last 2 KiB written to it.
+type tailBuffer struct{ b []byte }
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if len(t.b) > 2048 {
+		t.b = t.b[len(t.b)-2048:]
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string { return string(t.b) }
