@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/warrenvm/warren/internal/kvmtest"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/devices/virtio/blk"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"

@@ -8,7 +8,8 @@
 // API's Go client, which the warren CLI uses). See hostd/openapi.yaml for
 // the API.
 //
-// May import: cow, memsnap, ebpf, image, vmm, devices, internal, and
+// May import: vmmctl (the VMM control contract), cow, memsnap, ebpf,
+// image, vmm, devices, internal, and
 // guestinit/agent and guestinit/imageconfig; not cmd or bench
 // (internal/layout checks it). The daemon reaches VMMs as processes
 // (`warren restore`, `warren jail-init`), never by importing the VMM.

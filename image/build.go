@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/warrenvm/warren/internal/atomicfile"
 	"hash"
 	"io"
 	"io/fs"
@@ -25,6 +24,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/warrenvm/warren/image/flatten"
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // Build returns the read-only ext4 base of img, building it unless the

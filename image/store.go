@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"io/fs"
 	"os"
@@ -21,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenvm/warren/guestinit/imageconfig"
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // FormatVersion is the builder's output format: part of every base's key,

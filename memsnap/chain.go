@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"io/fs"
 	"math/bits"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // Resolver finds the file of a parent layer. hint is the parent's file base

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"path/filepath"
 	"runtime"
@@ -13,6 +12,8 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // Options tune how a layer is written. The zero value is usable.

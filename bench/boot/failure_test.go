@@ -9,8 +9,8 @@ import (
 func TestFailureKind(t *testing.T) {
 	for msg, want := range map[string]string{
 		`no ready line (last output: []; stderr: "warren run: vmm: vCPU 0: triple fault (KVM_EXIT_SHUTDOWN) at rip 0x1000")`: "triple-fault",
-		`timed out after 10m0s with no ready line (last output: []; stderr: "")`:                                               "timeout",
-		`no ready line (last output: ["reboot: Restarting system"]; stderr: "")`:                                                "no-ready",
+		`timed out after 10m0s with no ready line (last output: []; stderr: "")`:                                             "timeout",
+		`no ready line (last output: ["reboot: Restarting system"]; stderr: "")`:                                             "no-ready",
 	} {
 		if got := failureKind(errors.New(msg)); got != want {
 			t.Errorf("%s: %s, want %s", msg, got, want)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/bench/stats"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // densityResult is measurement 2.
@@ -63,7 +64,7 @@ func density(c config, reg *registry, work string) (*densityResult, error) {
 		return nil, err
 	}
 	defer w.stop(reg)
-	var children []forkChild
+	var children []vmmctl.ForkChild
 	defer func() { stopChildren(reg, children) }()
 
 	mi, err := readMeminfo()

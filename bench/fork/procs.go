@@ -3,11 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -22,6 +19,7 @@ import (
 	"github.com/warrenvm/warren/devices/virtio/vsock"
 	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // registry holds every VMM the benchmark started, so that an error or an
@@ -138,70 +136,29 @@ func (w *parent) stop(reg *registry) {
 	reg.dropProc(w.p)
 }
 
-// forkReply and forkChild are the parts of POST /v1/fork's answer used
-// (cmd/warren/cli/fork.go).
-type forkReply struct {
-	PauseMS  float64     `json:"pause_ms"`
-	TotalMS  float64     `json:"total_ms"`
-	Layers   int         `json:"memory_layers"`
-	Children []forkChild `json:"children"`
-}
-
-type forkChild struct {
-	Index   int     `json:"index"`
-	PID     int     `json:"pid"`
-	API     string  `json:"api"`
-	Vsock   string  `json:"vsock"`
-	CID     uint64  `json:"cid"`
-	Console string  `json:"console"`
-	Log     string  `json:"log"`
-	ReadyMS float64 `json:"ready_ms"`
-}
-
 // fork asks the VM whose control socket is api for n children named
 // PREFIX-K.*; every child started is registered.
-func fork(reg *registry, api, prefix string, n int, timeout time.Duration) (forkReply, error) {
-	var r forkReply
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", api)
-		},
-	}}
-	defer hc.CloseIdleConnections()
+func fork(reg *registry, api, prefix string, n int, timeout time.Duration) (vmmctl.ForkReply, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	body, _ := json.Marshal(map[string]any{"n": n, "prefix": prefix})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://warren/v1/fork", bytes.NewReader(body))
+	r, err := vmmctl.Client{Socket: api}.Fork(ctx, vmmctl.ForkRequest{N: n, Prefix: prefix})
 	if err != nil {
-		return r, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	res, err := hc.Do(req)
-	if err != nil {
-		return r, fmt.Errorf("warren fork: %w", err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-	if res.StatusCode != http.StatusOK {
-		return r, fmt.Errorf("warren fork: %s: %s", res.Status, bytes.TrimSpace(b))
-	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return r, fmt.Errorf("warren fork: %w", err)
+		return vmmctl.ForkReply{}, fmt.Errorf("warren fork: %w", err)
 	}
 	for _, ch := range r.Children {
 		reg.addGroup(ch.PID) // each child leads its own session
 	}
 	if len(r.Children) != n {
-		return r, fmt.Errorf("warren fork: %d children, asked for %d", len(r.Children), n)
+		return *r, fmt.Errorf("warren fork: %d children, asked for %d", len(r.Children), n)
 	}
-	return r, nil
+	return *r, nil
 }
 
 // forkToAgent forks w once, its child's files named PREFIX-0.*, and
 // waits for the child's agent. It returns the reply (whose children are
 // to be stopped, even on error), the request's round trip and the time
 // from the request to the agent's answer.
-func forkToAgent(c config, reg *registry, w *parent, prefix string) (r forkReply, call, agentT time.Duration, err error) {
+func forkToAgent(c config, reg *registry, w *parent, prefix string) (r vmmctl.ForkReply, call, agentT time.Duration, err error) {
 	start := time.Now()
 	r, err = fork(reg, w.api, prefix, 1, c.runTimeout)
 	call = time.Since(start)
@@ -221,7 +178,7 @@ func forkToAgent(c config, reg *registry, w *parent, prefix string) (r forkReply
 // childClient reaches a fork child's agent through its vsock socket,
 // racing dials as for a restored VM: the child's guest resets its vsock
 // transport after the fork, and a stream opened before may go unanswered.
-func childClient(ch forkChild) *agent.Client {
+func childClient(ch vmmctl.ForkChild) *agent.Client {
 	sock := ch.Vsock
 	return agent.NewClient(agentdial.Racing(func(ctx context.Context) (net.Conn, error) {
 		return vsock.Dial(ctx, sock, agent.Port)
@@ -300,7 +257,7 @@ func stopGroups(reg *registry, pids ...int) {
 
 // stopChildren stops fork children and removes their files
 // (PREFIX-K.{api,vsock,console,log}).
-func stopChildren(reg *registry, children []forkChild) {
+func stopChildren(reg *registry, children []vmmctl.ForkChild) {
 	var pids []int
 	for _, ch := range children {
 		pids = append(pids, ch.PID)
@@ -316,7 +273,7 @@ func stopChildren(reg *registry, children []forkChild) {
 }
 
 // logTail is the end of a child's log, for an error message.
-func logTail(ch forkChild) string {
+func logTail(ch vmmctl.ForkChild) string {
 	b, _ := os.ReadFile(ch.Log)
 	return tail(string(b))
 }

@@ -2,14 +2,10 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -20,6 +16,8 @@ import (
 	"github.com/warrenvm/warren/bench/qemu"
 	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/memsnap/vmsnap"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // guestArgs are the kernel arguments both guests get besides the base line
@@ -112,43 +110,16 @@ func (v *vm) stop() {
 	}
 }
 
-// snapshotReply is the part of Warren's POST /v1/snapshot answer used.
-type snapshotReply struct {
-	PauseMS    float64 `json:"pause_ms"`
-	TotalMS    float64 `json:"total_ms"`
-	Pages      uint64  `json:"pages"`
-	LayerBytes int64   `json:"layer_bytes"`
-	StateBytes int64   `json:"state_bytes"`
-	Layer      string  `json:"layer"`
-}
-
 // warrenSnapshot takes a snapshot of kind ("full" or "incremental") of
 // Warren's VM to path through its control API (`warren run --api`).
-func (v *vm) warrenSnapshot(path, kind string, timeout time.Duration) (snapshotReply, error) {
-	var r snapshotReply
-	c := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", v.ctl)
-		},
-	}}
-	defer c.CloseIdleConnections()
+func (v *vm) warrenSnapshot(path, kind string, timeout time.Duration) (vmmctl.SnapshotReply, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	body, _ := json.Marshal(map[string]string{"path": path, "kind": kind})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://warren/v1/snapshot", bytes.NewReader(body))
+	r, err := vmmctl.Client{Socket: v.ctl}.Snapshot(ctx, vmmctl.SnapshotRequest{Path: path, Kind: vmsnap.Kind(kind)})
 	if err != nil {
-		return r, err
+		return vmmctl.SnapshotReply{}, fmt.Errorf("warren snapshot %s: %w", path, err)
 	}
-	res, err := c.Do(req)
-	if err != nil {
-		return r, fmt.Errorf("warren snapshot: %w", err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-	if res.StatusCode != http.StatusOK {
-		return r, fmt.Errorf("warren snapshot %s: %s: %s", path, res.Status, bytes.TrimSpace(b))
-	}
-	return r, json.Unmarshal(b, &r)
+	return *r, nil
 }
 
 // qemuMigrate migrates QEMU's VM to file (live, as QMP migrate does),

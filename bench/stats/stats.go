@@ -5,11 +5,12 @@ package stats
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"math"
 	"sort"
 	"time"
+
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // Percentile returns the p-th percentile (0 < p <= 100) of samples by the

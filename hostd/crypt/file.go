@@ -3,10 +3,11 @@ package crypt
 import (
 	"context"
 	"fmt"
-	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // EncryptFile encrypts src into dst under key with the default chunk size.

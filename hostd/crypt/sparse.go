@@ -6,13 +6,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // Sparse files: disk images and cow/disk overlays are mostly holes (an

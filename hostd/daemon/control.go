@@ -1,40 +1,21 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"time"
 
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
-// The VMM's control API (`warren run|restore --api PATH`, see
-// cmd/warren/cli/api.go), as the daemon uses it.
-
-type vmmSnapshotReply struct {
-	Path       string  `json:"path"`
-	Kind       string  `json:"kind"`
-	PauseMS    float64 `json:"pause_ms"`
-	TotalMS    float64 `json:"total_ms"`
-	LayerBytes int64   `json:"layer_bytes"`
-	// Disks name each writable disk's layer in the snapshot, its chain
-	// and the VMM's new live top (absent from a VMM from before
-	// snapshots held disks).
-	Disks []cow.DiskFiles `json:"disks"`
-}
-
-// vmmDisksReply is the answer of GET /v1/disks, and the part of the
-// rollback answer the daemon reads.
-type vmmDisksReply struct {
-	Disks []cow.DiskFiles `json:"disks"`
-}
+// The VMM's control API (`warren run|restore --api PATH`): its types and
+// client are package vmmctl's.
 
 // snapshotDisks turns a snapshot answer's disks into the record's.
 func snapshotDisks(ds []cow.DiskFiles) []store.DiskLayer {
@@ -54,79 +35,29 @@ func liveDisks(ds []cow.DiskFiles) []store.LiveDisk {
 	return out
 }
 
-type vmmForkChild struct {
-	Index   int    `json:"index"`
-	PID     int    `json:"pid"`
-	API     string `json:"api"`
-	Vsock   string `json:"vsock"`
-	CID     uint64 `json:"cid"`
-	Console string `json:"console"`
-	Log     string `json:"log"`
-	// Hostname is the child's new guest hostname.
-	Hostname string `json:"hostname"`
-	// Disks are the child's writable disks: its overlays and their chains.
-	Disks []cow.DiskFiles `json:"disks"`
-}
-
-type vmmForkReply struct {
-	PauseMS  float64        `json:"pause_ms"`
-	TotalMS  float64        `json:"total_ms"`
-	Children []vmmForkChild `json:"children"`
-	// Disks are the parent's writable disks after the fork.
-	Disks []cow.DiskFiles `json:"disks"`
-}
-
-// vmmCall sends body (JSON-encoded, nil for none) with method to
-// /v1/VERB on the control socket sock and decodes the answer into resp.
+// vmmCall sends req (JSON-encoded, nil for none) with method to
+// /v1/VERB of the VMM control API on sock (vmmctl) and decodes the answer
+// into resp. A refusal names the VMM; a 409 (the VM refuses in its
+// current state, e.g. a rollback to a snapshot without disk state) stays
+// the caller's conflict too.
 func vmmCall(ctx context.Context, sock, method, verb string, req, resp any) error {
-	var body io.Reader
+	var body []byte
 	if req != nil {
 		b, err := json.Marshal(req)
 		if err != nil {
 			return err
 		}
-		body = bytes.NewReader(b)
+		body = b
 	}
-	c := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		},
-	}}
-	defer c.CloseIdleConnections()
-	hr, err := http.NewRequestWithContext(ctx, method, "http://vmm/v1/"+verb, body)
-	if err != nil {
-		return err
+	err := vmmctl.Client{Socket: sock}.Do(ctx, method, verb, body, resp)
+	var ve *vmmctl.Error
+	switch {
+	case errors.As(err, &ve) && ve.Status == http.StatusConflict:
+		return errf(http.StatusConflict, "VMM: %s", ve.Message)
+	case errors.As(err, &ve):
+		return fmt.Errorf("VMM: %s", ve.Message)
 	}
-	if body != nil {
-		hr.Header.Set("Content-Type", "application/json")
-	}
-	res, err := c.Do(hr)
-	if err != nil {
-		return fmt.Errorf("VMM control API: %w", err)
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(res.Body, 8<<20))
-	if err != nil {
-		return err
-	}
-	if res.StatusCode != http.StatusOK {
-		var e struct {
-			Error string `json:"error"`
-		}
-		if json.Unmarshal(b, &e) == nil && e.Error != "" {
-			if res.StatusCode == http.StatusConflict {
-				// The VM refuses in its current state (e.g. a rollback to
-				// a snapshot without disk state): the caller's conflict too.
-				return errf(http.StatusConflict, "VMM: %s", e.Error)
-			}
-			return fmt.Errorf("VMM: %s", e.Error)
-		}
-		return fmt.Errorf("VMM: %s: %s", res.Status, bytes.TrimSpace(b))
-	}
-	if resp == nil {
-		return nil
-	}
-	return json.Unmarshal(b, resp)
+	return err
 }
 
 // vmmAnswers reports whether the control API at sock answers HTTP at all.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // Disk layer garbage collection. Every snapshot of a sandbox with writable
@@ -226,7 +227,7 @@ func isLayerFile(path string) bool {
 func vmmDisks(ctx context.Context, sock string) ([]store.LiveDisk, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var rep vmmDisksReply
+	var rep vmmctl.DisksReply
 	if err := vmmCall(ctx, sock, http.MethodGet, "disks", nil, &rep); err != nil {
 		return nil, err
 	}

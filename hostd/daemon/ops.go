@@ -20,6 +20,8 @@ import (
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
 	"github.com/warrenvm/warren/image"
+	"github.com/warrenvm/warren/memsnap/vmsnap"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // apiError is an error with its HTTP status.
@@ -248,8 +250,8 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 			return fail(fmt.Errorf("pause before the snapshot: %w", err))
 		}
 	}
-	var srep vmmSnapshotReply
-	if err := vmmCall(ctx, api, http.MethodPost, "snapshot", map[string]string{"path": snap, "kind": "full"}, &srep); err != nil {
+	var srep vmmctl.SnapshotReply
+	if err := vmmCall(ctx, api, http.MethodPost, "snapshot", vmmctl.SnapshotRequest{Path: snap, Kind: vmsnap.Full}, &srep); err != nil {
 		return fail(fmt.Errorf("snapshot: %w", err))
 	}
 	if h := d.cfg.Hooks.SnapshotWritten; h != nil {
@@ -704,8 +706,8 @@ func (d *Daemon) takeSnapshot(ctx context.Context, s *sbState, name, kind string
 	path := filepath.Join(d.store.SandboxDir(sb.Tenant, sb.ID), "snapshots", name)
 	os.MkdirAll(filepath.Dir(path), 0o700)
 	start := time.Now()
-	var rep vmmSnapshotReply
-	err := vmmCall(ctx, sb.API, http.MethodPost, "snapshot", map[string]string{"path": path, "kind": kind}, &rep)
+	var rep vmmctl.SnapshotReply
+	err := vmmCall(ctx, sb.API, http.MethodPost, "snapshot", vmmctl.SnapshotRequest{Path: path, Kind: vmsnap.Kind(kind)}, &rep)
 	d.obs.ObserveOp("snapshot", time.Since(start), err)
 	if err != nil {
 		return store.Snapshot{}, err
@@ -761,11 +763,12 @@ func (d *Daemon) rollback(ctx context.Context, s *sbState, name string) (any, er
 	// snapshot's layers (it refuses, 409, a snapshot without disk state
 	// for a VMM with writable disks), and removes the replaced tops.
 	var raw json.RawMessage
-	if err := vmmCall(ctx, sb.API, http.MethodPost, "rollback", map[string]string{"path": use}, &raw); err != nil {
+	if err := vmmCall(ctx, sb.API, http.MethodPost, "rollback", vmmctl.RollbackRequest{Path: use}, &raw); err != nil {
 		return nil, err
 	}
+	// The answer goes back to the client whole (its line among it).
 	var rep map[string]any
-	var drep vmmDisksReply
+	var drep vmmctl.RollbackReply
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		return nil, fmt.Errorf("the VMM's rollback answer: %w", err)
 	}
@@ -816,11 +819,11 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 		os.MkdirAll(dirs[k], 0o700)
 		d.shareDir(&parent, dirs[k])
 	}
-	freq := map[string]any{"n": n, "prefix": prefix}
+	freq := vmmctl.ForkRequest{N: n, Prefix: prefix}
 	if len(parent.Disks) > 0 {
-		freq["disk_dirs"] = dirs
+		freq.DiskDirs = dirs
 	}
-	var rep vmmForkReply
+	var rep vmmctl.ForkReply
 	err := vmmCall(ctx, parent.API, http.MethodPost, "fork", freq, &rep)
 	if err == nil && rep.Disks != nil {
 		s.rec.Disks = liveDisks(rep.Disks) // the parent's new tops

@@ -19,11 +19,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/warrenvm/warren/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"regexp"
 	"time"
+
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // Record file names.

@@ -1,11 +1,12 @@
 package store
 
 import (
-	"github.com/warrenvm/warren/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 func TestSaveLoadRestart(t *testing.T) {

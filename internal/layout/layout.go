@@ -4,9 +4,9 @@
 // package is missing from README.md's layout table, or when a top-level
 // folder's doc.go does not say what it may import.
 //
-// The direction: hostd (the daemon) → the VMM process (today inside
-// cmd/warren/cli: issue 17) → cow, memsnap, ebpf, image → vmm, devices →
-// vmm/kvm; internal is importable by all and imports none of the others;
+// The direction: hostd (the daemon) → the VMM process (its control
+// contract in vmmctl; the process itself still inside cmd/warren/cli:
+// issue 17) → cow, memsnap, ebpf, image → vmm, devices → vmm/kvm; internal is importable by all and imports none of the others;
 // guest code (guestinit) imports no host code. The exceptions, each a
 // package that belongs elsewhere, are listed in Exceptions with why.
 package layout
@@ -23,8 +23,9 @@ var ranks = map[string]int{
 	"vmm/kvm": 0,
 	"vmm":     1, "devices": 1,
 	"cow": 2, "memsnap": 2, "ebpf": 2, "image": 2,
-	"hostd": 3,
-	"cmd":   4, "bench": 4,
+	"vmmctl": 3,
+	"hostd":  4,
+	"cmd":    5, "bench": 5,
 }
 
 // Exceptions are imports of guest packages by host code that the rules

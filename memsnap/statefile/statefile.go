@@ -37,10 +37,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/warrenvm/warren/internal/atomicfile"
 	"hash/crc32"
 	"io"
 	"os"
+
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // Version is the format version this package writes and reads.

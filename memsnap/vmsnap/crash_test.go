@@ -3,7 +3,6 @@ package vmsnap
 import (
 	"bytes"
 	"encoding/binary"
-	"github.com/warrenvm/warren/internal/atomicfile"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -11,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // crashMem is the RAM of the crash test's snapshots: big enough, and

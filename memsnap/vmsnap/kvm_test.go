@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"github.com/warrenvm/warren/internal/kvmtest"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/hostprofile"
 	"github.com/warrenvm/warren/vmm/kvm"

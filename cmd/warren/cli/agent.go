@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/warrenvm/warren/internal/atomicfile"
 	"io"
 	"io/fs"
 	"os"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // Exit codes of `warren exec` that do not come from the guest process,

@@ -1,10 +1,8 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,6 +18,7 @@ import (
 	"github.com/warrenvm/warren/hostd/egress"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // The control API of a running VM (`warren run --api PATH`): JSON over
@@ -28,11 +27,11 @@ import (
 //	POST /v1/pause     {}                                   -> {"paused": true}
 //	POST /v1/resume    {}                                   -> {"paused": false}
 //	POST /v1/snapshot  {"path": "/abs/DIR/NAME", "kind": "full"|"incremental"}
-//	                                                        -> snapshotReply
-//	POST /v1/rollback  {"path": "/abs/DIR/NAME"}            -> rollbackReply
+//	                                                        -> vmmctl.SnapshotReply
+//	POST /v1/rollback  {"path": "/abs/DIR/NAME"}            -> vmmctl.RollbackReply
 //	POST /v1/fork      {"n": N, "prefix": "/abs/PREFIX", "disk_dirs": [...]}
-//	                                                        -> forkReply
-//	GET  /v1/disks                                          -> disksReply
+//	                                                        -> vmmctl.ForkReply
+//	GET  /v1/disks                                          -> vmmctl.DisksReply
 //
 // Errors are answered with a 4xx or 5xx status and {"error": "..."}.
 //
@@ -43,70 +42,6 @@ import (
 // fork answers the parent's new tops and each child's. GET /v1/disks
 // answers the live tops and their chains, so that whoever keeps the files
 // knows exactly which ones the running VM references.
-
-// snapshotRequest is the body of POST /v1/snapshot.
-type snapshotRequest struct {
-	Path string      `json:"path"`
-	Kind vmsnap.Kind `json:"kind"`
-}
-
-func (r *snapshotRequest) path() string { return r.Path }
-
-// snapshotReply describes a snapshot taken.
-type snapshotReply struct {
-	Path       string  `json:"path"`
-	Kind       string  `json:"kind"`
-	PauseMS    float64 `json:"pause_ms"`
-	TotalMS    float64 `json:"total_ms"`
-	Pages      uint64  `json:"pages"`
-	LayerBytes int64   `json:"layer_bytes"`
-	StateBytes int64   `json:"state_bytes"`
-	Layer      string  `json:"layer"`
-	// Disks are the writable disks: the layer the snapshot records for
-	// each (frozen at its instant, or merged), the layer's chain, and the
-	// live top the VM writes to now. Never null.
-	Disks []cow.DiskFiles `json:"disks"`
-	// Line is the one-line summary `warren snapshot` prints.
-	Line string `json:"line"`
-}
-
-// rollbackRequest is the body of POST /v1/rollback.
-type rollbackRequest struct {
-	Path string `json:"path"`
-}
-
-func (r *rollbackRequest) path() string { return r.Path }
-
-// rollbackReply describes a rollback done.
-type rollbackReply struct {
-	Path    string  `json:"path"`
-	PauseMS float64 `json:"pause_ms"`
-	TotalMS float64 `json:"total_ms"`
-	LoadMS  float64 `json:"load_ms"`
-	Written uint64  `json:"pages_written"`
-	Cleared uint64  `json:"pages_cleared"`
-	// Disks are the writable disks' new live tops (over the snapshot's
-	// layers) and their chains. Never null.
-	Disks []cow.DiskFiles `json:"disks"`
-	// Line is the one-line summary `warren rollback` prints.
-	Line string `json:"line"`
-}
-
-// disksReply is the answer of GET /v1/disks.
-type disksReply struct {
-	// Disks are the writable disks' live tops and chains. Never null.
-	Disks []cow.DiskFiles `json:"disks"`
-}
-
-// pauseReply is the body of the pause and resume answers.
-type pauseReply struct {
-	Paused bool `json:"paused"`
-}
-
-// errorReply is the body of an error answer.
-type errorReply struct {
-	Error string `json:"error"`
-}
 
 // apiServer serves the control API of one VM.
 type apiServer struct {
@@ -166,7 +101,7 @@ func reply(w http.ResponseWriter, status int, v any) {
 }
 
 func replyErr(w http.ResponseWriter, status int, err error) {
-	reply(w, status, errorReply{Error: err.Error()})
+	reply(w, status, vmmctl.ErrorReply{Error: err.Error()})
 }
 
 // decodeRequest decodes r's JSON body (at most 64 KiB, no unknown fields)
@@ -193,7 +128,7 @@ func (a *apiServer) pause(w http.ResponseWriter, r *http.Request) {
 		replyErr(w, http.StatusConflict, err)
 		return
 	}
-	reply(w, http.StatusOK, pauseReply{Paused: true})
+	reply(w, http.StatusOK, vmmctl.PauseReply{Paused: true})
 }
 
 func (a *apiServer) resume(w http.ResponseWriter, r *http.Request) {
@@ -201,12 +136,12 @@ func (a *apiServer) resume(w http.ResponseWriter, r *http.Request) {
 		replyErr(w, http.StatusConflict, err)
 		return
 	}
-	reply(w, http.StatusOK, pauseReply{Paused: false})
+	reply(w, http.StatusOK, vmmctl.PauseReply{Paused: false})
 }
 
 func (a *apiServer) snapshot(w http.ResponseWriter, r *http.Request) {
-	var req snapshotRequest
-	if !decodeRequest(w, r, &req, req.path) {
+	var req vmmctl.SnapshotRequest
+	if !decodeRequest(w, r, &req, func() string { return req.Path }) {
 		return
 	}
 	rep, err := a.snap.Take(r.Context(), req.Path, req.Kind)
@@ -219,7 +154,7 @@ func (a *apiServer) snapshot(w http.ResponseWriter, r *http.Request) {
 		a.log.Warn("snapshot: disks", "path", rep.Path, "warning", rep.DiskWarning)
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	reply(w, http.StatusOK, snapshotReply{Path: rep.Path, Kind: string(rep.Kind), PauseMS: ms(rep.Pause), TotalMS: ms(rep.Total),
+	reply(w, http.StatusOK, vmmctl.SnapshotReply{Path: rep.Path, Kind: string(rep.Kind), PauseMS: ms(rep.Pause), TotalMS: ms(rep.Total),
 		Pages: rep.Pages, LayerBytes: rep.LayerBytes, StateBytes: rep.StateBytes, Layer: rep.LayerPath,
 		Disks: withTops(rep.Disks, a.disks.Live()), Line: rep.String()})
 }
@@ -241,12 +176,12 @@ func withTops(layers []vmsnap.DiskLayer, live []cow.DiskFiles) []cow.DiskFiles {
 }
 
 func (a *apiServer) getDisks(w http.ResponseWriter, r *http.Request) {
-	reply(w, http.StatusOK, disksReply{Disks: a.disks.Live()})
+	reply(w, http.StatusOK, vmmctl.DisksReply{Disks: a.disks.Live()})
 }
 
 func (a *apiServer) rollback(w http.ResponseWriter, r *http.Request) {
-	var req rollbackRequest
-	if !decodeRequest(w, r, &req, req.path) {
+	var req vmmctl.RollbackRequest
+	if !decodeRequest(w, r, &req, func() string { return req.Path }) {
 		return
 	}
 	start := time.Now()
@@ -274,53 +209,13 @@ func (a *apiServer) rollback(w http.ResponseWriter, r *http.Request) {
 		a.log.Warn("rollback: disks", "path", rep.Path, "warning", rep.DiskWarning)
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	reply(w, http.StatusOK, rollbackReply{Path: rep.Path, PauseMS: ms(rep.Pause), TotalMS: ms(time.Since(start)), LoadMS: ms(load),
+	reply(w, http.StatusOK, vmmctl.RollbackReply{Path: rep.Path, PauseMS: ms(rep.Pause), TotalMS: ms(time.Since(start)), LoadMS: ms(load),
 		Written: rep.Written, Cleared: rep.Cleared, Disks: a.disks.Live(),
 		Line: fmt.Sprintf("%s (load %.1f ms)", rep.String(), ms(load))})
 }
 
-// apiCall posts req to verb on the control API at sock and decodes the
-// answer into resp.
+// apiCall POSTs req to /v1/VERB of the control API at sock and decodes
+// the answer into resp.
 func apiCall(ctx context.Context, sock, verb string, req, resp any) error {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	return apiDo(ctx, sock, http.MethodPost, verb, body, resp)
-}
-
-// apiDo sends body (JSON, or nil) with method to /v1/VERB of the control
-// API at sock and decodes the JSON answer into resp; an error answer's
-// message becomes the error.
-func apiDo(ctx context.Context, sock, method, verb string, body []byte, resp any) error {
-	c := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		},
-	}}
-	defer c.CloseIdleConnections()
-	hr, err := http.NewRequestWithContext(ctx, method, "http://warren/v1/"+verb, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	if body != nil {
-		hr.Header.Set("Content-Type", "application/json")
-	}
-	res, err := c.Do(hr)
-	if err != nil {
-		return fmt.Errorf("VM control API %s: %w", sock, err)
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(res.Body, 8<<20))
-	if err != nil {
-		return err
-	}
-	if res.StatusCode != http.StatusOK {
-		var e errorReply
-		if json.Unmarshal(b, &e) == nil && e.Error != "" {
-			return errors.New(e.Error)
-		}
-		return fmt.Errorf("%s: %s", res.Status, bytes.TrimSpace(b))
-	}
-	return json.Unmarshal(b, resp)
+	return vmmctl.Client{Socket: sock}.Call(ctx, verb, req, resp)
 }

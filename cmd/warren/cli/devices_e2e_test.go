@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"github.com/warrenvm/warren/internal/kvmtest"
 	"io"
 	"net"
 	"net/http"
@@ -22,6 +21,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenvm/warren/guestinit"
+	"github.com/warrenvm/warren/internal/kvmtest"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // testDisk returns a fresh copy of an empty ext4 image: the template from
@@ -157,7 +158,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 		}
 		run("health", "--wait", "3m", sock)
 		run("exec", "--timeout", "2m", sock, "--", "sh", "-c", "echo parent-before > /mnt/data/fork.txt && sync")
-		var r forkReply
+		var r vmmctl.ForkReply
 		if err := json.Unmarshal([]byte(run("fork", "-n", "2", "--json", "--prefix", filepath.Join(dir, "kid"), api)), &r); err != nil {
 			t.Fatal(err)
 		}
@@ -203,7 +204,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 		}
 		// A child in a network namespace of its own: its tap is there,
 		// not in ours, and it answers.
-		var rn forkReply
+		var rn vmmctl.ForkReply
 		if err := json.Unmarshal([]byte(run("fork", "-n", "1", "--netns", "--json", "--prefix", filepath.Join(dir, "nskid"), api)), &rn); err != nil {
 			t.Fatal(err)
 		}

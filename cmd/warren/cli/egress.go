@@ -15,6 +15,7 @@ import (
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/hostd/credproxy"
 	"github.com/warrenvm/warren/hostd/egress"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // egressOptions are a VM's egress settings (runOptions.Egress): recorded
@@ -207,19 +208,21 @@ func (a *apiServer) liveOptions() (json.RawMessage, error) {
 }
 
 // egressReply is the answer of GET and PUT /v1/egress.
-type egressReply struct {
-	Policy policy.Policy `json:"policy"`
-	Stats  egress.Stats  `json:"stats"`
-	Audit  string        `json:"audit"`
-}
-
-func (a *apiServer) egressReply() (*egressReply, error) {
+func (a *apiServer) egressReply() (*vmmctl.EgressReply, error) {
 	st, err := a.egress.Stats()
 	if err != nil {
 		return nil, err
 	}
 	a.egress.FlushAudit()
-	return &egressReply{Policy: a.egress.Policy(), Stats: st, Audit: a.opts.Egress.Audit}, nil
+	pol, err := json.Marshal(a.egress.Policy())
+	if err != nil {
+		return nil, err
+	}
+	stats, err := json.Marshal(st)
+	if err != nil {
+		return nil, err
+	}
+	return &vmmctl.EgressReply{Policy: pol, Stats: stats, Audit: a.opts.Egress.Audit}, nil
 }
 
 // getEgress is GET /v1/egress: the policy in force and the counters.
@@ -282,18 +285,19 @@ func egressCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := interruptContext()
 	defer stop()
-	var rep egressReply
+	c := vmmctl.Client{Socket: fs.Arg(0)}
+	var rep *vmmctl.EgressReply
 	var err error
 	if *pol != "" {
 		var b []byte
 		if b, err = os.ReadFile(*pol); err == nil {
 			// (The VM checks it with its operator's allowances.)
 			if _, err = policy.ParseWith(b, policy.Options{WildcardCredentials: true}); err == nil {
-				err = apiDo(ctx, fs.Arg(0), http.MethodPut, "egress", b, &rep)
+				rep, err = c.SetEgress(ctx, b)
 			}
 		}
 	} else {
-		err = apiDo(ctx, fs.Arg(0), http.MethodGet, "egress", nil, &rep)
+		rep, err = c.Egress(ctx)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "warren egress: %v\n", err)

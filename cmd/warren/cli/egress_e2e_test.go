@@ -9,7 +9,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"github.com/warrenvm/warren/internal/kvmtest"
 	"io"
 	"net"
 	"net/http"
@@ -26,9 +25,12 @@ import (
 
 	"github.com/warrenvm/warren/ebpf/audit"
 	"github.com/warrenvm/warren/ebpf/policy"
+	"github.com/warrenvm/warren/hostd/egress"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/internal/testtls"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm/hostprofile"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // TestEgressEndToEnd boots a guest whose tap carries an egress policy and
@@ -39,6 +41,15 @@ import (
 // placeholder, a placeholder sent to a host it is not scoped to goes out
 // untouched, and the guest's memory holds no copy of either secret. Every
 // decision is in the audit log.
+
+// egressReply is `warren egress`'s output (vmmctl.EgressReply) decoded
+// with its types.
+type egressReply struct {
+	Policy policy.Policy `json:"policy"`
+	Stats  egress.Stats  `json:"stats"`
+	Audit  string        `json:"audit"`
+}
+
 func TestEgressEndToEnd(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipped: needs root for the tap, the network namespace and eBPF")
@@ -354,7 +365,7 @@ func TestEgressEndToEnd(t *testing.T) {
 		if code, _, errOut := cli(t, nil, "fork", api2); code == 0 || !strings.Contains(errOut, "--netns") {
 			t.Errorf("a fork without --netns: exit %d %q", code, errOut)
 		}
-		var r forkReply
+		var r vmmctl.ForkReply
 		if err := json.Unmarshal([]byte(mustRun(t, "fork", "--netns", "--egress", narrow, "--json", "--prefix", filepath.Join(dir, "kid"), api2)), &r); err != nil {
 			t.Fatal(err)
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // Forking (`warren fork API [-n N]`, POST /v1/fork). The parent process
@@ -46,70 +47,6 @@ import (
 // overlays, its own tap and MAC when the parent has a tap, and a new
 // hostname and machine id, which the guest agent applies at its first
 // re-sync (the vsock transport reset every restored VM gets).
-
-// forkRequest is the body of POST /v1/fork.
-type forkRequest struct {
-	// N is the number of children (1 to maxForkChildren).
-	N int `json:"n"`
-	// Prefix is where the children's sockets and files go: PREFIX-K.*.
-	// It must be an absolute path; "" means beside the parent's API
-	// socket, named after it.
-	Prefix string `json:"prefix,omitempty"`
-	// NetNS starts each child in a network namespace of its own, where
-	// its tap is created (only with a tap): children can then reuse the
-	// parent's guest IP addresses without meeting on the host.
-	NetNS bool `json:"netns,omitempty"`
-	// Egress, when set, is the children's egress policy, which must
-	// narrow the parent's (policy.Narrows); by default they inherit the
-	// parent's policy in force. Only for a parent with an egress policy.
-	Egress *policy.Policy `json:"egress,omitempty"`
-	// DiskDirs, when set, are the directories of the children's disk
-	// overlays, one per child, absolute and existing: each child's own
-	// (the daemon's sandbox directories), so that the layers a child's
-	// snapshots make are its own and the parent's stay foreign to it. By
-	// default they go beside the parent's disks.
-	DiskDirs []string `json:"disk_dirs,omitempty"`
-}
-
-// maxForkChildren bounds one fork request.
-const maxForkChildren = 256
-
-// forkChild describes one child started.
-type forkChild struct {
-	Index int    `json:"index"`
-	PID   int    `json:"pid"`
-	API   string `json:"api"`
-	Vsock string `json:"vsock,omitempty"`
-	CID   uint64 `json:"cid,omitempty"`
-	Tap   string `json:"tap,omitempty"`
-	// NetNS is the child's network namespace (/proc/PID/ns/net) when
-	// it has one of its own.
-	NetNS string `json:"netns,omitempty"`
-	MAC   string `json:"mac,omitempty"`
-	// Audit is the child's egress audit log, when it has egress.
-	Audit     string `json:"audit,omitempty"`
-	Hostname  string `json:"hostname"`
-	MachineID string `json:"machine_id"`
-	Console   string `json:"console"`
-	Log       string `json:"log"`
-	// ReadyMS is the time from the end of the parent's pause to the
-	// child's first KVM_RUN.
-	ReadyMS float64 `json:"ready_ms"`
-	// Disks are the child's writable disks: its own overlay (Top) over
-	// the parent's layer frozen by the fork, and that layer's chain.
-	Disks []cow.DiskFiles `json:"disks"`
-}
-
-// forkReply describes a fork done.
-type forkReply struct {
-	PauseMS  float64     `json:"pause_ms"`
-	TotalMS  float64     `json:"total_ms"`
-	Layers   int         `json:"memory_layers"`
-	Children []forkChild `json:"children"`
-	// Disks are the parent's writable disks after the fork: its new live
-	// tops over the layers the fork froze.
-	Disks []cow.DiskFiles `json:"disks"`
-}
 
 // forkSpec is what a child process is told on fd 3.
 type forkSpec struct {
@@ -144,7 +81,7 @@ var forkExecutable = os.Executable
 
 // fork serves POST /v1/fork.
 func (a *apiServer) fork(w http.ResponseWriter, r *http.Request) {
-	var req forkRequest
+	var req vmmctl.ForkRequest
 	d := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
 	d.DisallowUnknownFields()
 	if err := d.Decode(&req); err != nil {
@@ -175,8 +112,8 @@ func (a *apiServer) fork(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if req.N < 1 || req.N > maxForkChildren {
-		replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: n=%d, want 1 to %d", req.N, maxForkChildren))
+	if req.N < 1 || req.N > vmmctl.MaxForkChildren {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: n=%d, want 1 to %d", req.N, vmmctl.MaxForkChildren))
 		return
 	}
 	if req.Prefix == "" {
@@ -211,7 +148,7 @@ func (a *apiServer) fork(w http.ResponseWriter, r *http.Request) {
 }
 
 // doFork freezes the VM and starts the children.
-func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, error) {
+func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl.ForkReply, error) {
 	a.forkMu.Lock()
 	defer a.forkMu.Unlock()
 	start := time.Now()
@@ -239,7 +176,7 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 	// makes (this process may make none): --netns means just that.
 	cloneNetNS := req.NetNS && helper == nil
 	specs := make([]forkSpec, req.N)
-	children := make([]forkChild, req.N)
+	children := make([]vmmctl.ForkChild, req.N)
 	for k := range req.N {
 		ch := &children[k]
 		p := fmt.Sprintf("%s-%d", req.Prefix, k)
@@ -305,7 +242,7 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 		ready *os.File
 	}
 	procs := make([]started, len(specs))
-	fail := func(err error) (*forkReply, error) {
+	fail := func(err error) (*vmmctl.ForkReply, error) {
 		for _, p := range procs {
 			if p.cmd != nil && p.cmd.Process != nil {
 				p.cmd.Process.Kill()
@@ -347,7 +284,7 @@ func (a *apiServer) doFork(ctx context.Context, req forkRequest) (*forkReply, er
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	a.log.Debug("fork", "children", len(children), "pause_ms", ms(pt.Pause))
-	return &forkReply{PauseMS: ms(pt.Pause), TotalMS: ms(time.Since(start)), Layers: len(desc.Layers), Children: children, Disks: parentDisks}, nil
+	return &vmmctl.ForkReply{PauseMS: ms(pt.Pause), TotalMS: ms(time.Since(start)), Layers: len(desc.Layers), Children: children, Disks: parentDisks}, nil
 }
 
 // startForkChild starts one child process with its spec on fd 3, the
@@ -565,7 +502,7 @@ func forkCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		childPolicy = &p
 	}
-	if fs.NArg() != 1 || *n < 1 || *n > maxForkChildren {
+	if fs.NArg() != 1 || *n < 1 || *n > vmmctl.MaxForkChildren {
 		fs.Usage()
 		return 2
 	}
@@ -579,8 +516,8 @@ func forkCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := interruptContext()
 	defer stop()
-	var r forkReply
-	if err := apiCall(ctx, fs.Arg(0), "fork", forkRequest{N: *n, Prefix: *prefix, NetNS: *netns, Egress: childPolicy}, &r); err != nil {
+	var r vmmctl.ForkReply
+	if err := apiCall(ctx, fs.Arg(0), "fork", vmmctl.ForkRequest{N: *n, Prefix: *prefix, NetNS: *netns, Egress: childPolicy}, &r); err != nil {
 		fmt.Fprintf(stderr, "warren fork: %v\n", err)
 		return 1
 	}

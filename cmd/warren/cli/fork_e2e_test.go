@@ -12,6 +12,7 @@ import (
 
 	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // TestForkEndToEnd restores the Linux template with the control API,
@@ -54,9 +55,9 @@ func TestForkEndToEnd(t *testing.T) {
 	ph := health(sock)
 	run("exec", sock, "--", "sh", "-c", "echo parent > /tmp/same; echo base > /tmp/base")
 
-	fork := func(api, prefix string, n int) forkReply {
+	fork := func(api, prefix string, n int) vmmctl.ForkReply {
 		t.Helper()
-		var r forkReply
+		var r vmmctl.ForkReply
 		out := run("fork", "-n", fmt.Sprint(n), "--prefix", prefix, "--json", api)
 		if err := json.Unmarshal([]byte(out), &r); err != nil {
 			t.Fatalf("warren fork --json: %v: %q", err, out)
@@ -138,7 +139,7 @@ func TestForkEndToEnd(t *testing.T) {
 	}
 }
 
-func readyTimes(r forkReply) []float64 {
+func readyTimes(r vmmctl.ForkReply) []float64 {
 	var v []float64
 	for _, c := range r.Children {
 		v = append(v, c.ReadyMS)

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // TestForkRepeated forks one running parent again and again, one child at
@@ -21,7 +23,7 @@ func TestForkRepeated(t *testing.T) {
 	for i := range forks {
 		mustRun(t, "exec", "--timeout", "1m", sock, "--", "sh", "-c",
 			fmt.Sprintf("echo gen-%d > /tmp/gen; dd if=/dev/urandom of=/tmp/junk-%d bs=4096 count=64", i, i))
-		var r forkReply
+		var r vmmctl.ForkReply
 		out := mustRun(t, "fork", "-n", "1", "--json", "--prefix", filepath.Join(dir, fmt.Sprintf("r%d", i)), api)
 		if err := json.Unmarshal([]byte(out), &r); err != nil {
 			t.Fatal(err)

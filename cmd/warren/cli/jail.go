@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"github.com/warrenvm/warren/vmm/guestmem"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/warrenvm/warren/hostd/jail"
+	"github.com/warrenvm/warren/vmm/guestmem"
 	"golang.org/x/sys/unix"
 )
 

@@ -20,6 +20,7 @@ import (
 	"github.com/warrenvm/warren/internal/logcap"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm/hostprofile"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // runOptions are the `warren run` options a snapshot records (opaquely, as
@@ -264,8 +265,8 @@ func rollbackCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := interruptContext()
 	defer stop()
-	var r rollbackReply
-	if err := apiCall(ctx, fs.Arg(0), "rollback", rollbackRequest{Path: path}, &r); err != nil {
+	var r vmmctl.RollbackReply
+	if err := apiCall(ctx, fs.Arg(0), "rollback", vmmctl.RollbackRequest{Path: path}, &r); err != nil {
 		fmt.Fprintf(stderr, "warren rollback: %v\n", err)
 		return 1
 	}
@@ -286,7 +287,7 @@ func pauseCmd(verb string, args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := interruptContext()
 	defer stop()
-	var r pauseReply
+	var r vmmctl.PauseReply
 	if err := apiCall(ctx, fs.Arg(0), verb, struct{}{}, &r); err != nil {
 		fmt.Fprintf(stderr, "warren %s: %v\n", verb, err)
 		return 1
@@ -329,8 +330,8 @@ func snapshotCmd(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := interruptContext()
 	defer stop()
 	take := func(p string, kind vmsnap.Kind) error {
-		var r snapshotReply
-		if err := apiCall(ctx, sock, "snapshot", snapshotRequest{Path: p, Kind: kind}, &r); err != nil {
+		var r vmmctl.SnapshotReply
+		if err := apiCall(ctx, sock, "snapshot", vmmctl.SnapshotRequest{Path: p, Kind: kind}, &r); err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, r.Line)

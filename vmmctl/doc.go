@@ -1,0 +1,15 @@
+// Package vmmctl is the one contract of a VMM process's control API (the
+// unix socket of `warren run|restore --api PATH`, and of every fork
+// child): the request and reply bodies of POST /v1/pause, /v1/resume,
+// /v1/snapshot, /v1/rollback and /v1/fork, GET /v1/disks, and GET and PUT
+// /v1/egress, and the typed Client that warren-hostd, the warren CLI and
+// the benchmarks call it with. The VMM process (cmd/warren/cli's api.go)
+// serves exactly these types.
+//
+// Errors: a refusal is an answer with a non-200 status and an ErrorReply
+// body; the Client returns it as an *Error carrying the status (409: the
+// VM refuses in its current state).
+//
+// May import: cow, memsnap, ebpf, vmm, devices, internal (the VMM
+// process's layer, below hostd; internal/layout checks it).
+package vmmctl
