@@ -11,6 +11,7 @@ import (
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/devices/virtio/blk"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
+	"golang.org/x/sys/unix"
 )
 
 // Disk is one virtio-blk disk of a VM that forks and snapshots. A
@@ -475,9 +476,17 @@ func absPath(path string) string {
 // the set's lock. On an error the disks already forked stay forked (the
 // parent runs on its new overlays, which is as good as before) and the
 // children's overlay files are removed.
-func (s *DiskSet) forkDisks(childDirs []string) (_ [][]string, err error) {
+//
+// With deferred (Forker.ChildrenMakeDisks) the children's overlays are
+// not made (cow/disk ForkDeferred): bases[i] is what child k's overlay
+// out[i][k] goes on, and every file of the disk's chain this process owns
+// becomes readable by its group (as does a read-only image it owns).
+func (s *DiskSet) forkDisks(childDirs []string, deferred bool) (_ [][]string, bases []string, err error) {
 	n := len(childDirs)
 	out := make([][]string, len(s.disks))
+	if deferred {
+		bases = make([]string, len(s.disks))
+	}
 	defer func() {
 		if err != nil {
 			for _, paths := range out {
@@ -494,23 +503,48 @@ func (s *DiskSet) forkDisks(childDirs []string) (_ [][]string, err error) {
 			for range n {
 				out[i] = append(out[i], d.Dev.Path())
 			}
+			if deferred {
+				groupReadable([]string{d.Dev.Path()})
+			}
 			continue
 		}
 		cur, err := s.top(i)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		parent, children, err := disk.ForkInto(cur, "", childDirs)
+		var parent *disk.Overlay
+		var children []string
+		if deferred {
+			groupReadable(disk.Chain(cur))
+			parent, children, bases[i], err = disk.ForkDeferred(cur, "", childDirs)
+		} else {
+			parent, children, err = disk.ForkInto(cur, "", childDirs)
+		}
 		if err != nil {
-			return nil, fmt.Errorf("disk %s: %w", d.Dev.Path(), err)
+			return nil, nil, fmt.Errorf("disk %s: %w", d.Dev.Path(), err)
 		}
 		if _, err := d.Dev.SwapBackend(parent); err != nil {
 			// The parent overlay owns cur now; closing it would close
 			// the disk under the device. Leave both; the fork fails.
-			return nil, fmt.Errorf("disk %s: %w", d.Dev.Path(), err)
+			return nil, nil, fmt.Errorf("disk %s: %w", d.Dev.Path(), err)
 		}
 		s.ownTop[i] = true
 		out[i] = children
 	}
-	return out, nil
+	return out, bases, nil
+}
+
+// groupReadable makes each of paths this process owns readable by its
+// group, read-only (0640): the frozen layers and images a fork's children,
+// members of that group, open. Others' files are left as they are (a
+// template's base is readable by all already; an ancestor's layers were
+// made readable by its group, the children's too, when it forked).
+func groupReadable(paths []string) {
+	uid := os.Geteuid()
+	for _, p := range paths {
+		var st unix.Stat_t
+		if unix.Stat(p, &st) == nil && int(st.Uid) == uid && st.Mode&0o777 != 0o640 {
+			os.Chmod(p, 0o640)
+		}
+	}
 }

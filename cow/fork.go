@@ -29,6 +29,10 @@ type Point struct {
 	// new copy-on-write overlay for a writable disk, the shared image
 	// itself for a read-only one.
 	Disks [][]string
+	// DiskBases[i], with Forker.ChildrenMakeDisks, is the frozen image
+	// each child's overlay Disks[i][k] is to go on (the child makes it:
+	// cow/disk CreateChild); "" for a read-only disk, and nil otherwise.
+	DiskBases []string
 	// Pause is how long the parent was paused.
 	Pause time.Duration
 }
@@ -54,6 +58,13 @@ type Forker struct {
 	// disks are forked, so a fork never runs inside a snapshot's or a
 	// rollback's disk work.
 	Disks *DiskSet
+	// ChildrenMakeDisks is for children that run as other uids, members
+	// of the parent's group (hostd/daemon's grants): each makes its own
+	// overlays (cow/disk CreateChild over Point.DiskBases) in a directory
+	// the parent may not write, and the disk files of the parent's it
+	// reads (its frozen layers, its read-only images) are made readable
+	// by the parent's group at the fork.
+	ChildrenMakeDisks bool
 }
 
 // Fork pauses the VM, saves its machine and device states, makes its
@@ -111,7 +122,7 @@ func (f *Forker) Fork(ctx context.Context, n int, childDirs []string) (_ *Point,
 	// Disks before memory: a disk fork can fail (file system full), and
 	// it leaves the parent's disks as they were when it does.
 	if f.Disks != nil {
-		if p.Disks, err = f.Disks.forkDisks(childDirs); err != nil {
+		if p.Disks, p.DiskBases, err = f.Disks.forkDisks(childDirs, f.ChildrenMakeDisks); err != nil {
 			return nil, fmt.Errorf("cow: fork: %w", err)
 		}
 	}

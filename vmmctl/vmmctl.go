@@ -101,6 +101,21 @@ type ForkRequest struct {
 	// snapshots make are its own and the parent's stay foreign to it. By
 	// default they go beside the parent's disks.
 	DiskDirs []string `json:"disk_dirs,omitempty"`
+	// Prefixes, when set, are the children's own path prefixes, one
+	// each, absolute, instead of PREFIX-K: child K's files are
+	// Prefixes[K].{api,vsock,console,log,...}, in a directory that is its
+	// own (the daemon's, for a child that runs as its own uid).
+	Prefixes []string `json:"prefixes,omitempty"`
+	// Secrets, when set, are the children's own secrets files, one each
+	// (for a parent with egress: what each one's credential proxy reads,
+	// written by the daemon for a child's uid), instead of the parent's.
+	Secrets []string `json:"secrets,omitempty"`
+	// Grants, one per child, are warren-hostd's signed grants
+	// (hostd/jail.Grant: the child's uid and cgroup) under which the
+	// VMM's jail-init starts the children, when it does (a VMM told so
+	// by hostd/jail.SpawnEnv takes no fork without them, any other VMM
+	// none with them). The VMM passes them on unread.
+	Grants []string `json:"grants,omitempty"`
 }
 
 // ForkChild describes one child started.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -180,5 +181,5 @@ func reflink(src, dst string) error {
 		os.Remove(dst)
 		return err
 	}
-	return syncDir(filepath.Dir(dst))
+	return atomicfile.SyncDir(filepath.Dir(dst))
 }

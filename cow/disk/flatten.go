@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -50,5 +51,5 @@ func Flatten(src Backing, path string) (err error) {
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("flatten %s: %w", path, err)
 	}
-	return syncDir(filepath.Dir(path))
+	return atomicfile.SyncDir(filepath.Dir(path))
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -78,16 +79,69 @@ func Fork(cur Backing, n int, dir string) (parent *Overlay, children []string, e
 // path when that is not cur's directory. The parent's goes into dir, as
 // for Fork.
 func ForkInto(cur Backing, dir string, childDirs []string) (parent *Overlay, children []string, err error) {
+	parent, children, _, err = forkInto(cur, dir, childDirs, false)
+	return parent, children, err
+}
+
+// ForkDeferred is ForkInto for children that make their own overlays:
+// children that run as other users, in directories this process may not
+// write. It freezes cur and makes the parent's overlay as ForkInto does,
+// makes cur readable by its group (the children's: hostd/daemon's
+// grants), and returns the path child k's overlay is to have in
+// childDirs[k] and cur's absolute path, which child k passes to
+// CreateChild before it opens its disk.
+func ForkDeferred(cur Backing, dir string, childDirs []string) (parent *Overlay, children []string, base string, err error) {
+	return forkInto(cur, dir, childDirs, true)
+}
+
+// CreateChild makes a fork child's overlay at path over the frozen image
+// base (ForkDeferred's), as ForkInto would have made it: its header
+// records base's absolute path. The file and its directory are fsynced;
+// an existing path is refused.
+func CreateChild(path, base string) error {
+	if !filepath.IsAbs(base) {
+		return fmt.Errorf("fork child %s: base %q is not absolute", path, base)
+	}
+	var b interface {
+		Backing
+		Close() error
+	}
+	var err error
+	if ov, ierr := IsOverlay(base); ierr != nil {
+		return fmt.Errorf("fork child %s: %w", path, ierr)
+	} else if ov {
+		b, err = OpenChain(base, true)
+	} else {
+		b, err = OpenRaw(base, false)
+	}
+	if err != nil {
+		return fmt.Errorf("fork child %s: %w", path, err)
+	}
+	defer b.Close()
+	o, err := forkCreate(path, b, CreateOptions{BasePath: base})
+	if err != nil {
+		return err
+	}
+	if err := o.Close(); err != nil {
+		os.Remove(path)
+		return err
+	}
+	return atomicfile.SyncDir(filepath.Dir(path))
+}
+
+// forkInto is ForkInto, and with deferChildren ForkDeferred; it returns
+// cur's absolute path too.
+func forkInto(cur Backing, dir string, childDirs []string, deferChildren bool) (parent *Overlay, children []string, curPath string, err error) {
 	fc, ok := cur.(frozen)
 	if !ok {
-		return nil, nil, fmt.Errorf("fork: %T is not an overlay or raw image file", cur)
+		return nil, nil, "", fmt.Errorf("fork: %T is not an overlay or raw image file", cur)
 	}
-	curPath, err := filepath.Abs(fc.Path())
+	curPath, err = filepath.Abs(fc.Path())
 	if err != nil {
-		return nil, nil, fmt.Errorf("fork %s: %w", fc.Path(), err)
+		return nil, nil, "", fmt.Errorf("fork %s: %w", fc.Path(), err)
 	}
-	fail := func(err error) (*Overlay, []string, error) {
-		return nil, nil, fmt.Errorf("fork %s: %w", curPath, err)
+	fail := func(err error) (*Overlay, []string, string, error) {
+		return nil, nil, "", fmt.Errorf("fork %s: %w", curPath, err)
 	}
 	if dir == "" {
 		dir = filepath.Dir(curPath)
@@ -122,7 +176,7 @@ func ForkInto(cur Backing, dir string, childDirs []string) (parent *Overlay, chi
 			os.Remove(p)
 		}
 		for _, d := range dirs {
-			syncDir(d)
+			atomicfile.SyncDir(d)
 		}
 		fc.setReadOnly(false)
 	}
@@ -144,6 +198,10 @@ func ForkInto(cur Backing, dir string, childDirs []string) (parent *Overlay, chi
 		return fail(err)
 	}
 	for _, d := range dirs[1:] {
+		if deferChildren {
+			children = append(children, filepath.Join(d, stem+"."+uniqueSuffix()+Ext))
+			continue
+		}
 		c, err := create(d)
 		if err == nil {
 			err = c.Close()
@@ -153,6 +211,14 @@ func ForkInto(cur Backing, dir string, childDirs []string) (parent *Overlay, chi
 			return fail(err)
 		}
 		children = append(children, c.Path())
+	}
+	if deferChildren {
+		// The children open it as their own uids, in its group (a file
+		// this process does not own is left as it is).
+		if err := fc.file().Chmod(0o640); err != nil && !errors.Is(err, os.ErrPermission) {
+			undo()
+			return fail(err)
+		}
 	}
 	// Shared lock last: converting it is the one step that cannot be
 	// undone for sure (Linux drops the old lock before taking the new).
@@ -165,7 +231,7 @@ func ForkInto(cur Backing, dir string, childDirs []string) (parent *Overlay, chi
 		return fail(fmt.Errorf("downgrade lock: %w", err))
 	}
 	parent.closeBase = fc.Close
-	return parent, children, nil
+	return parent, children, curPath, nil
 }
 
 // forkStem is the base name of path without its extension and without a
@@ -264,7 +330,7 @@ func PrepareFreeze(cur Backing) (*Pending, error) {
 	if err := f.Sync(); err != nil {
 		return fail(err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := atomicfile.SyncDir(dir); err != nil {
 		return fail(err)
 	}
 	return &Pending{cur: fc, f: f, path: p, hdr: h}, nil

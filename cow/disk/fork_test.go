@@ -229,6 +229,58 @@ func TestForkOtherDir(t *testing.T) {
 	k.Close()
 }
 
+// TestForkDeferred: children that make their own overlays (another uid
+// each, in directories the parent may not write) get none from the fork,
+// only the paths to make them at and the frozen image, which is now
+// readable by the group; CreateChild makes an overlay that sees the
+// disk as it was at the fork, once.
+func TestForkDeferred(t *testing.T) {
+	const size = 2<<20 + 4096
+	dir, kidDirs := t.TempDir(), []string{t.TempDir(), t.TempDir()}
+	base := writeBase(t, dir, "disk.img", pattern(size, 11))
+	os.Chmod(base, 0o600)
+	r, err := OpenRaw(base, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := pattern(size, 11)
+	writeRandom(t, r, model, DefaultBlockSize, 10, 1)
+	parent, kids, frozen, err := ForkDeferred(r, "", kidDirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer parent.Close()
+	if frozen != base || len(kids) != 2 {
+		t.Fatalf("frozen %q, %d children; want %q, 2", frozen, len(kids), base)
+	}
+	if fi, _ := os.Stat(base); fi.Mode().Perm() != 0o640 {
+		t.Errorf("the frozen image's mode %v, want 0640", fi.Mode().Perm())
+	}
+	for k, p := range kids {
+		if filepath.Dir(p) != kidDirs[k] || !forkName.MatchString(filepath.Base(p)) {
+			t.Errorf("child %d's overlay path %s", k, p)
+		}
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("child %d's overlay was made by the fork (%v)", k, err)
+		}
+	}
+	writeRandom(t, parent, bytes.Clone(model), parent.BlockSize(), 10, 2) // the parent runs on
+	if err := CreateChild(kids[0], frozen); err != nil {
+		t.Fatal(err)
+	}
+	checkForkFiles(t, kidDirs[0], base, kids[0])
+	k0m := bytes.Clone(model)
+	k0 := openWrite(t, kids[0], k0m, 3)
+	checkView(t, k0, k0m, false)
+	k0.Close()
+	if err := CreateChild(kids[0], frozen); err == nil {
+		t.Error("CreateChild made an overlay over an existing one")
+	}
+	if err := CreateChild(kids[1], "disk.img"); err == nil {
+		t.Error("CreateChild took a relative base")
+	}
+}
+
 func TestForkRefuses(t *testing.T) {
 	dir := t.TempDir()
 	base := writeBase(t, dir, "disk.img", pattern(1<<20, 5))

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/warrenvm/warren/internal/atomicfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -135,7 +136,7 @@ func Create(path string, base Backing, opts CreateOptions) (*Overlay, error) {
 	if err := f.Sync(); err != nil {
 		return fail(err)
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	if err := atomicfile.SyncDir(filepath.Dir(path)); err != nil {
 		return fail(err)
 	}
 	return newOverlay(f, &h, base, false), nil
@@ -552,17 +553,4 @@ func (o *Overlay) Close() error {
 		}
 	}
 	return err
-}
-
-// syncDir fsyncs a directory, so that a file created in it survives a crash.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
-	}
-	return nil
 }

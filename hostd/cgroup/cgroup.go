@@ -65,6 +65,15 @@ func Detect(root, parent string) (*Manager, error) {
 	return m, nil
 }
 
+// Roots are the parent group's directories, one per hierarchy: every
+// group the manager makes is named directly under each.
+func (m *Manager) Roots() []string {
+	if m.Version == 2 {
+		return []string{m.v2Dir}
+	}
+	return []string{m.memDir, m.cpuDir}
+}
+
 // Group is one sandbox's cgroup (one directory per hierarchy).
 type Group struct {
 	Dirs    []string

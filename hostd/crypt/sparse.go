@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -81,7 +82,9 @@ func dataExtents(f *os.File, size int64) ([]extent, error) {
 
 // EncryptSparseFile encrypts the file at src, holes left out (see above),
 // into dst under key: a temporary file in dst's directory, fsynced and
-// renamed over dst, with src's permission bits. src may be dst. src must
+// renamed over dst, with src's permission bits, owner and group (a
+// confined VMM's layers stay its own, readable by its fork family:
+// hostd/daemon's jail.go). src may be dst. src must
 // not change while it runs.
 func EncryptSparseFile(dst, src string, key Key) error {
 	in, err := os.Open(src)
@@ -97,7 +100,7 @@ func EncryptSparseFile(dst, src string, key Key) error {
 	if err != nil {
 		return fmt.Errorf("crypt: seal %s: extents: %w", filepath.Base(src), err)
 	}
-	err = writeAtomicMode(dst, fi.Mode().Perm(), func(f *os.File) error {
+	err = writeAtomicMode(dst, fi, func(f *os.File) error {
 		w, err := NewWriter(f, key, nil)
 		if err != nil {
 			return err
@@ -136,7 +139,7 @@ func EncryptSparseFile(dst, src string, key Key) error {
 
 // DecryptSparseFile decrypts src, made by EncryptSparseFile for tenant,
 // into dst with its holes, the same way (temporary file, fsync, rename)
-// and with src's permission bits. src may be dst. Every chunk is
+// and with src's permission bits, owner and group. src may be dst. Every chunk is
 // authenticated and the packed form checked before dst is replaced: on
 // any error dst is as it was.
 func DecryptSparseFile(dst, src string, p Provider, tenant string) error {
@@ -149,7 +152,7 @@ func DecryptSparseFile(dst, src string, p Provider, tenant string) error {
 	if err != nil {
 		return err
 	}
-	err = writeAtomicMode(dst, fi.Mode().Perm(), func(f *os.File) error {
+	err = writeAtomicMode(dst, fi, func(f *os.File) error {
 		return unpackSparse(f, bufio.NewReaderSize(r, 1<<20), r.Size())
 	})
 	if err != nil {
@@ -206,13 +209,19 @@ func unpackSparse(f *os.File, r io.Reader, total int64) error {
 	return nil
 }
 
-// writeAtomicMode is writeAtomic with the file's permission bits set to
-// perm before it is renamed into place.
-func writeAtomicMode(path string, perm fs.FileMode, fill func(*os.File) error) error {
+// writeAtomicMode is writeAtomic with the file's permission bits, owner
+// and group set to like's before it is renamed into place (a caller that
+// is not root keeps its own).
+func writeAtomicMode(path string, like fs.FileInfo, fill func(*os.File) error) error {
 	return atomicfile.WriteFunc(path, 0o600, func(f *os.File) error {
 		if err := fill(f); err != nil {
 			return err
 		}
-		return f.Chmod(perm)
+		if st, ok := like.Sys().(*syscall.Stat_t); ok && (int(st.Uid) != os.Geteuid() || int(st.Gid) != os.Getegid()) {
+			if err := f.Chown(int(st.Uid), int(st.Gid)); err != nil {
+				return err
+			}
+		}
+		return f.Chmod(like.Mode().Perm())
 	})
 }

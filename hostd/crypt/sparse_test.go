@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -59,6 +60,24 @@ func TestSparseRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A confined VMM's layer: its uid's, its family's group (as root,
+	// the daemon keeps both across sealing and unsealing).
+	const uid, gid = 1234567, 1234568
+	asRoot := os.Geteuid() == 0
+	if asRoot {
+		if err := os.Chown(path, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owned := func(when string) {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); asRoot && (st.Uid != uid || st.Gid != gid) {
+			t.Errorf("owner %d:%d after %s, want %d:%d", st.Uid, st.Gid, when, uid, gid)
+		}
+	}
 	if err := EncryptSparseFile(path, path, key); err != nil {
 		t.Fatal(err)
 	}
@@ -78,6 +97,7 @@ func TestSparseRoundTrip(t *testing.T) {
 	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o400 {
 		t.Errorf("mode %v after sealing, want 0400", fi.Mode().Perm())
 	}
+	owned("sealing")
 	// The wrong tenant's key and a revoked key are refused; path is intact.
 	if err := DecryptSparseFile(path, path, p, "other"); !errors.Is(err, ErrWrongKey) {
 		t.Errorf("other tenant: %v, want ErrWrongKey", err)
@@ -108,6 +128,7 @@ func TestSparseRoundTrip(t *testing.T) {
 	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o400 {
 		t.Errorf("mode %v after unsealing, want 0400", fi.Mode().Perm())
 	}
+	owned("unsealing")
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
 		t.Errorf("stray files: %v", ents)
 	}

@@ -166,10 +166,13 @@ type Daemon struct {
 	log      *slog.Logger
 	launcher Launcher
 	cg       *cgroup.Manager
-	obs      Observer
-	events   *bus
-	audit    *auditLog
-	atRest   *atRest
+	// grantSecret is what the families' grant keys derive from (nil: the
+	// VMMs fork on their own; jail.go's loadGrantSecret).
+	grantSecret []byte
+	obs         Observer
+	events      *bus
+	audit       *auditLog
+	atRest      *atRest
 	// disks seals tenants' idle disk files (diskseal.go).
 	disks diskSeal
 	// restores admits restores (admission.go).
@@ -329,6 +332,13 @@ func New(cfg Config) (*Daemon, error) {
 			d.cg = nil
 		} else {
 			d.log.Info("cgroups", "version", d.cg.Version)
+		}
+	}
+	if cfg.VMMUIDs != nil {
+		// Confined VMMs' fork children are started by their jail-init
+		// under the daemon's grants (jail.go's forkGrants).
+		if d.grantSecret, err = loadGrantSecret(st.Root); err != nil {
+			return nil, err
 		}
 	}
 	d.disks.pins = map[string]int{}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,6 +166,28 @@ func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img st
 		t.Fatalf("delete of the parent with a child: %d %s", st, body)
 	}
 	step("fork child %s starts from the parent's disk and writes apart; the parent's delete waits for it", kid.ID)
+	// The child, a uid of its own, pauses to disk and resumes: its new VMM
+	// reads the parent's frozen layer under its overlay as a member of
+	// the parent's group. Then it forks: the grandchild's chain reads both.
+	c.ok(200, "POST", "/v1/sandboxes/"+kid.ID+"/pause?to_disk=true", nil, nil)
+	var rk store.Sandbox
+	c.ok(200, "POST", "/v1/sandboxes/"+kid.ID+"/resume", nil, &rk)
+	all = append(all, rk)
+	if got := head(kid.ID); got != "CCCC-fork-child!" {
+		t.Fatalf("after pause to disk and resume the fork child reads %q", got)
+	}
+	var gr struct{ Children []store.Sandbox }
+	c.ok(201, "POST", "/v1/sandboxes/"+kid.ID+"/fork", map[string]any{"n": 1}, &gr)
+	if len(gr.Children) != 1 {
+		t.Fatalf("the child's fork: %+v", gr)
+	}
+	grand := gr.Children[0]
+	all = append(all, grand)
+	if got := head(grand.ID); got != "CCCC-fork-child!" {
+		t.Fatalf("the grandchild reads %q", got)
+	}
+	step("the fork child resumes from disk and forks a grandchild that reads its bytes (%s)", familyIDs(t, rk.PID, grand.PID))
+	c.ok(200, "DELETE", "/v1/sandboxes/"+grand.ID, nil, nil)
 	c.ok(200, "DELETE", "/v1/sandboxes/"+kid.ID, nil, nil)
 	c.ok(200, "DELETE", "/v1/sandboxes/"+b.ID, nil, nil)
 	c.ok(200, "POST", "/v1/sandboxes/"+a.ID+"/pause?to_disk=true", nil, nil)
@@ -188,6 +211,21 @@ func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img st
 	sealed(true, "all sandboxes deleted", base)
 	c.ok(200, "DELETE", "/v1/templates/"+tp.ID, nil, nil)
 	step("deleted")
+}
+
+// familyIDs checks that a fork child's VMM (kid, resumed in a family of
+// its own) and its own fork child's (grand) are uids of their own, and
+// that the grandchild is in the child's group (and so reads its frozen
+// layers) besides the groups the child is in; it returns a summary.
+func familyIDs(t *testing.T, kid, grand int) string {
+	t.Helper()
+	ks, gs := procStatus(t, kid), procStatus(t, grand)
+	kuid, guid := strings.Fields(ks["Uid"])[0], strings.Fields(gs["Uid"])[0]
+	groups := strings.Fields(gs["Groups"])
+	if kuid == guid || !slices.Contains(groups, strings.Fields(ks["Gid"])[0]) || len(groups) < 2 {
+		t.Errorf("child uid %s groups %q; grandchild uid %s groups %q: want the grandchild its own uid, in the child's group and the grandparent's", kuid, ks["Groups"], guid, gs["Groups"])
+	}
+	return fmt.Sprintf("child uid %s, groups %s; grandchild uid %s, groups %s", kuid, ks["Groups"], guid, gs["Groups"])
 }
 
 // filesScenario is the files-in-snapshots part of TestE2EDisks, on a new

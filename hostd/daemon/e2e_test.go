@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -155,6 +156,7 @@ func TestE2E(t *testing.T) {
 		step("child %s (pid %d) has the parent's file; hostname %s", k.ID, k.PID, strings.TrimSpace(host))
 		if jailProfile != "off" {
 			step("child %s is confined: %s", k.ID, checkConfined(t, uids, k.PID, td.store.SandboxDir(k.Tenant, k.ID), keys.Dir))
+			step("child %s was started by its family's jail-init: %s", k.ID, checkSpawned(t, sb, k))
 		}
 	}
 
@@ -335,6 +337,38 @@ func checkConfined(t *testing.T, r *UIDRange, pid int, own, secret string) strin
 	checkJailRoot(t, pid, own, secret)
 	return fmt.Sprintf("pid %d: uid %s, CapEff %s, NoNewPrivs %s, Seccomp %s; its root has %s, not %s", pid,
 		strings.Fields(status["Uid"])[0], status["CapEff"], status["NoNewPrivs"], status["Seccomp"], own, secret)
+}
+
+// checkSpawned checks that fork child k of parent was started by the
+// family's jail-init, not by the parent's VMM (which may start no
+// process: jail.SpawnEnv), as a uid of its own (not the parent's, in the
+// parent's group, for its disk layers), and, with cgroups, that it is in
+// a cgroup of its own, the one its record names (it was born there:
+// hostd/jail's TestSpawn).
+func checkSpawned(t *testing.T, parent, k store.Sandbox) string {
+	t.Helper()
+	ppid := func(pid int) string { return procStatus(t, pid)["PPid"] }
+	if !k.Spawner || ppid(k.PID) != ppid(parent.PID) || ppid(k.PID) == strconv.Itoa(parent.PID) {
+		t.Errorf("child %s (pid %d, spawner %v): its parent is %s, want jail-init (%s, the parent VMM's parent)", k.ID, k.PID, k.Spawner, ppid(k.PID), ppid(parent.PID))
+	}
+	ps, ks := procStatus(t, parent.PID), procStatus(t, k.PID)
+	puid, kuid := strings.Fields(ps["Uid"])[0], strings.Fields(ks["Uid"])[0]
+	if puid == kuid || !slices.Contains(strings.Fields(ks["Groups"]), strings.Fields(ps["Gid"])[0]) {
+		t.Errorf("child %s: uid %s, groups %q; parent's uid %s, gid %s: want a uid of its own in the parent's group", k.ID, kuid, ks["Groups"], puid, ps["Gid"])
+	}
+	if len(k.Cgroup) == 0 || k.Cgroup[0] == "none" {
+		return fmt.Sprintf("parent pid %s (jail-init), uid %s (the parent's %s), groups %s; no cgroups here", ppid(k.PID), kuid, puid, ks["Groups"])
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", k.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range k.Cgroup {
+		if filepath.Base(dir) != k.ID || !strings.Contains(string(b), "/"+k.ID+"\n") {
+			t.Errorf("child %s: cgroup %s; /proc/%d/cgroup:\n%s", k.ID, dir, k.PID, b)
+		}
+	}
+	return fmt.Sprintf("parent pid %s (jail-init), uid %s (the parent's %s), groups %s, cgroup %s", ppid(k.PID), kuid, puid, ks["Groups"], k.Cgroup[0])
 }
 
 // checkNetConfined checks a network VMM (pid) the way checkConfined

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -8,14 +9,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 
-	"github.com/warrenvm/warren/hostd/store"
-
+	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/hostd/jail"
+	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // JailPrepare returns an ExecLauncher.Prepare that jails every VMM the
@@ -71,6 +74,13 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 		if spec.Confine != nil && spec.Confine.NetHelper {
 			args = append(args, "--net-helper")
 		}
+		if spec.Confine != nil && spec.Confine.GrantKey != nil {
+			// (ExecLauncher sends the key on the report socket.)
+			args = append(args, "--spawn")
+			for _, r := range spec.Confine.CgroupRoots {
+				args = append(args, "--cgroup-root", r)
+			}
+		}
 		for _, dir := range spec.Cgroup {
 			// jail-init joins the VMM's cgroup first: the VMM is born in it.
 			args = append(args, "--cgroup", dir)
@@ -99,13 +109,22 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 // only Binds at their own paths and its device nodes, and leaves root for
 // UID/GID with no capability left (hostd/jail.PivotRoot, Enter).
 type Confinement struct {
-	// UID and GID are the VMM's own, from the daemon's --vmm-uid-range.
+	// UID and GID are the VMM's own, from the daemon's --vmm-uid-range;
+	// Groups are its fork ancestors' gids (familyGroups: their disk
+	// layers its chain reads).
 	UID, GID int
+	Groups   []int
 	// NetHelper starts the VMM's jail-init with --net-helper: a network
 	// VMM's private network, and its fork children's, are made by
 	// jail-init, which stays root, and handed over as descriptors
 	// (cmd/warren/cli's nethelper.go), so the VMM needs no privilege.
 	NetHelper bool
+	// GrantKey, when set, has the VMM's jail-init start the family's
+	// fork children (`jail-init --spawn`, hostd/jail.Spawner) under grants
+	// signed with it (the family's key, hostd/jail.FamilyKey), into
+	// cgroups under CgroupRoots: the VMM itself then makes no process.
+	GrantKey    []byte
+	CgroupRoots []string
 	// Root is the jail directory (empty on the host; STATE/jail/ID).
 	Root string
 	// Binds are the host paths it still needs.
@@ -117,6 +136,13 @@ func (c *Confinement) jailArgs() (string, error) {
 	opts := []string{"root=" + c.Root, "dev=kvm", "dev=null"}
 	if c.UID != 0 {
 		opts = append(opts, fmt.Sprintf("user=%d:%d", c.UID, c.GID))
+	}
+	if len(c.Groups) > 0 {
+		gs := make([]string, len(c.Groups))
+		for i, g := range c.Groups {
+			gs[i] = strconv.Itoa(g)
+		}
+		opts = append(opts, "groups="+strings.Join(gs, ":"))
 	}
 	for _, b := range c.Binds {
 		if strings.ContainsAny(b.Path, ",:") {
@@ -242,8 +268,13 @@ func (d *Daemon) sandboxUID(dir, id string) (int, error) {
 }
 
 // famRunDir is the run directory of sb's VMM family: its fork children's
-// sockets, consoles and logs (a child's is its parent's).
+// sockets, consoles and logs, each child's in a directory of its own there
+// when its family's jail-init starts it (forkGrants); a child's is its
+// parent's.
 func (d *Daemon) famRunDir(sb *store.Sandbox) string {
+	if sb.Family != "" {
+		return filepath.Join(d.store.RunDir(), "j-"+sb.Family)
+	}
 	if dir := filepath.Dir(sb.API); dir != filepath.Clean(d.store.RunDir()) {
 		return dir
 	}
@@ -256,12 +287,14 @@ func (d *Daemon) famRunDir(sb *store.Sandbox) string {
 // network made by its jail-init (networkBinds says what it reads).
 //
 // Its directory (and what the daemon made in it: overlays, snapshots/)
-// is owned by its uid, 0700; the tenant's sandboxes directory is bound
-// writable (a fork makes the children's directories there: the uid's
-// permissions keep the siblings' closed, 0711 lets it reach its own), its
+// is owned by its uid, 0700 (0710 once it forked: its children, in its
+// group, read its frozen layers); the tenant's sandboxes directory is
+// bound writable (its own directory is there: the uid's permissions keep
+// the siblings' closed, 0711 lets it reach its own), its
 // template and image bases read-only (fork children follow their disk
 // chains down to them by path: made readable, under a directory only the
-// tenant's jails bind), the family's run directory writable, the warren
+// tenant's jails bind), the family's run directory writable (root's,
+// 0711, holding each fork child's own directory), the warren
 // binary executable (fork children), /sys/module read-only (the host
 // profile), and the decryption directory (a rollback's working copy,
 // granted to the uid by grantVMM).
@@ -282,14 +315,17 @@ func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
 	if err := chownTree(dir, uid); err != nil {
 		return nil, fmt.Errorf("jail: %w", err)
 	}
+	// Its children's own directories go in the family's run directory
+	// (forkGrants): root's, which each may pass through.
 	run := d.famRunDir(sb)
-	if err := os.MkdirAll(run, 0o700); err != nil {
+	if err := os.MkdirAll(run, 0o711); err != nil {
 		return nil, err
 	}
-	if dirOwner(run) != uid {
-		if err := os.Chown(run, uid, uid); err != nil {
-			return nil, err
-		}
+	if err := os.Chown(run, 0, 0); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(run, 0o711); err != nil {
+		return nil, err
 	}
 	os.Chmod(sbs, 0o711)
 	os.Chmod(tpls, 0o711)
@@ -297,7 +333,7 @@ func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
 		readableTree(filepath.Join(tpls, sb.Template))
 	}
 	readableTree(imgs)
-	c := &Confinement{UID: uid, GID: uid, Root: filepath.Join(d.store.Root, "jail", sb.ID),
+	c := &Confinement{UID: uid, GID: uid, Groups: d.familyGroups(sb), Root: filepath.Join(d.store.Root, "jail", sb.ID),
 		Binds: []jail.Bind{{Path: sbs, Writable: true}, {Path: tpls}, {Path: run, Writable: true}}}
 	if err := os.MkdirAll(c.Root, 0o700); err != nil {
 		return nil, err
@@ -323,7 +359,186 @@ func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
 		c.NetHelper = true
 		c.Binds = append(c.Binds, d.networkBinds()...)
 	}
+	if d.grantSecret != nil {
+		c.GrantKey = jail.FamilyKey(d.grantSecret, run)
+		if d.cg != nil {
+			c.CgroupRoots = d.cg.Roots()
+		}
+	}
 	return c, nil
+}
+
+// grantFile holds the daemon's secret its families' grant keys derive
+// from (hostd/jail.FamilyKey), under the state directory.
+const grantFile = "grant.key"
+
+// loadGrantSecret returns the secret in the state directory's grantFile,
+// made on first use: kept across restarts, so that the families of VMMs
+// the daemon adopts still take its grants.
+func loadGrantSecret(root string) ([]byte, error) {
+	p := filepath.Join(root, grantFile)
+	b, err := os.ReadFile(p)
+	if err == nil && len(b) == 32 {
+		return b, nil
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("grant secret: %w", err)
+	}
+	b = make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return nil, err
+	}
+	if err := atomicfile.Write(p, b, 0o600); err != nil {
+		return nil, fmt.Errorf("grant secret: %w", err)
+	}
+	return b, nil
+}
+
+// forkPlan is what a fork's children will be where the parent's
+// jail-init starts them (forkGrants): per child, its grant, its cgroup
+// (nil without cgroups), and its run directory and path prefix, its own.
+type forkPlan struct {
+	grants   []string
+	groups   []*cgroup.Group
+	runDirs  []string
+	prefixes []string
+	// secrets are the children's secrets files (forkSecrets), if any.
+	secrets []string
+}
+
+// undo removes what the plan made for child k, one that never started.
+func (p *forkPlan) undo(k int) {
+	if p == nil {
+		return
+	}
+	if k < len(p.secrets) && p.secrets[k] != "" {
+		os.Remove(p.secrets[k])
+	}
+	if p.groups[k] != nil {
+		p.groups[k].Remove()
+	}
+	if p.runDirs[k] != "" {
+		os.RemoveAll(p.runDirs[k])
+	}
+}
+
+// forkGrants prepares parent's fork children (ids, their sandbox
+// directories dirs, made) where the parent's jail-init starts them
+// (store.Sandbox.Spawner): each child gets a uid of its own (the owner of
+// its directory, as any sandbox's), its own cgroup (named by its id, with
+// the parent's limits; none without cgroups), its own run directory in
+// the family's (famRunDir/ID, the child's, 0700), and a grant saying so,
+// signed with the family's key, whose groups are the parent's gid and
+// the parent's own groups: the gids of every fork ancestor, whose frozen
+// disk layers the child's chain reads (made readable by their group at
+// each fork: cow.Forker.ChildrenMakeDisks; each ancestor's directory is
+// 0710 for it). It returns nil for any other parent. On an error nothing
+// of it is left.
+func (d *Daemon) forkGrants(parent *store.Sandbox, ids, dirs []string) (plan *forkPlan, err error) {
+	if !parent.Spawner || d.grantSecret == nil {
+		return nil, nil
+	}
+	pdir := d.store.SandboxDir(parent.Tenant, parent.ID)
+	puid := dirOwner(pdir)
+	if d.cfg.VMMUIDs == nil || !d.cfg.VMMUIDs.has(puid) {
+		return nil, fmt.Errorf("fork: sandbox %s's VMM has no uid of the range (%d)", parent.ID, puid)
+	}
+	if err := os.Chmod(pdir, 0o710); err != nil {
+		return nil, fmt.Errorf("fork: %w", err)
+	}
+	groups := append([]int{puid}, d.familyGroups(parent)...)
+	key := jail.FamilyKey(d.grantSecret, d.famRunDir(parent))
+	n := len(ids)
+	plan = &forkPlan{grants: make([]string, n), groups: make([]*cgroup.Group, n), runDirs: make([]string, n), prefixes: make([]string, n)}
+	defer func() {
+		if err != nil {
+			for k := range ids {
+				plan.undo(k)
+			}
+			plan = nil
+		}
+	}()
+	for k, id := range ids {
+		uid, err := d.sandboxUID(dirs[k], id)
+		if err != nil {
+			return nil, err
+		}
+		run := filepath.Join(d.famRunDir(parent), id)
+		if err := os.Mkdir(run, 0o700); err != nil {
+			return nil, fmt.Errorf("fork: %w", err)
+		}
+		plan.runDirs[k], plan.prefixes[k] = run, filepath.Join(run, "vm")
+		if err := os.Chown(run, uid, uid); err != nil {
+			return nil, fmt.Errorf("fork: %w", err)
+		}
+		g := jail.Grant{UID: uid, GID: uid, Groups: groups, BPF: parent.Network && jail.BPFNeedsCap()}
+		if d.cg != nil {
+			cg, err := d.cg.Create(id, cgroup.Limits{MemoryBytes: int64(parent.MemMiB+d.cfg.MemOverheadMiB) << 20, CPUs: float64(parent.CPUs)})
+			if err != nil {
+				return nil, fmt.Errorf("fork: cgroup: %w", err)
+			}
+			plan.groups[k], g.Cgroup = cg, id
+		}
+		if plan.grants[k], err = jail.NewGrant(key, g); err != nil {
+			return nil, err
+		}
+	}
+	return plan, nil
+}
+
+// forkSecrets writes the secrets file of each of network parent's fork
+// children (ids, planned: their directories are their uids') and returns
+// their paths: a child's credential proxy reads its own, as its uid, not
+// its parent's.
+func (d *Daemon) forkSecrets(parent *store.Sandbox, ids []string, plan *forkPlan) ([]string, error) {
+	d.secretsMu.Lock()
+	defer d.secretsMu.Unlock()
+	plan.secrets = make([]string, len(ids))
+	for k, id := range ids {
+		path, err := d.sandboxSecretsPath(parent.Tenant, id)
+		if err != nil {
+			return nil, err
+		}
+		kid := store.Sandbox{Tenant: parent.Tenant, ID: id, Secrets: parent.Secrets}
+		if err := d.writeSandboxSecrets(&kid, path); err != nil {
+			return nil, err
+		}
+		plan.secrets[k] = path
+	}
+	return plan.secrets, nil
+}
+
+// familyGroups are the gids of sb's fork ancestors' VMMs (the owners of
+// their directories, in the range), nearest first: the groups sb's VMM is
+// in, for their frozen disk layers in its chain.
+func (d *Daemon) familyGroups(sb *store.Sandbox) []int {
+	var gs []int
+	p := sb.Parent
+	for depth := 0; p != "" && depth < 32; depth++ {
+		d.mu.Lock()
+		ps := d.sandboxes[p]
+		d.mu.Unlock()
+		if ps == nil {
+			break
+		}
+		// (Tenant, ID and Parent never change once a record is made: read
+		// without its lock, which a caller may hold for a descendant.)
+		tenant, id, parent := ps.rec.Tenant, ps.rec.ID, ps.rec.Parent
+		if u := dirOwner(d.store.SandboxDir(tenant, id)); d.cfg.VMMUIDs != nil && d.cfg.VMMUIDs.has(u) && !slices.Contains(gs, u) {
+			gs = append(gs, u)
+		}
+		p = parent
+	}
+	return gs
+}
+
+// removeGroups removes the cgroups of gs that are not nil.
+func removeGroups(gs []*cgroup.Group) {
+	for _, g := range gs {
+		if g != nil {
+			g.Remove()
+		}
+	}
 }
 
 // networkBinds are the host files a network VMM and its fork children

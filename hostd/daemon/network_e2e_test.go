@@ -119,7 +119,7 @@ func TestE2ENetwork(t *testing.T) {
 	if out, code := sh(kid.ID, fetch); code != 0 || !strings.Contains(out, "upstream saw key="+ph) {
 		t.Fatalf("%s in the fork child %s: exit %d %q", fetch, kid.ID, code, out)
 	}
-	step("fork child %s reaches api.test through its own proxy", kid.ID)
+	step("fork child %s reaches api.test through its own proxy, with its own secrets file: %s", kid.ID, checkSpawned(t, s1, kid))
 
 	// Live policy changes through the API.
 	if st, b := a.do("PUT", "/v1/sandboxes/"+s2.ID+"/egress", pol); st != 400 {

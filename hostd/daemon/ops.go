@@ -487,7 +487,12 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 	s.agent.Close() // connections to a previous VMM
 	o.progress("starting the VMM", 10)
 	// Confinement first: it gives the sandbox's directory its uid, which
-	// the secrets file restoreNetArgs writes is then given too.
+	// the secrets file restoreNetArgs writes is then given too. The VMM
+	// starts a family of its own (a fork child restored leaves its
+	// parent's): its run directory and grant key are its own.
+	if d.grantSecret != nil {
+		sb.Family = sb.ID
+	}
 	confine, err := d.confinement(sb)
 	if err != nil {
 		d.dropSecrets(sb, false)
@@ -516,7 +521,10 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 		d.dropSecrets(sb, false)
 		return fmt.Errorf("start VMM: %w", err)
 	}
-	sb.PID, sb.StartTime, sb.RestoredFrom = p.PID, p.StartTime, snap
+	sb.PID, sb.StartTime, sb.RestoredFrom, sb.Spawner = p.PID, p.StartTime, snap, p.Spawner
+	if !p.Spawner {
+		sb.Family = ""
+	}
 	s.chainOK, s.chain = false, 0
 	d.placeInCgroup(s, p.PID)
 	d.save(s)
@@ -556,8 +564,9 @@ func (d *Daemon) sandboxCgroup(s *sbState) []string {
 // placeInCgroup makes sure pid is in s's cgroup (sandboxCgroup) and
 // records it; without cgroups, or when that fails, it records "none" and
 // goes on. A VMM the launcher started in the group is there already (the
-// move is then a no-op); a fork child is born in its parent's group and
-// moved here into its own.
+// move is then a no-op), and so is a fork child its family's jail-init
+// started under a grant (forkGrants); the child of a VMM that starts its
+// own (no --vmm-uid-range) is born in its parent's group and moved here.
 func (d *Daemon) placeInCgroup(s *sbState, pid int) {
 	sb := s.rec
 	if d.sandboxCgroup(s) == nil {
@@ -781,7 +790,7 @@ func (d *Daemon) rollback(ctx context.Context, s *sbState, name string) (any, er
 	// The rollback reset the vsock transport: connections to the agent
 	// are gone, and it answers again once it has reconnected.
 	s.agent.Close()
-	if err := d.waitAgent(newOp(), sb.Vsock, Proc{sb.PID, sb.StartTime}, 30*time.Second, sb.Log, 0, 0); err != nil {
+	if err := d.waitAgent(newOp(), sb.Vsock, Proc{PID: sb.PID, StartTime: sb.StartTime}, 30*time.Second, sb.Log, 0, 0); err != nil {
 		return nil, fmt.Errorf("after the rollback: %w", err)
 	}
 	d.events.publish(sb.Tenant, wire.Event{Type: "rolled_back", Sandbox: sb.ID, Detail: name})
@@ -817,14 +826,30 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 		ids[k] = newID("sb")
 		dirs[k] = d.store.SandboxDir(parent.Tenant, ids[k])
 		os.MkdirAll(dirs[k], 0o700)
-		d.shareDir(&parent, dirs[k])
+		if !parent.Spawner {
+			d.shareDir(&parent, dirs[k])
+		}
 	}
 	freq := vmmctl.ForkRequest{N: n, Prefix: prefix}
 	if len(parent.Disks) > 0 {
 		freq.DiskDirs = dirs
 	}
+	// Where the parent's jail-init starts the children, each is its own
+	// uid, born in its own cgroup, under a grant saying so.
+	plan, err := d.forkGrants(&parent, ids, dirs)
 	var rep vmmctl.ForkReply
-	err := vmmCall(ctx, parent.API, http.MethodPost, "fork", freq, &rep)
+	if err == nil {
+		if plan != nil {
+			freq.Prefix, freq.Prefixes, freq.Grants = "", plan.prefixes, plan.grants
+			if parent.Network {
+				// Each child's proxy reads its own, as its own uid.
+				freq.Secrets, err = d.forkSecrets(&parent, ids, plan)
+			}
+		}
+	}
+	if err == nil {
+		err = vmmCall(ctx, parent.API, http.MethodPost, "fork", freq, &rep)
+	}
 	if err == nil && rep.Disks != nil {
 		s.rec.Disks = liveDisks(rep.Disks) // the parent's new tops
 		d.save(s)
@@ -835,6 +860,7 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 		for k, dir := range dirs { // a child that never was
 			if !used[k] {
 				os.RemoveAll(dir)
+				plan.undo(k)
 			}
 		}
 	}()
@@ -865,15 +891,18 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 		sb := &store.Sandbox{ID: id, Tenant: parent.Tenant, Template: parent.Template, Status: store.Creating, PID: ch.PID,
 			StartTime: st, API: ch.API, Vsock: ch.Vsock, Console: ch.Console, Log: ch.Log, MemMiB: parent.MemMiB,
 			CPUs: parent.CPUs, Network: parent.Network, Egress: parent.Egress, Env: parent.Env, Secrets: parent.Secrets, Parent: parent.ID, Created: now,
-			Disks: liveDisks(ch.Disks)}
+			Disks: liveDisks(ch.Disks), Spawner: parent.Spawner, Family: parent.Family}
 		ks := &sbState{rec: sb, agent: agentclient.New(ch.Vsock)}
+		if plan != nil && plan.groups[ch.Index] != nil {
+			ks.cgroup = plan.groups[ch.Index] // it was born there: placeInCgroup only records it
+		}
 		ks.mu.Lock()
 		d.placeInCgroup(ks, ch.PID)
 		d.save(ks)
 		d.mu.Lock()
 		d.sandboxes[id] = ks
 		d.mu.Unlock()
-		if err := d.waitAgent(o, ch.Vsock, Proc{ch.PID, st}, d.cfg.RestoreTimeout, ch.Log, 50, 95); err != nil {
+		if err := d.waitAgent(o, ch.Vsock, Proc{PID: ch.PID, StartTime: st}, d.cfg.RestoreTimeout, ch.Log, 50, 95); err != nil {
 			// A child whose agent never answered is of no use: its VMM
 			// goes now rather than hold its memory until a delete.
 			stopProc(ch.PID, st, StopGrace)
@@ -929,6 +958,9 @@ func (d *Daemon) deleteSandbox(s *sbState) error {
 		os.Remove(sb.Console)
 		os.Remove(sb.Console + ".1") // the console's older generation (logcap)
 		os.Remove(sb.Log)
+		if dir := filepath.Dir(sb.Console); filepath.Base(dir) == sb.ID && dir != filepath.Clean(d.store.RunDir()) {
+			os.RemoveAll(dir) // a fork child's own run directory (forkGrants)
+		}
 	}
 	s.agent.Close()
 	if err := d.store.RemoveSandbox(sb.Tenant, sb.ID); err != nil {

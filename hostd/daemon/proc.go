@@ -59,6 +59,9 @@ type Proc struct {
 	// StartTime is field 22 of /proc/PID/stat: with the PID it names the
 	// process across PID reuse.
 	StartTime uint64
+	// Spawner says its jail-init starts its fork children (it was given
+	// LaunchSpec.Confine.GrantKey: store.Sandbox.Spawner).
+	Spawner bool
 }
 
 // Launcher starts VMM processes. The process must outlive the daemon (its
@@ -97,6 +100,7 @@ func (l *ExecLauncher) Start(spec LaunchSpec) (Proc, error) {
 	// Under a pid namespace's init (JailPrepare), the VMM is the init's
 	// child, whose PID the init reports on fd 3.
 	var report *os.File
+	spawner := false
 	if len(cmd.Args) > 1 && cmd.Args[1] == jail.InitVerb {
 		var child *os.File
 		if report, child, err = jail.InitReport(); err != nil {
@@ -104,6 +108,13 @@ func (l *ExecLauncher) Start(spec LaunchSpec) (Proc, error) {
 		}
 		defer report.Close()
 		cmd.ExtraFiles = []*os.File{child}
+		if c := spec.Confine; c != nil && c.GrantKey != nil && slices.Contains(initArgs(cmd.Args), "--spawn") {
+			if err := jail.SendGrantKey(report, c.GrantKey); err != nil {
+				child.Close()
+				return Proc{}, err
+			}
+			spawner = true
+		}
 	}
 	if len(spec.ExtraFiles) > 0 {
 		if report == nil {
@@ -146,7 +157,16 @@ func (l *ExecLauncher) Start(spec LaunchSpec) (Proc, error) {
 	if err != nil {
 		return Proc{}, fmt.Errorf("VMM pid %d: %w", pid, err)
 	}
-	return Proc{PID: pid, StartTime: st}, nil
+	return Proc{PID: pid, StartTime: st, Spawner: spawner}, nil
+}
+
+// initArgs are jail-init's own arguments in args (`warren jail-init ARGS
+// -- COMMAND...`).
+func initArgs(args []string) []string {
+	if i := slices.Index(args, "--"); i >= 0 {
+		return args[:i]
+	}
+	return args
 }
 
 // procStat returns the state letter and start time of pid from

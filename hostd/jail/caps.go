@@ -5,6 +5,7 @@ package jail
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"unsafe"
@@ -90,14 +91,20 @@ func setCaps(mask uint64) error {
 	return nil
 }
 
-// SetUser switches every thread to uid and gid, with no supplementary
-// groups (setgroups, setresgid, setresuid, in that order, each with
+// SetUser switches every thread to uid and gid with the supplementary
+// groups given, none by default (setgroups, setresgid, setresuid, in that order, each with
 // syscall.AllThreadsSyscall). Leaving uid 0 clears the permitted and
 // effective capabilities (the kernel does it; SECBIT_KEEP_CAPS is not
 // set), so call it after anything that needs privileges, and before the
 // seccomp filter (ProfileStrict refuses setresuid).
-func SetUser(uid, gid int) error {
-	if err := allThreads(unix.SYS_SETGROUPS, 0, 0, 0); err != nil {
+func SetUser(uid, gid int, groups ...int) error {
+	gs := make([]uint32, len(groups)+1) // never empty: its address is passed
+	for i, g := range groups {
+		gs[i] = uint32(g)
+	}
+	err := allThreads(unix.SYS_SETGROUPS, uintptr(len(groups)), uintptr(unsafe.Pointer(&gs[0])), 0)
+	runtime.KeepAlive(gs)
+	if err != nil {
 		return fmt.Errorf("jail: setgroups: %w", err)
 	}
 	if err := allThreads(unix.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); err != nil {

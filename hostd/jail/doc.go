@@ -180,8 +180,8 @@
 // --vmm-uid-range 1000000:65536): every VMM it starts, template builds
 // included, gets Config.Root, a jail directory STATE/jail/ID binding only
 // its own files, and Config.User, a uid and gid of its own from the range
-// (the owner of its directory, kept by its fork children, given back to
-// root when a template's build ends). A
+// (the owner of its directory, given back to root when a template's build
+// ends). A
 // peer that reaches the daemon's unix socket as root acts for any tenant,
 // so no VMM may see that socket: none does, the jail does not bind it.
 //
@@ -216,16 +216,45 @@
 // the jail binds nothing of its own, so a VMM can reach it only through
 // the socket.
 //
+// # Fork children: started by jail-init, never by the VMM
+//
+// A VMM that warren-hostd confines makes no process (spawn.go): its
+// jail-init (`jail-init --spawn`, InitOptions.Spawner) starts each fork
+// child, handed the child's descriptors (its spec, ready pipe, the
+// parent's memory files, the helper socket) over the helper socket, under
+// a Grant from warren-hostd (grant.go): the child's uid, gid, groups and
+// cgroup, signed with the family's key (FamilyKey, which the daemon sends
+// jail-init on its report socket before it starts: never an argument,
+// the environment or a file), valid for minutes and once. `warren
+// jail-spawn` (RunSpawn), run by jail-init as root, joins the grant's
+// cgroup (opened beneath the cgroup roots jail-init opened before the
+// VMM's pivot_root, with RESOLVE_BENEATH), leaves root for the grant's
+// ids and execs `warren fork-child`: the child runs nothing of its own
+// outside its cgroup or as root. The VMM's filter then has no execve, no
+// process-making clone, no waits and no foreign signals (Options.Spawned;
+// a failed fork's children it kills through the pidfds jail-init hands
+// back). A child, born unfiltered, hardens itself after its setup the
+// way its parent did.
+//
+// Each child is a uid of its own (warren-hostd allocates it as for any
+// sandbox), so a subverted child cannot signal, trace or read the memory
+// of its parent or siblings, nor touch their files: its sandbox directory
+// and its run directory are its own (0700); it makes its own disk
+// overlays there (cow/disk CreateChild) and opens its own log. What it
+// must read of its ancestors, the frozen disk layers its chain stands on,
+// it reads as a member of each ancestor's group (the grant's groups): at
+// each fork the parent makes its chain's layers readable by its group
+// (0640; cow.Forker.ChildrenMakeDisks) and the daemon makes its directory
+// passable by it (0710). A descendant can so read its ancestors' frozen
+// layers, including ones frozen after it was forked (the parent's disk
+// at a later fork): never write them, and nothing else of theirs.
+//
 // What is left (issue 16, hole 3), and what it would take:
-//   - ProfileVMM VMMs still execve `warren fork-child` (the children
-//     inherit the parent's jail, uid and filter, never more), so fork
-//     children share their parent's uid; daemon-started children, handed
-//     the parent's memory and disk descriptors, would get their own and
-//     let execve leave the allowlist.
 //   - openat is allowed by path inside the jail (what the binds hold); a
 //     Landlock ruleset or descriptors for every file would narrow it.
-//   - A fork child is born in its parent's cgroup and moved into its own
-//     by the daemon right after.
+//   - Outside warren-hostd (`warren fork` on a VMM of `warren run
+//     --jail vmm`), the VMM still execs its children, which inherit its
+//     jail and filter.
 //
 // hostd/daemon's e2e tests check each confinement from outside, on the
 // running VMMs and fork children (/proc/PID/status: uids in the range,

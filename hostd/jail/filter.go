@@ -94,6 +94,12 @@ type Options struct {
 	// CAP_SYS_ADMIN and CAP_NET_ADMIN for its children already; this is
 	// the widest hole in the allowlist, so it is off unless asked for.
 	NetworkFork bool
+	// Spawned (ProfileVMM only) is for a VMM whose fork children its
+	// jail-init starts (Spawner): it makes no process itself, so execve,
+	// a process-making clone, waiting for children and what a child does
+	// to harden itself leave the allowlist, and it may signal only
+	// itself (a failed fork's children it kills through their pidfds).
+	Spawned bool
 	// Extra rules are appended to the profile's (say, a syscall found
 	// missing with ModeLog, until the table is fixed).
 	Extra []Rule

@@ -212,6 +212,41 @@ func TestNetworkFork(t *testing.T) {
 	}
 }
 
+// TestSpawned: Options.Spawned (a VMM whose jail-init starts its fork
+// children) takes execve, process-making clones, waiting, foreign kills
+// and a child's hardening calls out of ProfileVMM, and keeps what the
+// VMM itself needs (threads, vCPU creation, pidfd signals).
+func TestSpawned(t *testing.T) {
+	const pid = 4242
+	spawned := mustFilter(t, ProfileVMM, Options{Spawned: true}, pid).Program
+	vmm := mustFilter(t, ProfileVMM, Options{}, pid).Program
+	cases := []struct {
+		name         string
+		d            seccompData
+		spawned, vmm uint32
+	}{
+		{"execve", call(unix.SYS_EXECVE), eperm, retAllow},
+		{"clone process", call(unix.SYS_CLONE, execClone), eperm, retAllow},
+		{"clone thread", call(unix.SYS_CLONE, goThreadClone), retAllow, retAllow},
+		{"wait4", call(unix.SYS_WAIT4), eperm, retAllow},
+		{"setresuid", call(unix.SYS_SETRESUID), eperm, retAllow},
+		{"seccomp", call(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER), eperm, retAllow},
+		{"kill other", call(unix.SYS_KILL, 1, 9), eperm, retAllow},
+		{"kill self", call(unix.SYS_KILL, pid, 23), retAllow, retAllow},
+		{"prctl PR_SET_PDEATHSIG", call(unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG), eperm, retAllow},
+		{"pidfd_send_signal", call(unix.SYS_PIDFD_SEND_SIGNAL), retAllow, retAllow},
+		{"KVM_CREATE_VCPU", call(unix.SYS_IOCTL, 3, uint64(kio(0x41))), retAllow, retAllow},
+	}
+	for _, c := range cases {
+		if got := run(t, spawned, c.d); got != c.spawned {
+			t.Errorf("vmm+Spawned: %s: got %#x, want %#x", c.name, got, c.spawned)
+		}
+		if got := run(t, vmm, c.d); got != c.vmm {
+			t.Errorf("vmm: %s: got %#x, want %#x", c.name, got, c.vmm)
+		}
+	}
+}
+
 // longRules is a list far over 255 instructions: 600 made-up syscalls
 // (beyond any real number) and a rule with a 400-value argument set.
 func longRules(base []Rule) []Rule {

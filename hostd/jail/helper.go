@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -19,8 +20,10 @@ import (
 // in the environment, HelperEnv); the VMM gives it to its fork children.
 //
 // A request is one message: a payload of at most MaxHelperRequest bytes
-// (the handler's own encoding) and exactly one descriptor, the requester's
-// end of a fresh socket pair, on which the reply comes back as one message:
+// (the handler's own encoding) and its descriptors: first the requester's
+// end of a fresh socket pair, on which the reply comes back as one message,
+// then at most MaxHelperRequestFiles for the handler (a fork child's, for
+// Spawner). The reply is
 // a status byte (0: done, then the handler's reply; 1: refused, then why)
 // and the descriptors the handler made (at most MaxHelperFiles). Each
 // request has its own reply socket, so the processes of a family may call
@@ -40,14 +43,18 @@ const (
 	MaxHelperRequest = 64 << 10
 	// MaxHelperFiles bounds the descriptors of one reply.
 	MaxHelperFiles = 16
+	// MaxHelperRequestFiles bounds the descriptors of one request, besides
+	// its reply socket.
+	MaxHelperRequestFiles = maxSpawnFiles
 	// helperWorkers bounds the requests served at once.
 	helperWorkers = 4
 )
 
-// HelperFunc serves one request: it returns the reply payload and the
-// files to hand over (closed by the caller once sent), or an error that
-// the requester is told.
-type HelperFunc func(req []byte) (reply []byte, files []*os.File, err error)
+// HelperFunc serves one request with the descriptors that came with it
+// (closed by the caller once it returns: what it keeps, it dups): it
+// returns the reply payload and the files to hand over (closed by the
+// caller once sent), or an error that the requester is told.
+type HelperFunc func(req []byte, in []*os.File) (reply []byte, files []*os.File, err error)
 
 // helperPair makes the helper's socket pair: ours (kept by RunInit) and
 // the VMM's (inherited). Both close on exec; the VMM's is passed on
@@ -65,7 +72,7 @@ func helperPair() (ours, theirs *os.File, err error) {
 func ServeHelper(conn *os.File, handle HelperFunc) {
 	sem := make(chan struct{}, helperWorkers)
 	buf := make([]byte, MaxHelperRequest+1)
-	oob := make([]byte, unix.CmsgSpace(4*4))
+	oob := make([]byte, unix.CmsgSpace((1+MaxHelperRequestFiles)*4))
 	for {
 		n, oobn, flags, _, err := unix.Recvmsg(int(conn.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 		if errors.Is(err, unix.EINTR) {
@@ -75,7 +82,7 @@ func ServeHelper(conn *os.File, handle HelperFunc) {
 			return // the peer is gone
 		}
 		fds := rightsOf(oob[:oobn])
-		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || len(fds) != 1 || n > MaxHelperRequest {
+		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || len(fds) < 1 || len(fds) > 1+MaxHelperRequestFiles || n > MaxHelperRequest {
 			for _, fd := range fds {
 				unix.Close(fd)
 			}
@@ -83,11 +90,16 @@ func ServeHelper(conn *os.File, handle HelperFunc) {
 		}
 		req := append([]byte(nil), buf[:n]...)
 		replyFD := fds[0]
+		in := make([]*os.File, len(fds)-1)
+		for i, fd := range fds[1:] {
+			in[i] = os.NewFile(uintptr(fd), "helper-request-"+strconv.Itoa(i))
+		}
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem }()
 			defer unix.Close(replyFD)
-			out, files, err := handle(req)
+			out, files, err := handle(req, in)
+			closeAll(in)
 			defer closeAll(files)
 			msg, rights := []byte{0}, []int(nil)
 			switch {
@@ -155,12 +167,17 @@ func HelperFromEnv() (*os.File, error) {
 	return os.NewFile(uintptr(fd), "helper"), nil
 }
 
-// CallHelper sends req to the helper on conn and waits up to timeout for
-// its reply: the payload and the descriptors it handed over (the caller
-// owns them), or the helper's refusal as an error.
-func CallHelper(conn *os.File, req []byte, timeout time.Duration) ([]byte, []*os.File, error) {
+// CallHelper sends req with the descriptors of in (at most
+// MaxHelperRequestFiles; the caller keeps its own) to the helper on conn
+// and waits up to timeout for its reply: the payload and the descriptors
+// it handed over (the caller owns them), or the helper's refusal as an
+// error.
+func CallHelper(conn *os.File, req []byte, in []*os.File, timeout time.Duration) ([]byte, []*os.File, error) {
 	if len(req) > MaxHelperRequest {
 		return nil, nil, fmt.Errorf("jail: helper request of %d bytes, at most %d", len(req), MaxHelperRequest)
+	}
+	if len(in) > MaxHelperRequestFiles {
+		return nil, nil, fmt.Errorf("jail: helper request with %d descriptors, at most %d", len(in), MaxHelperRequestFiles)
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -168,7 +185,12 @@ func CallHelper(conn *os.File, req []byte, timeout time.Duration) ([]byte, []*os
 	}
 	mine := os.NewFile(uintptr(fds[0]), "helper-reply")
 	defer mine.Close()
-	err = unix.Sendmsg(int(conn.Fd()), req, unix.UnixRights(fds[1]), nil, unix.MSG_NOSIGNAL)
+	rights := []int{fds[1]}
+	for _, f := range in {
+		rights = append(rights, int(f.Fd()))
+	}
+	err = unix.Sendmsg(int(conn.Fd()), req, unix.UnixRights(rights...), nil, unix.MSG_NOSIGNAL)
+	runtime.KeepAlive(in)
 	unix.Close(fds[1])
 	if err != nil {
 		return nil, nil, fmt.Errorf("jail: helper: send: %w", err)

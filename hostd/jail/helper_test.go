@@ -44,7 +44,7 @@ func startHelper(t *testing.T, handle HelperFunc) *os.File {
 // descriptors, working ones, from many callers at once; a refusal comes
 // back as an error naming why.
 func TestHelperHandsOverFiles(t *testing.T) {
-	conn := startHelper(t, func(req []byte) ([]byte, []*os.File, error) {
+	conn := startHelper(t, func(req []byte, in []*os.File) ([]byte, []*os.File, error) {
 		if string(req) == "no" {
 			return nil, nil, errors.New("not allowed")
 		}
@@ -54,6 +54,10 @@ func TestHelperHandsOverFiles(t *testing.T) {
 		}
 		defer w.Close()
 		fmt.Fprintf(w, "pipe for %s", req)
+		for _, f := range in { // the caller's descriptors came along
+			b, _ := io.ReadAll(f)
+			req = append(append(req, '+'), b...)
+		}
 		return append([]byte("re:"), req...), []*os.File{r}, nil
 	})
 	var wg sync.WaitGroup
@@ -62,38 +66,56 @@ func TestHelperHandsOverFiles(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			req := fmt.Sprintf("call-%d", i)
-			rep, files, err := CallHelper(conn, []byte(req), 5*time.Second)
+			var in []*os.File
+			if i%2 == 1 { // half of them pass a pipe along
+				r, w, err := os.Pipe()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer r.Close()
+				fmt.Fprintf(w, "in-%d", i)
+				w.Close()
+				in = []*os.File{r}
+			}
+			rep, files, err := CallHelper(conn, []byte(req), in, 5*time.Second)
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			defer closeAll(files)
+			if in != nil {
+				req += fmt.Sprintf("+in-%d", i)
+			}
 			if string(rep) != "re:"+req || len(files) != 1 {
 				t.Errorf("%s: reply %q with %d files", req, rep, len(files))
 				return
 			}
 			b, _ := io.ReadAll(files[0])
-			if string(b) != "pipe for "+req {
+			if want, _, _ := strings.Cut("pipe for "+req, "+"); string(b) != want {
 				t.Errorf("%s: the handed-over pipe holds %q", req, b)
 			}
 		}()
 	}
 	wg.Wait()
-	if _, _, err := CallHelper(conn, []byte("no"), 5*time.Second); err == nil || !strings.Contains(err.Error(), "not allowed") {
+	if _, _, err := CallHelper(conn, []byte("no"), nil, 5*time.Second); err == nil || !strings.Contains(err.Error(), "not allowed") {
 		t.Errorf("a refused request: %v, want the handler's error", err)
 	}
-	if _, _, err := CallHelper(conn, make([]byte, MaxHelperRequest+1), time.Second); err == nil {
+	if _, _, err := CallHelper(conn, make([]byte, MaxHelperRequest+1), nil, time.Second); err == nil {
 		t.Error("an oversized request was sent")
+	}
+	if _, _, err := CallHelper(conn, []byte("many"), make([]*os.File, MaxHelperRequestFiles+1), time.Second); err == nil {
+		t.Error("a request with too many descriptors was sent")
 	}
 }
 
 // TestHelperDropsMalformed: messages a hostile VMM might send (no reply
-// socket, two descriptors, an oversized payload) are dropped, their
+// socket, too many descriptors, an oversized payload) are dropped, their
 // descriptors closed, and the helper goes on serving.
 func TestHelperDropsMalformed(t *testing.T) {
 	calls := 0
 	var mu sync.Mutex
-	conn := startHelper(t, func(req []byte) ([]byte, []*os.File, error) {
+	conn := startHelper(t, func(req []byte, _ []*os.File) ([]byte, []*os.File, error) {
 		mu.Lock()
 		calls++
 		mu.Unlock()
@@ -105,14 +127,18 @@ func TestHelperDropsMalformed(t *testing.T) {
 	}
 	r, w, _ := os.Pipe()
 	defer r.Close()
-	if err := unix.Sendmsg(fd, []byte("two"), unix.UnixRights(int(r.Fd()), int(r.Fd())), nil, 0); err != nil {
+	many := make([]int, 2+MaxHelperRequestFiles)
+	for i := range many {
+		many[i] = int(r.Fd())
+	}
+	if err := unix.Sendmsg(fd, []byte("many"), unix.UnixRights(many...), nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	big := make([]byte, MaxHelperRequest+100)
 	if err := unix.Sendmsg(fd, big, unix.UnixRights(int(r.Fd())), nil, 0); err != nil {
 		t.Fatal(err)
 	}
-	rep, _, err := CallHelper(conn, []byte("after"), 5*time.Second)
+	rep, _, err := CallHelper(conn, []byte("after"), nil, 5*time.Second)
 	if err != nil || string(rep) != "after" {
 		t.Fatalf("after malformed messages: %q, %v", rep, err)
 	}

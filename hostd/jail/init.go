@@ -83,6 +83,9 @@ type InitOptions struct {
 	// the VMM inherits at the descriptor $HelperEnv names, for as long as
 	// a process of the family holds it.
 	Helper HelperFunc
+	// Spawner, when set, is the one Helper starts fork children with
+	// (the VMM is told so: SpawnEnv).
+	Spawner *Spawner
 }
 
 // RunInitWith is RunInit with a helper (InitOptions.Helper).
@@ -128,13 +131,10 @@ func RunInitWith(argv []string, o InitOptions) int {
 		}
 		files[fd] = os.NewFile(uintptr(fd), "passed-"+strconv.Itoa(fd))
 	}
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, ParentMountNSEnv+"=") && !strings.HasPrefix(kv, InitEnv+"=") && !strings.HasPrefix(kv, HelperEnv+"=") {
-			env = append(env, kv)
-		}
+	env := append(initChildEnv(), InitEnv+"=1")
+	if o.Spawner != nil {
+		env = append(env, SpawnEnv+"=1")
 	}
-	env = append(env, InitEnv+"=1")
 	var helper *os.File
 	if o.Helper != nil {
 		h, theirs, err := helperPair()
@@ -202,6 +202,21 @@ func RunInitWith(argv []string, o InitOptions) int {
 	}
 }
 
+// initChildEnv is RunInit's environment less its own entries, for the
+// processes it starts.
+func initChildEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case ParentMountNSEnv, InitEnv, HelperEnv, SpawnEnv:
+		default:
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
 // HostPID returns the PID, in the caller's pid namespace, of the process
 // whose PID is nsPID in member's pid namespace (member is a PID of the
 // caller's): the same number when member is in the caller's namespace,
@@ -258,6 +273,45 @@ func InitReport() (parent, child *os.File, err error) {
 		return nil, nil, err
 	}
 	return os.NewFile(uintptr(fds[0]), "init-report"), os.NewFile(uintptr(fds[1]), "init-report-child"), nil
+}
+
+// SendGrantKey sends a family's grant key (FamilyKey) on parent, the
+// daemon's end of InitReport, before the init starts: RunInit's caller
+// (`jail-init --spawn`) reads it first (ReceiveGrantKey), so that the key
+// reaches the family's root process only, never an argument, the
+// environment or a file.
+func SendGrantKey(parent *os.File, key []byte) error {
+	if len(key) < 16 || len(key) > 64 {
+		return fmt.Errorf("jail: a grant key of %d bytes", len(key))
+	}
+	if err := unix.Sendmsg(int(parent.Fd()), key, nil, nil, unix.MSG_DONTWAIT); err != nil {
+		return fmt.Errorf("jail: send the grant key: %w", err)
+	}
+	return nil
+}
+
+// ReceiveGrantKey waits up to limit for the key SendGrantKey sent on fd
+// (the init's report socket).
+func ReceiveGrantKey(fd int, limit time.Duration) ([]byte, error) {
+	if fd < 0 {
+		return nil, errors.New("jail: no report socket to read the grant key from")
+	}
+	buf := make([]byte, 65)
+	for deadline := time.Now().Add(limit); ; {
+		n, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT)
+		switch {
+		case err == nil && (n < 16 || n > 64):
+			return nil, fmt.Errorf("jail: a grant key of %d bytes", n)
+		case err == nil:
+			return buf[:n], nil
+		case !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR):
+			return nil, fmt.Errorf("jail: receive the grant key: %w", err)
+		case time.Now().After(deadline):
+			return nil, fmt.Errorf("jail: no grant key within %v", limit)
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		unix.Poll(pfd, int(time.Until(deadline).Milliseconds())+1)
+	}
 }
 
 // ReceivePID waits up to limit for RunInit's report on parent (from

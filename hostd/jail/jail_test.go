@@ -60,9 +60,27 @@ var helpers = map[string]func(h *helper){
 		checkGoChild(h)
 		checkGoRuntime(h)
 	},
+	// A VMM whose jail-init starts its children: the runtime runs, no
+	// process can be made.
+	"spawned": func(h *helper) {
+		if err := Install(ProfileVMM, Options{Mode: ModeErrno, Spawned: true}); err != nil {
+			h.failf("install: %v", err)
+			return
+		}
+		h.wantErrno("fork+exec /bin/true", exec.Command("/bin/true").Run(), syscall.EPERM)
+		checkGoRuntime(h)
+	},
 }
 
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case SpawnVerb: // Spawner's shim, run from this binary in TestSpawn
+			os.Exit(RunSpawn(os.Args[2:], os.Stderr))
+		case spawnedVerb:
+			os.Exit(spawnedReport())
+		}
+	}
 	if os.Getenv(initWrapEnv) != "" {
 		os.Exit(initWrap())
 	}
@@ -224,7 +242,7 @@ func TestVMMProfileForkExec(t *testing.T) {
 
 func TestGoRuntimeUnderKillMode(t *testing.T) {
 	needRoot(t)
-	for _, name := range []string{"strictkill", "vmmkill"} {
+	for _, name := range []string{"strictkill", "vmmkill", "spawned"} {
 		out, ws := runHelper(t, name, nil)
 		if ws.Signaled() && ws.Signal() == syscall.SIGSYS {
 			t.Errorf("%s: a syscall the table lacks killed the helper (see dmesg / audit log)\n%s", name, out)

@@ -96,8 +96,46 @@ type Config struct {
 	Seccomp Options
 }
 
-// User is a uid and gid.
-type User struct{ UID, GID int }
+// User is a uid and gid, and the supplementary groups (none by default).
+type User struct {
+	UID, GID int
+	Groups   []int
+}
+
+// BecomeUser leaves root for u, on every thread, keeping the capabilities
+// of keep (permitted, effective, inheritable and ambient, so that they
+// survive an execve) and no others: the bounding set is emptied first (it
+// needs CAP_SETPCAP; permitted and effective keep CAP_SETUID and
+// CAP_SETGID for SetUser), then the process leaves root (with keepcaps
+// while it does, when anything is kept), then whatever is left beyond keep
+// (all of it, for uid 0) is cleared.
+func BecomeUser(u User, keep []uintptr) error {
+	mask := CapMask(keep)
+	if err := dropBounding(mask); err != nil {
+		return err
+	}
+	if mask != 0 {
+		// Leaving root keeps the permitted set only with keepcaps.
+		if err := allThreads(unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 1, 0); err != nil {
+			return fmt.Errorf("jail: prctl(PR_SET_KEEPCAPS): %w", err)
+		}
+	}
+	if err := SetUser(u.UID, u.GID, u.Groups...); err != nil {
+		return err
+	}
+	if err := setCaps(mask); err != nil {
+		return err
+	}
+	if mask != 0 {
+		if err := raiseAmbient(mask); err != nil {
+			return err
+		}
+		if err := allThreads(unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 0, 0); err != nil {
+			return fmt.Errorf("jail: prctl(PR_SET_KEEPCAPS): %w", err)
+		}
+	}
+	return nil
+}
 
 // Enter hardens the calling VMM process after its setup, in this order:
 //
@@ -120,32 +158,8 @@ func Enter(cfg Config) error {
 		}
 	}
 	if cfg.User != nil {
-		// Empty the bounding set first (it needs CAP_SETPCAP; permitted
-		// and effective keep CAP_SETUID/CAP_SETGID for SetUser), then
-		// leave root, then clear whatever is left (all of it, for uid 0).
-		mask := CapMask(cfg.KeepCaps)
-		if err := dropBounding(mask); err != nil {
+		if err := BecomeUser(*cfg.User, cfg.KeepCaps); err != nil {
 			return err
-		}
-		if mask != 0 {
-			// Leaving root keeps the permitted set only with keepcaps.
-			if err := allThreads(unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 1, 0); err != nil {
-				return fmt.Errorf("jail: prctl(PR_SET_KEEPCAPS): %w", err)
-			}
-		}
-		if err := SetUser(cfg.User.UID, cfg.User.GID); err != nil {
-			return err
-		}
-		if err := setCaps(mask); err != nil {
-			return err
-		}
-		if mask != 0 {
-			if err := raiseAmbient(mask); err != nil {
-				return err
-			}
-			if err := allThreads(unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 0, 0); err != nil {
-				return fmt.Errorf("jail: prctl(PR_SET_KEEPCAPS): %w", err)
-			}
 		}
 	} else if err := DropCapabilities(cfg.KeepCaps); err != nil {
 		return err

@@ -27,9 +27,10 @@ type RootOptions struct {
 	// path, nosuid and nodev, read-only unless Writable, noexec unless
 	// Exec.
 	Binds []Bind
-	// Devices are made in the jail (mknod, mode 0600, owned by Owner; 0666
-	// for DevNull): a VMM that has left root can still open them, where
-	// the host's nodes (root:kvm 0660) would refuse it.
+	// Devices are made in the jail (mknod, mode 0660, owned by Owner and
+	// its group; 0666 for DevNull): a VMM that has left root can still
+	// open them, where the host's nodes (root:kvm 0660) would refuse it,
+	// and so can its fork children, uids of their own in its group.
 	Devices []Device
 	// Owner owns Devices (nil: root).
 	Owner *User
@@ -48,7 +49,7 @@ type Bind struct {
 type Device struct {
 	Path         string
 	Major, Minor uint32
-	Mode         uint32 // permission bits; 0 means 0600
+	Mode         uint32 // permission bits; 0 means 0660
 }
 
 // The devices a VMM opens after its setup: fork children open /dev/kvm and
@@ -200,7 +201,7 @@ func mknodInto(root string, d Device, owner *User) error {
 	}
 	mode := d.Mode
 	if mode == 0 {
-		mode = 0o600
+		mode = 0o660
 	}
 	if err := unix.Mknod(dst, unix.S_IFCHR|mode, int(unix.Mkdev(d.Major, d.Minor))); err != nil {
 		return fmt.Errorf("jail: mknod %s: %w", p, err)

@@ -77,7 +77,7 @@ func syscallTable(p Profile, opts Options, pid int) []sc {
 		"PR_GET_NO_NEW_PRIVS", "PR_SET_NO_NEW_PRIVS", "PR_GET_SECCOMP"}
 	prVals := []uint32{unix.PR_SET_VMA, unix.PR_GET_NAME, unix.PR_SET_NAME, unix.PR_GET_DUMPABLE, unix.PR_CAPBSET_READ,
 		unix.PR_GET_NO_NEW_PRIVS, unix.PR_SET_NO_NEW_PRIVS, unix.PR_GET_SECCOMP}
-	if p == ProfileVMM {
+	if p == ProfileVMM && !opts.Spawned {
 		prNames = append(prNames, "PR_SET_PDEATHSIG", "PR_GET_PDEATHSIG", "PR_CAPBSET_DROP", "PR_CAP_AMBIENT")
 		prVals = append(prVals, unix.PR_SET_PDEATHSIG, unix.PR_GET_PDEATHSIG, unix.PR_CAPBSET_DROP, unix.PR_CAP_AMBIENT)
 	}
@@ -87,13 +87,14 @@ func syscallTable(p Profile, opts Options, pid int) []sc {
 	// CLONE_SYSVSEM...), so no new process can be made. ProfileVMM also
 	// allows processes (os/exec: CLONE_VFORK|CLONE_VM|SIGCHLD, maybe
 	// CLONE_PIDFD and CLONE_NEWNET for `fork --netns`) but never
-	// CLONE_NEWUSER, the door to most namespace attack surface.
+	// CLONE_NEWUSER, the door to most namespace attack surface; with
+	// Options.Spawned it allows threads only, as ProfileStrict.
 	var clone sc
-	if p == ProfileVMM {
+	if p == ProfileVMM && !opts.Spawned {
 		clone = allow(ProfileVMM, "clone", unix.SYS_CLONE,
 			Cond{Arg: 0, Op: OpMaskEq, Mask: unix.CLONE_NEWUSER, Values: []uint32{0}})
 	} else {
-		clone = allow(ProfileStrict, "clone", unix.SYS_CLONE,
+		clone = allow(p, "clone", unix.SYS_CLONE,
 			Cond{Arg: 0, Op: OpMaskEq, Mask: cloneThreadFlags | cloneNamespaces, Values: []uint32{cloneThreadFlags}})
 	}
 
@@ -105,27 +106,27 @@ func syscallTable(p Profile, opts Options, pid int) []sc {
 
 	t := []sc{
 		// --- hot path of a running VMM ---
-		allow(both, "ioctl", unix.SYS_IOCTL, in(1, ioNames, ioVals)),           // vCPU threads: KVM_RUN; devices: irqfd
-		allow(both, "futex", unix.SYS_FUTEX),                                   // Go runtime: locks, sleeping Ms
-		allow(both, "read", unix.SYS_READ),                                     // everyone
-		allow(both, "write", unix.SYS_WRITE),                                   // everyone
-		allow(both, "epoll_pwait", unix.SYS_EPOLL_PWAIT),                       // Go netpoller
-		allow(both, "epoll_wait", unix.SYS_EPOLL_WAIT),                         // Go netpoller (older runtimes)
-		allow(both, "epoll_pwait2", unix.SYS_EPOLL_PWAIT2),                     // x/sys users
-		allow(both, "nanosleep", unix.SYS_NANOSLEEP),                           // Go runtime: usleep
-		allow(both, "clock_nanosleep", unix.SYS_CLOCK_NANOSLEEP),               // time.Sleep fallbacks
-		allow(both, "sched_yield", unix.SYS_SCHED_YIELD),                       // Go runtime: osyield
-		allow(both, "clock_gettime", unix.SYS_CLOCK_GETTIME),                   // Go runtime when the vDSO is absent
-		allow(both, "gettimeofday", unix.SYS_GETTIMEOFDAY),                     // same
-		allow(both, "pread64", unix.SYS_PREAD64),                               // virtio-blk, snapshots
-		allow(both, "pwrite64", unix.SYS_PWRITE64),                             // virtio-blk, snapshots
-		allow(both, "preadv", unix.SYS_PREADV),                                 // virtio-blk scatter/gather
-		allow(both, "pwritev", unix.SYS_PWRITEV),                               // virtio-blk scatter/gather
-		allow(both, "preadv2", unix.SYS_PREADV2),                               // x/sys Preadv may use it
-		allow(both, "pwritev2", unix.SYS_PWRITEV2),                             // x/sys Pwritev may use it
-		allow(both, "readv", unix.SYS_READV),                                   // virtio-net tap reads
-		allow(both, "writev", unix.SYS_WRITEV),                                 // virtio-net tap writes
-		allow(both, "tgkill", unix.SYS_TGKILL, selfOnly(p, self, selfName)...), // Go preemption (SIGURG), vCPU kicks (vmm/vm.go)
+		allow(both, "ioctl", unix.SYS_IOCTL, in(1, ioNames, ioVals)),                 // vCPU threads: KVM_RUN; devices: irqfd
+		allow(both, "futex", unix.SYS_FUTEX),                                         // Go runtime: locks, sleeping Ms
+		allow(both, "read", unix.SYS_READ),                                           // everyone
+		allow(both, "write", unix.SYS_WRITE),                                         // everyone
+		allow(both, "epoll_pwait", unix.SYS_EPOLL_PWAIT),                             // Go netpoller
+		allow(both, "epoll_wait", unix.SYS_EPOLL_WAIT),                               // Go netpoller (older runtimes)
+		allow(both, "epoll_pwait2", unix.SYS_EPOLL_PWAIT2),                           // x/sys users
+		allow(both, "nanosleep", unix.SYS_NANOSLEEP),                                 // Go runtime: usleep
+		allow(both, "clock_nanosleep", unix.SYS_CLOCK_NANOSLEEP),                     // time.Sleep fallbacks
+		allow(both, "sched_yield", unix.SYS_SCHED_YIELD),                             // Go runtime: osyield
+		allow(both, "clock_gettime", unix.SYS_CLOCK_GETTIME),                         // Go runtime when the vDSO is absent
+		allow(both, "gettimeofday", unix.SYS_GETTIMEOFDAY),                           // same
+		allow(both, "pread64", unix.SYS_PREAD64),                                     // virtio-blk, snapshots
+		allow(both, "pwrite64", unix.SYS_PWRITE64),                                   // virtio-blk, snapshots
+		allow(both, "preadv", unix.SYS_PREADV),                                       // virtio-blk scatter/gather
+		allow(both, "pwritev", unix.SYS_PWRITEV),                                     // virtio-blk scatter/gather
+		allow(both, "preadv2", unix.SYS_PREADV2),                                     // x/sys Preadv may use it
+		allow(both, "pwritev2", unix.SYS_PWRITEV2),                                   // x/sys Pwritev may use it
+		allow(both, "readv", unix.SYS_READV),                                         // virtio-net tap reads
+		allow(both, "writev", unix.SYS_WRITEV),                                       // virtio-net tap writes
+		allow(both, "tgkill", unix.SYS_TGKILL, selfOnly(p, opts, self, selfName)...), // Go preemption (SIGURG), vCPU kicks (vmm/vm.go)
 
 		// --- Go runtime: memory, threads, signals ---
 		allow(both, "mmap", unix.SYS_MMAP, wx),         // heap, guest memory, memfd maps
@@ -141,8 +142,9 @@ func syscallTable(p Profile, opts Options, pid int) []sc {
 		allow(both, "rt_sigaction", unix.SYS_RT_SIGACTION),                    // os/signal, runtime
 		allow(both, "rt_sigprocmask", unix.SYS_RT_SIGPROCMASK),
 		allow(both, "rt_sigreturn", unix.SYS_RT_SIGRETURN),
-		allow(both, "sigaltstack", unix.SYS_SIGALTSTACK),                   // every new M
-		allow(both, "kill", unix.SYS_KILL, selfOnly(p, self, selfName)...), // runtime raiseproc; ProfileVMM: signalling children
+		allow(both, "sigaltstack", unix.SYS_SIGALTSTACK),                         // every new M
+		allow(both, "kill", unix.SYS_KILL, selfOnly(p, opts, self, selfName)...), // runtime raiseproc; ProfileVMM: signalling children
+		allow(both, "pidfd_send_signal", unix.SYS_PIDFD_SEND_SIGNAL),             // a failed fork's children, by the pidfds the helper gave
 		allow(both, "gettid", unix.SYS_GETTID),
 		allow(both, "getpid", unix.SYS_GETPID),
 		allow(both, "getppid", unix.SYS_GETPPID),
@@ -237,7 +239,6 @@ func syscallTable(p Profile, opts Options, pid int) []sc {
 		allow(ProfileVMM, "wait4", unix.SYS_WAIT4),
 		allow(ProfileVMM, "waitid", unix.SYS_WAITID),
 		allow(ProfileVMM, "pidfd_open", unix.SYS_PIDFD_OPEN),
-		allow(ProfileVMM, "pidfd_send_signal", unix.SYS_PIDFD_SEND_SIGNAL),
 		allow(ProfileVMM, "setsid", unix.SYS_SETSID),   // SysProcAttr.Setsid
 		allow(ProfileVMM, "setpgid", unix.SYS_SETPGID), // SysProcAttr.Setpgid
 		allow(ProfileVMM, "chdir", unix.SYS_CHDIR),     // exec.Cmd.Dir
@@ -282,6 +283,9 @@ func syscallTable(p Profile, opts Options, pid int) []sc {
 	}
 	// unshare(CLONE_NEWNET) and nothing else: a private-network fork
 	// child makes its network namespace (NetworkFork).
+	if p == ProfileVMM && opts.Spawned {
+		t = withoutChildMaking(t)
+	}
 	if p == ProfileVMM && opts.NetworkFork {
 		t = append(t, allow(p, "unshare", unix.SYS_UNSHARE, in(0, []string{"CLONE_NEWNET"}, []uint32{unix.CLONE_NEWNET})))
 	}
@@ -289,12 +293,32 @@ func syscallTable(p Profile, opts Options, pid int) []sc {
 }
 
 // selfOnly restricts kill/tgkill to the process itself in ProfileStrict
-// (the Go runtime signals only itself); ProfileVMM signals its children.
-func selfOnly(p Profile, self []uint32, names []string) []Cond {
-	if p == ProfileVMM {
+// (the Go runtime signals only itself) and for a Spawned VMM; ProfileVMM
+// signals its children.
+func selfOnly(p Profile, opts Options, self []uint32, names []string) []Cond {
+	if p == ProfileVMM && !opts.Spawned {
 		return nil
 	}
 	return []Cond{in(0, names, self)}
+}
+
+// childMaking are the ProfileVMM rules for starting `warren fork-child`
+// and for what that child does under the inherited filter, which a
+// Spawned VMM goes without.
+var childMaking = map[string]bool{"execve": true, "wait4": true, "waitid": true, "pidfd_open": true,
+	"setsid": true, "setpgid": true, "chdir": true, "umask": true, "brk": true, "access": true,
+	"set_tid_address": true, "set_robust_list": true, "rseq": true, "capget": true, "capset": true,
+	"seccomp": true, "setresuid": true, "setresgid": true, "setgroups": true}
+
+// withoutChildMaking is t less the childMaking rules.
+func withoutChildMaking(t []sc) []sc {
+	out := t[:0:0]
+	for _, e := range t {
+		if !childMaking[e.rule.Name] {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // Linux _IOC encoding (x86_64), as in vmm/kvm/ioctl.go.

@@ -203,7 +203,14 @@ type Sandbox struct {
 	Secrets []string          `json:"secrets,omitempty"`
 	Labels  map[string]string `json:"labels,omitempty"`
 	// Parent is the sandbox this one was forked from.
-	Parent    string     `json:"parent,omitempty"`
+	Parent string `json:"parent,omitempty"`
+	// Spawner says its VMM's jail-init starts the VMM's fork children
+	// (`jail-init --spawn`): its forks carry grants (hostd/jail.Grant).
+	Spawner bool `json:"spawner,omitempty"`
+	// Family is the sandbox whose VMM's start made the jail-init its VMM
+	// runs under (itself, unless it is a fork child still in its parent's
+	// family): it names the family's run directory and grant key.
+	Family    string     `json:"family,omitempty"`
 	Snapshots []Snapshot `json:"snapshots,omitempty"`
 	Rolling   *Rolling   `json:"rolling,omitempty"`
 	// Disks are its VMM's writable disks as last reported (live top and

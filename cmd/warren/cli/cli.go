@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/hostd/jail"
@@ -73,40 +74,11 @@ func vmMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "fork-child":
 		return forkChildCmd(args[1:], stdout, stderr)
 	case jail.InitVerb:
-		// pid 1 of a jailed VMM's pid namespace (warren-hostd --jail):
-		// jail-init [--report-fd N] [--net-helper] -- COMMAND...
-		fs := flag.NewFlagSet("warren "+jail.InitVerb, flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		fd := fs.Int("report-fd", -1, "unix socket to report the command's pid on (SCM_CREDENTIALS)")
-		pass := fs.Int("pass-fds", 0, "pass descriptors 4 to 3+N on to the command at the same numbers (the daemon's files for the VMM)")
-		helper := fs.Bool("net-helper", false, "serve the VMM family's private networks (a network VMM that leaves root asks for them: nethelper.go)")
-		var cgroups stringsFlag
-		fs.Var(&cgroups, "cgroup", "join this cgroup directory before starting the command, which is then born in it (repeatable: one per v1 hierarchy)")
-		if err := fs.Parse(args[1:]); err != nil {
-			return 2
-		}
-		if err := cgroup.JoinSelf(cgroups); err != nil {
-			fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
-			return 1
-		}
-		if *pass < 0 || *pass > 64 {
-			fmt.Fprintf(stderr, "warren %s: --pass-fds %d: want 0 to 64\n", jail.InitVerb, *pass)
-			return 2
-		}
-		var fds []int
-		for i := range *pass {
-			fds = append(fds, 4+i)
-		}
-		o := jail.InitOptions{ReportFD: *fd, PassFDs: fds}
-		if *helper {
-			h, err := newNetHelper()
-			if err != nil {
-				fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
-				return 1
-			}
-			o.Helper = h
-		}
-		return jail.RunInitWith(fs.Args(), o)
+		// pid 1 of a jailed VMM's pid namespace (warren-hostd --jail)
+		return jailInitCmd(args[1:], stderr)
+	case jail.SpawnVerb:
+		// a fork child on its way from jail-init's helper (hostd/jail.Spawner)
+		return jail.RunSpawn(args[1:], stderr)
 	case "flatten":
 		return flattenCmd(args[1:], stdout, stderr)
 	case "rollback":
@@ -295,4 +267,58 @@ func runForeground(vm *vmm.VM, stdin io.Reader, fail func(string, ...any) int) i
 		return fail("%v", err)
 	}
 	return 0
+}
+
+// jailInitCmd is `warren jail-init [--report-fd N] [--pass-fds N]
+// [--cgroup DIR]... [--net-helper] [--spawn [--cgroup-root DIR]...] --
+// COMMAND...`: hostd/jail.RunInit with the family's helper
+// (familyhelper.go).
+func jailInitCmd(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("warren "+jail.InitVerb, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fd := fs.Int("report-fd", -1, "unix socket to report the command's pid on (SCM_CREDENTIALS)")
+	pass := fs.Int("pass-fds", 0, "pass descriptors 4 to 3+N on to the command at the same numbers (the daemon's files for the VMM)")
+	netHelper := fs.Bool("net-helper", false, "serve the VMM family's private networks (a network VMM that leaves root asks for them: nethelper.go)")
+	spawn := fs.Bool("spawn", false, "start the VMM family's fork children under warren-hostd's grants (hostd/jail.Spawner), whose key comes first on the report socket")
+	var cgroups, cgroupRoots stringsFlag
+	fs.Var(&cgroups, "cgroup", "join this cgroup directory before starting the command, which is then born in it (repeatable: one per v1 hierarchy)")
+	fs.Var(&cgroupRoots, "cgroup-root", "with --spawn: the directory fork children's cgroups are under (repeatable: one per v1 hierarchy)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := cgroup.JoinSelf(cgroups); err != nil {
+		fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
+		return 1
+	}
+	if *pass < 0 || *pass > 64 {
+		fmt.Fprintf(stderr, "warren %s: --pass-fds %d: want 0 to 64\n", jail.InitVerb, *pass)
+		return 2
+	}
+	var fds []int
+	for i := range *pass {
+		fds = append(fds, 4+i)
+	}
+	o := jail.InitOptions{ReportFD: *fd, PassFDs: fds}
+	devNet := -1
+	if *netHelper {
+		var err error
+		if devNet, err = openDevNet(); err != nil {
+			fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
+			return 1
+		}
+	}
+	if *spawn {
+		key, err := jail.ReceiveGrantKey(*fd, 2*time.Minute)
+		if err == nil {
+			o.Spawner, err = jail.NewSpawner(key, cgroupRoots)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
+			return 1
+		}
+	}
+	if devNet >= 0 || o.Spawner != nil {
+		o.Helper = newFamilyHelper(devNet, o.Spawner)
+	}
+	return jail.RunInitWith(fs.Args(), o)
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/cow"
+	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/egress"
@@ -28,13 +29,16 @@ import (
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
 	"github.com/warrenvm/warren/vmmctl"
+	"golang.org/x/sys/unix"
 )
 
 // Forking (`warren fork API [-n N]`, POST /v1/fork). The parent process
 // freezes its VM (cow.Forker: a pause of milliseconds, no memory copied)
 // and starts each child as a new process of its own executable,
 // `warren fork-child`, detached in its own session so that it outlives the
-// parent. The child inherits:
+// parent; or, for a VMM warren-hostd confined (jail.SpawnEnv), has its
+// jail-init start each one under the daemon's grant (familyhelper.go),
+// with the same descriptors. The child inherits:
 //
 //	fd 3  a pipe carrying its forkSpec (JSON), closed after it
 //	fd 4  a pipe on which it writes one line once its VM runs
@@ -66,6 +70,15 @@ type forkSpec struct {
 	// socket (after the memory files): the child's private network comes
 	// from there (nethelper.go).
 	NetHelper int `json:"net_helper,omitempty"`
+	// DiskBases, when set, are by disk the frozen images the child makes
+	// its own overlays on first (cow/disk CreateChild; "" for a read-only
+	// disk): a child that runs as its own uid, in a directory its parent
+	// may not write (cow.Forker.ChildrenMakeDisks).
+	DiskBases []string `json:"disk_bases,omitempty"`
+	// Log, when set, is the child's log, which it opens itself (as its
+	// own uid, in its own directory) and makes its standard output and
+	// error; until then they are its parent's standard error.
+	Log string `json:"log,omitempty"`
 }
 
 // forkRestore is what buildVMWithDevices makes a forked child from.
@@ -116,12 +129,37 @@ func (a *apiServer) fork(w http.ResponseWriter, r *http.Request) {
 		replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: n=%d, want 1 to %d", req.N, vmmctl.MaxForkChildren))
 		return
 	}
-	if req.Prefix == "" {
+	if req.Secrets != nil {
+		if a.egress == nil || len(req.Secrets) != req.N {
+			replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: %d secrets files for %d children (egress: %v): want one per child of a VM with egress", len(req.Secrets), req.N, a.egress != nil))
+			return
+		}
+		for _, p := range req.Secrets {
+			if !filepath.IsAbs(p) {
+				replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: secrets file %q is not absolute", p))
+				return
+			}
+		}
+	}
+	if via := spawnsViaHelper(); via && len(req.Grants) != req.N {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: this VMM's children are started by its jail-init under warren-hostd's grants: %d grants for %d children", len(req.Grants), req.N))
+		return
+	} else if !via && len(req.Grants) > 0 {
+		replyErr(w, http.StatusBadRequest, errors.New("fork: grants, but no family helper starts this VMM's children"))
+		return
+	}
+	if req.Prefix == "" && req.Prefixes == nil {
 		req.Prefix = strings.TrimSuffix(a.apiPath, filepath.Ext(a.apiPath)) + "-fork-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	}
-	if !filepath.IsAbs(req.Prefix) {
-		replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: prefix %q is not absolute", req.Prefix))
+	if req.Prefixes != nil && (len(req.Prefixes) != req.N || req.Prefix != "") {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: %d prefixes for %d children (and prefix %q): want one per child, or one prefix", len(req.Prefixes), req.N, req.Prefix))
 		return
+	}
+	for _, p := range append([]string{req.Prefix}, req.Prefixes...) {
+		if p != "" && !filepath.IsAbs(p) {
+			replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: prefix %q is not absolute", p))
+			return
+		}
 	}
 	if req.DiskDirs != nil {
 		if len(req.DiskDirs) != req.N {
@@ -180,6 +218,9 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 	for k := range req.N {
 		ch := &children[k]
 		p := fmt.Sprintf("%s-%d", req.Prefix, k)
+		if req.Prefixes != nil {
+			p = req.Prefixes[k]
+		}
 		ch.Index, ch.API, ch.Console, ch.Log = k, p+".api", p+".console", p+".log"
 		ch.Hostname, ch.MachineID = fmt.Sprintf("fork-%s-%d", tag, k), agent.NewMachineID()
 		o := a.opts
@@ -202,15 +243,21 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 		if o.Egress != nil {
 			e := *o.Egress
 			e.State, e.Audit, e.Sandbox = egState, p+".audit.jsonl", ch.Hostname
+			if req.Secrets != nil {
+				e.Secrets = req.Secrets[k]
+			}
 			o.Egress = &e
 			ch.Audit = e.Audit
 		}
 		specs[k] = forkSpec{Options: o, API: ch.API, Console: ch.Console, KVM: a.kvmPath,
 			Identity: agent.Identity{Hostname: ch.Hostname, MachineID: ch.MachineID, MAC: ch.MAC}, Jail: currentJail()}
 		if len(ch.API) > 100 || len(ch.Vsock) > 100 {
-			return nil, fmt.Errorf("fork: prefix %q is too long for a unix socket path", req.Prefix)
+			return nil, fmt.Errorf("fork: prefix %q is too long for a unix socket path", p)
 		}
 	}
+	// Children its jail-init starts run as uids of their own: they make
+	// their own disk overlays, in directories this process may not write.
+	a.forker.ChildrenMakeDisks = req.Grants != nil
 	pt, err := a.forker.Fork(ctx, req.N, req.DiskDirs)
 	if err != nil {
 		return nil, err
@@ -224,7 +271,7 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 	}
 	desc, files := pt.Memory.Descriptor()
 	for k := range specs {
-		specs[k].State, specs[k].Devices, specs[k].Memory = state, pt.Devices, desc
+		specs[k].State, specs[k].Devices, specs[k].Memory, specs[k].DiskBases = state, pt.Devices, desc, pt.DiskBases
 		for i, d := range a.opts.Disks {
 			specs[k].Options.Disks = append(specs[k].Options.Disks, diskOption{Path: pt.Disks[i][k], ReadOnly: d.ReadOnly,
 				Name: a.disks.Disks()[i].Dev.Path()})
@@ -238,15 +285,26 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 	}
 	// Start every child, then wait for them all: they restore in parallel.
 	type started struct {
-		cmd   *exec.Cmd
-		ready *os.File
+		cmd     *exec.Cmd     // started by this process
+		spawned *spawnedChild // or by the family's helper
+		ready   *os.File
 	}
 	procs := make([]started, len(specs))
+	defer func() {
+		for _, p := range procs {
+			if p.spawned != nil {
+				p.spawned.close()
+			}
+		}
+	}()
 	fail := func(err error) (*vmmctl.ForkReply, error) {
 		for _, p := range procs {
 			if p.cmd != nil && p.cmd.Process != nil {
 				p.cmd.Process.Kill()
 				p.cmd.Wait()
+			}
+			if p.spawned != nil {
+				p.spawned.kill() // jail-init reaps it
 			}
 			if p.ready != nil {
 				p.ready.Close()
@@ -255,14 +313,24 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 		return nil, err
 	}
 	for k := range specs {
-		cmd, ready, err := startForkChild(exe, &specs[k], files, children[k].Log, cloneNetNS, helper)
+		var p started
+		var err error
+		if req.Grants != nil {
+			p.spawned, p.ready, err = spawnForkChild(helper, req.Grants[k], &specs[k], files, children[k].Log)
+		} else {
+			p.cmd, p.ready, err = startForkChild(exe, &specs[k], files, children[k].Log, cloneNetNS, helper)
+		}
 		if err != nil {
 			return fail(fmt.Errorf("fork: child %d: %w", k, err))
 		}
-		procs[k] = started{cmd, ready}
-		children[k].PID = cmd.Process.Pid
+		procs[k] = p
+		if p.cmd != nil {
+			children[k].PID = p.cmd.Process.Pid
+		} else {
+			children[k].PID = p.spawned.pid
+		}
 		if cloneNetNS {
-			children[k].NetNS = fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
+			children[k].NetNS = fmt.Sprintf("/proc/%d/ns/net", children[k].PID)
 		}
 	}
 	for k, p := range procs {
@@ -278,13 +346,98 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 		}
 	}
 	// The children run on in their own sessions; reap them when they end
-	// so they do not linger as zombies of this process.
+	// so they do not linger as zombies of this process (jail-init reaps
+	// those it started).
 	for _, p := range procs {
-		go p.cmd.Wait()
+		if p.cmd != nil {
+			go p.cmd.Wait()
+		}
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	a.log.Debug("fork", "children", len(children), "pause_ms", ms(pt.Pause))
 	return &vmmctl.ForkReply{PauseMS: ms(pt.Pause), TotalMS: ms(time.Since(start)), Layers: len(desc.Layers), Children: children, Disks: parentDisks}, nil
+}
+
+// childStart is what one child is started with: its log (standard
+// output and error) and its descriptors 3, 4, ... (fds: the spec pipe's
+// read end, the ready pipe's write end, the memory files, the helper
+// socket when set), with this process's ends of the pipes.
+type childStart struct {
+	log    *os.File
+	ownLog bool // log is this process's, not opened for the child
+	fds    []*os.File
+	specW  *os.File
+	readyR *os.File
+	spec   []byte
+}
+
+// newChildStart opens a child's log at logPath and makes its pipes; the
+// spec names the helper's descriptor (after the memory files) when
+// helper is set. With childLog the child opens its log itself (spec.Log)
+// and gets this process's standard error until then.
+func newChildStart(spec *forkSpec, memFiles []*os.File, logPath string, helper *os.File, childLog bool) (*childStart, error) {
+	if helper != nil {
+		spec.NetHelper = 5 + len(memFiles)
+	}
+	if childLog {
+		spec.Log = logPath
+	}
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	c := &childStart{spec: b}
+	specR, specW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	c.fds, c.specW = []*os.File{specR}, specW
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		c.abort()
+		return nil, err
+	}
+	c.fds, c.readyR = append(c.fds, readyW), readyR
+	c.fds = append(c.fds, memFiles...)
+	if helper != nil {
+		c.fds = append(c.fds, helper)
+	}
+	if childLog {
+		c.log, c.ownLog = os.Stderr, true
+	} else if c.log, err = os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644); err != nil {
+		c.abort()
+		return nil, err
+	}
+	return c, nil
+}
+
+// started closes the child's ends of the pipes and its log here, sends
+// it its spec, and returns the read end of its ready pipe.
+func (c *childStart) started() *os.File {
+	c.fds[0].Close()
+	c.fds[1].Close()
+	if !c.ownLog {
+		c.log.Close()
+	}
+	// The spec is a few kB to tens of kB: more than a pipe buffer holds
+	// when the state is large, so write it while the child reads.
+	go func() {
+		c.specW.Write(c.spec)
+		c.specW.Close()
+	}()
+	return c.readyR
+}
+
+// abort closes every file of a child that was not started.
+func (c *childStart) abort() {
+	for _, f := range []*os.File{c.log, c.specW, c.readyR} {
+		if f != nil && (f != c.log || !c.ownLog) {
+			f.Close()
+		}
+	}
+	for _, f := range c.fds[:min(2, len(c.fds))] {
+		f.Close()
+	}
 }
 
 // startForkChild starts one child process with its spec on fd 3, the
@@ -292,53 +445,40 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 // socket, when set, after them; the returned file is the read end of the
 // ready pipe.
 func startForkChild(exe string, spec *forkSpec, memFiles []*os.File, logPath string, netns bool, helper *os.File) (*exec.Cmd, *os.File, error) {
-	if helper != nil {
-		spec.NetHelper = 5 + len(memFiles)
-	}
-	b, err := json.Marshal(spec)
+	c, err := newChildStart(spec, memFiles, logPath, helper, false)
 	if err != nil {
 		return nil, nil, err
 	}
-	specR, specW, err := os.Pipe()
-	if err != nil {
-		return nil, nil, err
-	}
-	defer specR.Close()
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		specW.Close()
-		return nil, nil, err
-	}
-	defer readyW.Close()
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
-	if err != nil {
-		specW.Close()
-		readyR.Close()
-		return nil, nil, err
-	}
-	defer logf.Close()
 	cmd := exec.Command(exe, "fork-child")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = append([]*os.File{specR, readyW}, memFiles...)
-	if helper != nil {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, helper)
-	}
+	cmd.Stdout, cmd.Stderr = c.log, c.log
+	cmd.ExtraFiles = c.fds
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if netns {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
 	}
 	if err := cmd.Start(); err != nil {
-		specW.Close()
-		readyR.Close()
+		c.abort()
 		return nil, nil, err
 	}
-	// The spec is a few kB to tens of kB: more than a pipe buffer holds
-	// when the state is large, so write it while the child reads.
-	go func() {
-		specW.Write(b)
-		specW.Close()
-	}()
-	return cmd, readyR, nil
+	return cmd, c.started(), nil
+}
+
+// spawnForkChild has the family's helper on conn start one child under
+// grant, with the same descriptors as startForkChild's (the helper socket
+// among them: conn), but for its log, which the child opens itself (as
+// its own uid: this process may not write its directory); the returned
+// file is the read end of the ready pipe.
+func spawnForkChild(conn *os.File, grant string, spec *forkSpec, memFiles []*os.File, logPath string) (*spawnedChild, *os.File, error) {
+	c, err := newChildStart(spec, memFiles, logPath, conn, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	child, err := spawnViaHelper(conn, grant, c.log, c.fds)
+	if err != nil {
+		c.abort()
+		return nil, nil, err
+	}
+	return child, c.started(), nil
 }
 
 // readReady reads a child's ready line: the first KVM_RUN time, or its
@@ -390,6 +530,11 @@ func forkChildCmd(args []string, stdout, stderr io.Writer) int {
 		return fail("spec: %v", err)
 	}
 	forkChildProcess = true
+	if spec.Log != "" {
+		if err := redirectOutput(spec.Log); err != nil {
+			return fail("%v", err)
+		}
+	}
 	if spec.NetHelper != 0 {
 		if spec.NetHelper < 5 || spec.NetHelper > 5+4096 {
 			return fail("spec: helper descriptor %d", spec.NetHelper)
@@ -437,7 +582,21 @@ func forkChildCmd(args []string, stdout, stderr io.Writer) int {
 		mem.Close()
 		return fail("%v", err)
 	}
-	// The parent's fork made the child's disk overlays for it alone.
+	// The parent's fork made the child's disk overlays for it alone, or
+	// left them to it (DiskBases).
+	for i, base := range spec.DiskBases {
+		if base == "" {
+			continue
+		}
+		if i >= len(o.disks) || o.disks[i].readOnly {
+			mem.Close()
+			return fail("spec: a disk base for disk %d, which is not a writable disk", i)
+		}
+		if err := disk.CreateChild(o.disks[i].path, base); err != nil {
+			mem.Close()
+			return fail("%v", err)
+		}
+	}
 	o.ownDisks = map[int]bool{}
 	for i, d := range o.disks {
 		o.ownDisks[i] = !d.readOnly
@@ -531,6 +690,22 @@ func forkCmd(args []string, stdout, stderr io.Writer) int {
 			c.Index, c.PID, c.API, c.Vsock, c.CID, c.Hostname, c.ReadyMS)
 	}
 	return 0
+}
+
+// redirectOutput opens the log at path (appending) and makes it this
+// process's standard output and error.
+func redirectOutput(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for _, fd := range []int{1, 2} {
+		if err := unix.Dup3(int(f.Fd()), fd, 0); err != nil {
+			return fmt.Errorf("log %s: %w", path, err)
+		}
+	}
+	return nil
 }
 
 // randomHex returns n random bytes in hex.

@@ -27,7 +27,9 @@ import (
 // Profiles: "strict" (jail.ProfileStrict) for a VMM that never starts a
 // process; "vmm" (jail.ProfileVMM) for one whose control API may fork
 // (POST /v1/fork starts `warren fork-child` processes, which do their
-// setup under the inherited filter). A VMM whose --api serves forks needs
+// setup under the inherited filter). Under warren-hostd, whose VMMs'
+// jail-init starts their fork children (familyhelper.go), "vmm" leaves
+// out every process-making call (jail.Options.Spawned). A VMM whose --api serves forks needs
 // "vmm": under "strict" a fork fails with EPERM. The daemon passes "vmm"
 // by default. The suffix ",log" logs (SECCOMP_RET_LOG) instead of refusing
 // what the table lacks, to find missing syscalls (dmesg | grep type=1326);
@@ -38,11 +40,15 @@ import (
 //
 //	root=DIR             pivot_root into a jail on DIR (jail.PivotRoot)
 //	user=UID:GID         then leave root for this uid and gid (no capability kept)
+//	groups=G1:G2...      with these supplementary groups (after user=; a
+//	                     fork child's ancestors', for their disk layers)
 //	bind=PATH[:rw][:exec] a path visible in the jail, at the same path
 //	dev=kvm|tun|null     a device node made in the jail, owned by the user
 //
 // A fork child inherits them all (its parent's mount namespace, root, uid
-// and filter): the spec it is given carries the profile and mode only.
+// and filter; one its jail-init started gets its uid from the daemon's
+// grant and installs the filter itself): the spec it is given carries the
+// profile and mode only.
 
 // jailSpec is a parsed --jail value; the zero value is no jail.
 type jailSpec struct {
@@ -105,6 +111,17 @@ func parseJail(v string) (jailSpec, error) {
 				return j, fmt.Errorf("--jail %q: user=%q: want one UID:GID, not root", v, val)
 			}
 			j.user = &jail.User{UID: uid, GID: gid}
+		case "groups":
+			if j.user == nil || j.user.Groups != nil {
+				return j, fmt.Errorf("--jail %q: groups= wants one user= before it", v)
+			}
+			for _, g := range strings.Split(val, ":") {
+				gid, err := strconv.Atoi(g)
+				if err != nil || gid <= 0 || len(j.user.Groups) >= 64 {
+					return j, fmt.Errorf("--jail %q: groups=%q: want up to 64 GIDs, none root's, ':'-separated", v, val)
+				}
+				j.user.Groups = append(j.user.Groups, gid)
+			}
 		case "bind":
 			f := strings.Split(val, ":")
 			b := jail.Bind{Path: f[0]}
@@ -217,6 +234,9 @@ func jailConfig(j jailSpec, o *vmOptions) jail.Config {
 			cfg.KeepCaps = append(cfg.KeepCaps, unix.CAP_NET_BIND_SERVICE)
 		}
 	}
+	// Its fork children are started by its jail-init (familyhelper.go):
+	// it makes no process itself.
+	cfg.Seccomp.Spawned = spawnsViaHelper()
 	if ownMountNS() {
 		cfg.Mounts = &jail.MountOptions{}
 	} else {

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -266,12 +267,16 @@ func TestParseJailConfinement(t *testing.T) {
 	if _, err := parseJail("vmm,user=200001:200001"); err != nil {
 		t.Errorf("user without root: %v", err)
 	}
+	if g, err := parseJail("vmm,user=200002:200002,groups=200001:200000"); err != nil || !slices.Equal(g.user.Groups, []int{200001, 200000}) {
+		t.Errorf("a fork child's groups: %+v, %v", g.user, err)
+	}
 	for _, bad := range []string{
 		"vmm,user=0:0", "vmm,user=0:5", "vmm,user=5", "vmm,user=-1:-1", "vmm,user=1:1,user=2:2",
 		"vmm,root=rel", "vmm,root=/a,root=/b", "vmm,root=/a:b",
 		"vmm,root=/j,bind=rel", "vmm,root=/j,bind=/a/../etc", "vmm,root=/j,bind=/", "vmm,root=/j,bind=/a:suid",
 		"vmm,bind=/a", "vmm,dev=kvm", "vmm,root=/j,dev=sda", "vmm,root=/j,shell=/bin/sh",
 		"off,root=/j", "vmm,root=/j,log",
+		"vmm,groups=5", "vmm,user=5:5,groups=0", "vmm,user=5:5,groups=a", "vmm,user=5:5,groups=6,groups=7",
 	} {
 		if j, err := parseJail(bad); err == nil {
 			t.Errorf("parseJail(%q) accepted: %+v", bad, j)
@@ -281,5 +286,31 @@ func TestParseJailConfinement(t *testing.T) {
 	// survive leaving root anyway).
 	if cfg := jailConfig(j, &vmOptions{tap: "t0"}); len(cfg.KeepCaps) != 0 || cfg.User == nil {
 		t.Errorf("confined VMM with a tap: keeps %v, user %v", cfg.KeepCaps, cfg.User)
+	}
+}
+
+// TestJailSpawned: a VMM whose jail-init starts its fork children (a
+// helper socket and jail.SpawnEnv) gets the filter without process
+// making (jail.Options.Spawned); one without either keeps ProfileVMM's.
+func TestJailSpawned(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	saved := netHelper.file
+	defer func() { netHelper.file = saved }()
+	j := jailSpec{profile: jail.ProfileVMM, mode: jail.ModeErrno}
+	for _, c := range []struct {
+		helper *os.File
+		env    string
+		want   bool
+	}{{r, "1", true}, {r, "", false}, {nil, "1", false}} {
+		setHelperConn(c.helper)
+		t.Setenv(jail.SpawnEnv, c.env)
+		if got := jailConfig(j, &vmOptions{}).Seccomp.Spawned; got != c.want {
+			t.Errorf("helper %v, $%s=%q: Spawned %v, want %v", c.helper != nil, jail.SpawnEnv, c.env, got, c.want)
+		}
 	}
 }

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -88,26 +87,19 @@ func netHelperAllow() bool {
 	return true
 }
 
-// newNetHelper returns jail-init's helper (jail.HelperFunc), which makes
-// the private network a request asks for and hands it over. It opens
-// /dev/net now: the VMM pivot_roots in jail-init's mount namespace, which
-// changes jail-init's root too, to a jail without the tun device.
-func newNetHelper() (jail.HelperFunc, error) {
+// openDevNet opens /dev/net for jail-init's helper now: the VMM
+// pivot_roots in jail-init's mount namespace, which changes jail-init's
+// root too, to a jail without the tun device.
+func openDevNet() (int, error) {
 	devNet, err := unix.Open("/dev/net", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("net helper: %w", err)
+		return -1, fmt.Errorf("net helper: %w", err)
 	}
-	return func(b []byte) ([]byte, []*os.File, error) { return serveNetRequest(devNet, b) }, nil
+	return devNet, nil
 }
 
 // serveNetRequest serves one request, opening taps through devNet.
-func serveNetRequest(devNet int, b []byte) ([]byte, []*os.File, error) {
-	var req netRequest
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&req); err != nil {
-		return nil, nil, fmt.Errorf("bad request: %w", err)
-	}
+func serveNetRequest(devNet int, req netRequest) ([]byte, []*os.File, error) {
 	if !tapNameRE.MatchString(req.Tap) {
 		return nil, nil, fmt.Errorf("tap name %q: want a letter then up to 14 letters, digits, '-' or '_'", req.Tap)
 	}
@@ -220,11 +212,11 @@ func askPrivateNet(conn *os.File, o vmOptions) (*os.File, netns.NsHandle, *egres
 		req.Egress = &netEgressRequest{HostAddr: e.HostAddr, GuestAddr: e.GuestAddr, IPv6: e.State.Policy.IPv6, Attach: e.Attach}
 		pc = egress.PrepareConfig{Tap: o.tap, HostAddr: e.HostAddr, GuestAddr: e.GuestAddr, IPv6: e.State.Policy.IPv6}
 	}
-	b, err := json.Marshal(req)
+	b, err := json.Marshal(helperRequest{Net: &req})
 	if err != nil {
 		return nil, -1, nil, err
 	}
-	out, files, err := jail.CallHelper(conn, b, 30*time.Second)
+	out, files, err := jail.CallHelper(conn, b, nil, 30*time.Second)
 	if err != nil {
 		return nil, -1, nil, fmt.Errorf("private network: %w", err)
 	}

@@ -204,11 +204,11 @@ func startNetHelper(t *testing.T) *os.File {
 		t.Fatal(err)
 	}
 	ours, theirs := os.NewFile(uintptr(fds[0]), "helper"), os.NewFile(uintptr(fds[1]), "helper-vmm")
-	h, err := newNetHelper()
+	devNet, err := openDevNet()
 	if err != nil {
 		t.Fatal(err)
 	}
-	go jail.ServeHelper(ours, h)
+	go jail.ServeHelper(ours, newFamilyHelper(devNet, nil))
 	t.Cleanup(func() { theirs.Close(); ours.Close() })
 	return theirs
 }

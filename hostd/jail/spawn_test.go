@@ -1,0 +1,146 @@
+//go:build linux && amd64
+
+package jail
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// spawnedVerb makes this test binary, started by Spawner, write what it
+// runs as (and what its descriptor 3 holds) to its standard output.
+const spawnedVerb = "spawned-report"
+
+func spawnedReport() int {
+	st, _ := os.ReadFile("/proc/self/status")
+	cg, _ := os.ReadFile("/proc/self/cgroup")
+	in, _ := io.ReadAll(os.NewFile(3, "in"))
+	for _, l := range strings.Split(string(st), "\n") {
+		for _, k := range []string{"Uid:", "Gid:", "Groups:", "CapEff:", "CapAmb:"} {
+			if strings.HasPrefix(l, k) {
+				fmt.Println(strings.Join(strings.Fields(l), " "))
+			}
+		}
+	}
+	fmt.Printf("sid-is-self: %v\n", unix.Getpid() == mustSid())
+	fmt.Printf("fd3: %s\n", in)
+	fmt.Printf("env: %s\n", os.Getenv(SpawnEnv))
+	fmt.Print(string(cg))
+	return 0
+}
+
+func mustSid() int {
+	sid, _ := unix.Getsid(0)
+	return sid
+}
+
+// testCgroupRoot makes a cgroup for the test under a cgroup hierarchy
+// this host has (v2, else v1's memory controller) and returns the root
+// and the group's name; it skips without one.
+func testCgroupRoot(t *testing.T) (root, name string) {
+	t.Helper()
+	for _, r := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup"} {
+		if _, err := os.Stat(filepath.Join(r, "cgroup.procs")); err != nil {
+			continue
+		}
+		name = fmt.Sprintf("warren-spawn-test-%d", os.Getpid())
+		if err := os.Mkdir(filepath.Join(r, name), 0o755); err != nil {
+			continue
+		}
+		t.Cleanup(func() {
+			for i := 0; i < 50 && os.Remove(filepath.Join(r, name)) != nil; i++ {
+				time.Sleep(20 * time.Millisecond) // its last process is being reaped
+			}
+		})
+		return r, name
+	}
+	t.Skip("no writable cgroup hierarchy here")
+	return "", ""
+}
+
+// worldExe is helperExe copied where any uid may run it (the spawned
+// child execs it after leaving root).
+func worldExe(t *testing.T) string {
+	b, err := os.ReadFile(helperExe(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	p := filepath.Join(dir, "jail.test")
+	if err := os.WriteFile(p, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestSpawn: a child started under a grant runs as the grant's uid, gid
+// and groups, with no capability (CAP_BPF alone when granted), in its own
+// session, inside the grant's cgroup from its first instruction, with the
+// descriptors it was given; a grant is good for one child only.
+func TestSpawn(t *testing.T) {
+	needRoot(t)
+	root, name := testCgroupRoot(t)
+	key := FamilyKey([]byte("secret"), t.Name())
+	s, err := NewSpawner(key, []string{root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.exe = worldExe(t)
+	for _, bpf := range []bool{false, true} {
+		signed, err := NewGrant(key, Grant{UID: 54321, GID: 54322, Groups: []int{54323, 54324}, Cgroup: name, BPF: bpf})
+		if err != nil {
+			t.Fatal(err)
+		}
+		outR, outW, _ := os.Pipe()
+		inR, inW, _ := os.Pipe()
+		fmt.Fprint(inW, "hello child")
+		inW.Close()
+		pid, pidfd, err := s.Spawn(signed, []string{spawnedVerb}, []*os.File{outW, inR})
+		outW.Close()
+		inR.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pidfd != nil {
+			pidfd.Close()
+		}
+		var out bytes.Buffer
+		io.Copy(&out, outR)
+		outR.Close()
+		var ws unix.WaitStatus
+		unix.Wait4(pid, &ws, 0, nil)
+		got := out.String()
+		caps := "CapEff: 0000000000000000"
+		if bpf {
+			caps = fmt.Sprintf("CapEff: %016x", uint64(1)<<unix.CAP_BPF)
+		}
+		for _, want := range []string{"Uid: 54321 54321 54321 54321", "Gid: 54322 54322 54322 54322", "Groups: 54323 54324",
+			caps, "sid-is-self: true", "fd3: hello child", "env: 1", "/" + name + "\n"} {
+			if !strings.Contains(got, want) {
+				t.Errorf("bpf=%v: the child's report lacks %q:\n%s", bpf, want, got)
+			}
+		}
+		if ws.ExitStatus() != 0 {
+			t.Errorf("the child exited %v", ws)
+		}
+		if _, _, err := s.Spawn(signed, []string{spawnedVerb}, []*os.File{os.Stderr}); err == nil || !strings.Contains(err.Error(), "already used") {
+			t.Errorf("a second child under the same grant: %v", err)
+		}
+	}
+	other, _ := NewGrant(key, Grant{UID: 5, GID: 5, Cgroup: "no-such-group"})
+	if _, _, err := s.Spawn(other, []string{spawnedVerb}, []*os.File{os.Stderr}); err == nil {
+		t.Error("a child was started for a cgroup that does not exist")
+	}
+}
