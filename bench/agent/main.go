@@ -4,7 +4,7 @@
 // userspace virtio-vsock device, reached through the VMM's unix socket)
 // and for QEMU's microvm machine with the kernel's vhost-vsock device
 // (reached over AF_VSOCK), on the same kernel and initramfs, through the
-// same agent.Client.
+// same agentclient.Client.
 //
 //	go run ./bench/agent --kernel build/vmlinux --initramfs build/initramfs.cpio [--calls 200]
 //

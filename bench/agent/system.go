@@ -11,10 +11,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/bench/console"
 	"github.com/warrenvm/warren/bench/vsockpeer"
-	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/boot"
 	"github.com/warrenvm/warren/vmm/hostprofile"
@@ -30,7 +30,7 @@ const guestArgs = "random.trust_cpu=1"
 type system struct {
 	name   string
 	argv   []string
-	client *agent.Client
+	client *agentclient.Client
 	p      *console.Proc
 	// outside are kernel threads doing the VMM's work outside its process
 	// (QEMU's vhost-vsock worker), counted as VMM CPU; found after boot.
@@ -66,8 +66,8 @@ func newQEMU(c config) *system {
 			"-kernel", c.kernel, "-initrd", c.initramfs, "-append", cmd.String(),
 			"-device", "virtio-rng-device",
 			"-device", "vhost-vsock-device,guest-cid=" + strconv.FormatUint(uint64(cid), 10)},
-		client: agent.NewClient(func(ctx context.Context) (net.Conn, error) {
-			return vsockpeer.Dial(ctx, cid, agent.Port)
+		client: agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
+			return vsockpeer.Dial(ctx, cid, agentwire.Port)
 		}),
 		findOutside: procfs("/proc").vhostWorkers,
 	}
@@ -165,8 +165,8 @@ func (s *system) call(op string, argv []string, timeout time.Duration) (sample, 
 	case "health":
 		_, sm.agent, err = s.client.HealthTimed(ctx)
 	case "exec":
-		var st agent.ExitStatus
-		st, err = s.client.ExecStatus(ctx, agent.ExecRequest{Argv: argv}, nil, nil)
+		var st agentwire.ExitStatus
+		st, err = s.client.ExecStatus(ctx, agentwire.ExecRequest{Argv: argv}, nil, nil)
 		if err == nil && st.Code != 0 {
 			err = fmt.Errorf("exit code %d", st.Code)
 		}

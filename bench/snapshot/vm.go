@@ -12,10 +12,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/bench/console"
 	"github.com/warrenvm/warren/bench/qemu"
-	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmmctl"
 )
@@ -29,7 +29,7 @@ const guestArgs = "random.trust_cpu=1"
 type vm struct {
 	name   string
 	argv   []string
-	client *agent.Client
+	client *agentclient.Client
 	p      *console.Proc
 	ctl    string // control socket: Warren's --api, QEMU's -qmp
 	qmp    *qemu.QMP
@@ -143,7 +143,7 @@ func (v *vm) startMemtouch(mib int, timeout time.Duration) error {
 	outR, outW := io.Pipe()
 	m := &memtouch{in: inW, lines: make(chan string, 16), done: make(chan error, 1)}
 	go func() {
-		_, err := v.client.Exec(context.Background(), agent.ExecRequest{Argv: []string{"memtouch", strconv.Itoa(mib)}, Input: inR}, outW, os.Stderr)
+		_, err := v.client.Exec(context.Background(), agentwire.ExecRequest{Argv: []string{"memtouch", strconv.Itoa(mib)}, Input: inR}, outW, os.Stderr)
 		outW.CloseWithError(io.EOF)
 		m.done <- err
 	}()
