@@ -29,13 +29,29 @@ var (
 	hostMAC  = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}
 )
 
+// needRoot skips t unless it runs as root: the tests load BPF programs,
+// make taps and enter network namespaces.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("ebpf/filter: the test loads BPF programs and needs root")
+	}
+}
+
+// eachAttach runs test (as root) once per attachment a caller asks for:
+// auto (tcx where the kernel has it, else clsact) and clsact.
+func eachAttach(t *testing.T, test func(t *testing.T, mode AttachMode)) {
+	needRoot(t)
+	for _, mode := range []AttachMode{AttachAuto, AttachClsact} {
+		t.Run(mode.String(), func(t *testing.T) { test(t, mode) })
+	}
+}
+
 // loadOrSkip loads a filter, skipping the test where BPF is unavailable
 // (not root, or a kernel without it).
 func loadOrSkip(t *testing.T, cfg Config) *Filter {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("ebpf/filter: the tests load BPF programs and need root")
-	}
+	needRoot(t)
 	f, err := Load(cfg)
 	if err != nil {
 		var verr *ebpf.VerifierError
