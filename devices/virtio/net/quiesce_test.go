@@ -63,12 +63,7 @@ func TestQuiesceReceive(t *testing.T) {
 	if err := r.tr.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	waitUsed(t, r.rx, n)
-	for i, a := range addrs {
-		if !bytes.Equal(r.mem[a+HeaderLen:a+HeaderLen+100], frame(guestMAC, hostMAC, 100, byte(i))) {
-			t.Fatalf("frame %d lost, out of order or corrupted", i)
-		}
-	}
+	r.wantFrames(t, addrs, 100)
 }
 
 // A frame with no receive buffer is held across a quiesce; buffers posted

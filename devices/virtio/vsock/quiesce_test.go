@@ -125,12 +125,7 @@ func restoreGuest(t *testing.T, dev *Device, s guestSnap) *fakeGuest {
 	if err := tr.Restore(s.st); err != nil {
 		t.Fatal(err)
 	}
-	go g.loop()
-	t.Cleanup(func() {
-		close(g.stop)
-		<-g.done
-		tr.Shutdown()
-	})
+	g.run()
 	return g
 }
 
