@@ -102,7 +102,7 @@ var ready = regexp.MustCompile(`warren-init: ready uptime=`)
 // DIR/NAME.* and waits for its agent.
 func bootWarren(c config, reg *registry, dir, name string, memMiB int) (*parent, error) {
 	sock, api := filepath.Join(dir, name+".vsock"), filepath.Join(dir, name+".api")
-	argv := []string{c.warren, "run", "--kernel", c.kernel, "--initramfs", c.initramfs,
+	argv := []string{c.Warren, "run", "--kernel", c.Kernel, "--initramfs", c.Initramfs,
 		"--mem", strconv.Itoa(memMiB), "--cpus", "1", "--vsock", sock, "--cid", "3",
 		"--api", api, "--cmdline", guestArgs}
 	p, err := console.Start(argv)

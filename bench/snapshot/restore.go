@@ -217,7 +217,7 @@ func restoreOnce(c config, v variant, src restoreSources, runDir string) (first,
 		if v.cold {
 			snap = src.warrenCold
 		}
-		argv = []string{c.warren, "restore", "--vsock", sock, "--console", "/dev/null", "--timing", timing}
+		argv = []string{c.Warren, "restore", "--vsock", sock, "--console", "/dev/null", "--timing", timing}
 		if v.lazy {
 			argv = append(argv, "--lazy")
 		}

@@ -38,7 +38,7 @@ type vm struct {
 
 // warrenArgv is `warren run` for the benchmark's guest.
 func warrenArgv(c config, vsockPath, api string) []string {
-	return []string{c.warren, "run", "--kernel", c.kernel, "--initramfs", c.initramfs,
+	return []string{c.Warren, "run", "--kernel", c.Kernel, "--initramfs", c.Initramfs,
 		"--mem", strconv.Itoa(c.memMiB), "--cpus", "1", "--vsock", vsockPath, "--cid", "3",
 		"--api", api, "--cmdline", guestArgs}
 }
@@ -46,7 +46,7 @@ func warrenArgv(c config, vsockPath, api string) []string {
 // qemuGuest is QEMU's microvm with the same guest (bench/qemu); restores
 // add -incoming to its line.
 func qemuGuest(c config) qemu.Guest {
-	return qemu.Guest{Binary: c.qemu, Kernel: c.kernel, Initramfs: c.initramfs,
+	return qemu.Guest{Binary: c.QEMU, Kernel: c.Kernel, Initramfs: c.Initramfs,
 		MemMiB: c.memMiB, CID: c.qemuCID, GuestArgs: guestArgs}
 }
 
