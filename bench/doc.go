@@ -4,8 +4,9 @@
 // (QEMU -M microvm, or the same traffic without the feature) side by side
 // in one run and printing p50/p90/p99 with JSON and PNG output, and their
 // helpers (bench/stats, bench/benchplot, bench/qemu, bench/console,
-// bench/vsockpeer, bench/agentdial, bench/proc). Results a reader should
-// see are under bench/results with the command that made them.
+// bench/vsockpeer, bench/agentdial, bench/proc, bench/rig). Results a
+// reader should see are under bench/results with the command that made
+// them.
 //
 // May import: anything of the module but cmd; nothing imports bench
 // (internal/layout checks it).

@@ -35,7 +35,7 @@
 // sockets, a new vsock CID (the guest driver learns it from the transport
 // reset every restored VM gets), its own tap and a new MAC when the parent
 // has a tap, its own disk overlays, and, through the guest agent's re-sync
-// line (guestinit/agent SyncMessage.Identity), a new hostname, machine id
+// line (agentwire SyncMessage.Identity), a new hostname, machine id
 // and MAC set in the guest, a resynced clock and fresh entropy credited to
 // the guest's pool.
 //

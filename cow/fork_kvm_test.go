@@ -37,17 +37,7 @@ func runVM(t *testing.T, vm *vmm.VM) {
 	if err := vm.PIO.Add(counterPort, 4, testguest.OnePort{}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	runErr := make(chan error, 1)
-	go func() { runErr <- vm.Run(ctx) }()
-	t.Cleanup(func() {
-		vm.Stop(nil)
-		if err := <-runErr; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-		cancel()
-		vm.Close()
-	})
+	kvmtest.Start(t, vm, 10*time.Minute)
 }
 
 func counter(vm *vmm.VM) uint32 {

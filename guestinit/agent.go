@@ -11,6 +11,7 @@ import (
 	"github.com/mdlayher/vsock"
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/guestinit/agent"
 )
 
@@ -39,9 +40,9 @@ func agentOptions(img *imageRoot) agent.Options {
 // vsock support): the agent is not started, and that is not a failure.
 var errNoVsock = errors.New("no vsock device")
 
-// startAgent serves the guest agent on vsock port agent.Port and starts
+// startAgent serves the guest agent on vsock port agentwire.Port and starts
 // the clock and RNG re-sync loop against the host (CID 2,
-// agent.SyncPort), each on goroutines of their own that live as long as
+// agentwire.SyncPort), each on goroutines of their own that live as long as
 // PID 1. The agent starts its processes through r, which must be reaping
 // (Run) for their exits to be reported. It returns errNoVsock, and starts
 // nothing, when the VM has no vsock device.
@@ -61,18 +62,18 @@ func startAgent(r *Reaper, opts agent.Options) error {
 	if err != nil || !isGuestCID(cid) {
 		return errNoVsock
 	}
-	l, err := vsock.ListenContextID(unix.VMADDR_CID_ANY, agent.Port, nil)
+	l, err := vsock.ListenContextID(unix.VMADDR_CID_ANY, agentwire.Port, nil)
 	if err != nil {
-		return fmt.Errorf("agent: listen on vsock port %d: %w", agent.Port, err)
+		return fmt.Errorf("agent: listen on vsock port %d: %w", agentwire.Port, err)
 	}
 	syncer := agent.NewSyncer(func(context.Context) (net.Conn, error) {
 		// The kernel bounds connect (SO_VM_SOCKETS_CONNECT_TIMEOUT, 2 s).
-		return vsock.Dial(vsock.Host, agent.SyncPort, nil)
+		return vsock.Dial(vsock.Host, agentwire.SyncPort, nil)
 	})
 	syncer.OnError = newRepeatFilter(report).report
 	opts.Sync = syncer
 	srv := agent.NewServer(r, opts)
-	syncer.SetEgress = func(e *agent.Egress) error {
+	syncer.SetEgress = func(e *agentwire.Egress) error {
 		srv.SetExtraEnv(e.Env)
 		return agent.ApplyTrust(e.TrustPEM)
 	}

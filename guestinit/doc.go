@@ -11,9 +11,9 @@
 // Cost note: inside a Warren guest every page fault and syscall is emulated
 // (see docs), so PID 1 keeps its work and its memory footprint minimal.
 //
-// May import: guestinit's own packages and internal only: guest code
-// imports no host code. Host code imports guestinit/agent (the agent's
-// wire protocol and client, until issue 17 splits them from the server)
-// and guestinit/imageconfig (the image builder's contract with PID 1)
-// and nothing else of it (internal/layout checks both).
+// May import: guestinit's own packages, agentwire (the guest agent's
+// wire contract, which the host's agentclient reads too) and internal
+// only: guest code imports no host code. Host code imports
+// guestinit/imageconfig (the image builder's contract with PID 1) and
+// nothing else of it (internal/layout checks both).
 package guestinit

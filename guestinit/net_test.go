@@ -8,11 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/warrenvm/warren/internal/nsenter"
 )
 
 func TestNetConfigFromCmdline(t *testing.T) {
@@ -101,7 +100,7 @@ func TestApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	resolv := filepath.Join(t.TempDir(), "etc", "resolv.conf")
-	if err := applyIn(ns, n, "eth0", resolv); err != nil {
+	if err := nsenter.Net(ns, func() error { return n.Apply("eth0", resolv) }); err != nil {
 		t.Fatal(err)
 	}
 	if out := ipc("-n", ns, "-o", "-4", "addr", "show", "eth0"); !strings.Contains(out, "inet 10.200.1.15/24 brd 10.200.1.255") {
@@ -120,39 +119,10 @@ func TestApply(t *testing.T) {
 		t.Errorf("resolv.conf %q, %v", b, err)
 	}
 	// Missing interface: one error, the rest still done.
-	err = applyIn(ns, NetConfig{Addr: netip.MustParsePrefix("10.200.1.15/24")}, "nosuch0", resolv)
+	err = nsenter.Net(ns, func() error {
+		return NetConfig{Addr: netip.MustParsePrefix("10.200.1.15/24")}.Apply("nosuch0", resolv)
+	})
 	if err == nil || !strings.Contains(err.Error(), "nosuch0") {
 		t.Errorf("missing interface: %v", err)
 	}
-}
-
-// applyIn runs n.Apply on a thread switched into network namespace ns; the
-// thread is discarded unless it can be switched back.
-func applyIn(ns string, n NetConfig, ifname, resolv string) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		err = n.Apply(ifname, resolv)
-		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
 }

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/guestinit/agent"
 )
 
@@ -144,7 +146,7 @@ func TestAgentWithReaper(t *testing.T) {
 	srv := agent.NewServer(r, agent.Options{Env: append([]string{"PATH=" + os.Getenv("PATH")}, agentEnv[1:]...)})
 	go srv.Serve(l)
 	defer srv.Close()
-	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) {
+	c := agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
 	})
@@ -156,7 +158,7 @@ func TestAgentWithReaper(t *testing.T) {
 	for i := range 16 {
 		wg.Go(func() {
 			var out bytes.Buffer
-			code, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"sh", "-c", "echo $HOME $TERM; (sleep 0.01 &); exit " + strconv.Itoa(i)}}, &out, nil)
+			code, err := c.Exec(ctx, agentwire.ExecRequest{Argv: []string{"sh", "-c", "echo $HOME $TERM; (sleep 0.01 &); exit " + strconv.Itoa(i)}}, &out, nil)
 			if err != nil || code != i || out.String() != "/ linux\n" {
 				t.Errorf("exec %d: code %d out %q err %v", i, code, out.String(), err)
 			}
@@ -167,7 +169,7 @@ func TestAgentWithReaper(t *testing.T) {
 	pids := make(chan int, 1)
 	res := make(chan error, 1)
 	go func() {
-		code, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"sleep", "60"}, OnStart: func(pid int) { pids <- pid }}, nil, nil)
+		code, err := c.Exec(ctx, agentwire.ExecRequest{Argv: []string{"sleep", "60"}, OnStart: func(pid int) { pids <- pid }}, nil, nil)
 		if err == nil && code != 128+int(syscall.SIGTERM) {
 			err = errors.New("exit code " + strconv.Itoa(code))
 		}
@@ -180,7 +182,7 @@ func TestAgentWithReaper(t *testing.T) {
 	if err := <-res; err != nil {
 		t.Fatal(err)
 	}
-	var e *agent.Error
+	var e *agentwire.Error
 	if err := c.Kill(ctx, pid, "TERM"); !errors.As(err, &e) || e.Status != http.StatusNotFound {
 		t.Fatalf("kill after exit: %v", err)
 	}

@@ -3,14 +3,15 @@
 // (its state directory), hostd/cgroup (per-sandbox limits), hostd/metrics
 // (Prometheus), hostd/crypt (at-rest encryption under tenants' keys),
 // hostd/jail (VMM process hardening), hostd/egress and hostd/credproxy (a
-// sandbox's egress services), hostd/agentclient (the guest agent's client),
-// hostd/wire (the API's request and reply bodies) and hostd/client (the
-// API's Go client, which the warren CLI uses). See hostd/openapi.yaml for
-// the API.
+// sandbox's egress services), hostd/wire (the API's request and reply
+// bodies) and hostd/client (the API's Go client, which the warren CLI
+// uses). See hostd/openapi.yaml for the API. The guest agent's client is
+// agentclient, a group of its own below hostd, since the VMM process uses
+// it too.
 //
-// May import: vmmctl (the VMM control contract), cow, memsnap, ebpf,
-// image, vmm, devices, internal, and
-// guestinit/agent and guestinit/imageconfig; not cmd or bench
-// (internal/layout checks it). The daemon reaches VMMs as processes
+// May import: vmmctl (the VMM control contract), agentclient (the guest
+// agent's client) and agentwire (its wire contract), cow, memsnap, ebpf,
+// image, vmm, devices, internal, and guestinit/imageconfig; not cmd or
+// bench (internal/layout checks it). The daemon reaches VMMs as processes
 // (`warren restore`, `warren jail-init`), never by importing the VMM.
 package hostd

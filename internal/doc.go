@@ -3,7 +3,9 @@
 // replacement), internal/kvmtest (the gate for tests that need
 // /dev/kvm), internal/logcap (caps on guest-driven logs),
 // internal/testsum (`make test`'s summary), internal/testtls (TLS for
-// tests) and internal/layout (the repository's shape, checked).
+// tests), internal/netframe (Ethernet/IPv4/UDP frames for tests and
+// benchmarks), internal/nsenter (code run in a named network namespace)
+// and internal/layout (the repository's shape, checked).
 //
 // May import: internal's own packages only; every group may import it
 // (internal/layout checks it).

@@ -61,7 +61,11 @@ func openVerify(path string) error {
 	return l.Verify()
 }
 
-func TestCorruptTruncate(t *testing.T) {
+// eachLayer calls fn with the bytes of each layer of a small chain
+// (smallChain: the base, then the incremental layer) and the path, beside
+// them, that refused writes corrupt copies to.
+func eachLayer(t *testing.T, fn func(name string, orig []byte, bad string)) {
+	t.Helper()
 	dir := t.TempDir()
 	base, incr := smallChain(t, dir)
 	for _, src := range []string{base, incr} {
@@ -69,54 +73,50 @@ func TestCorruptTruncate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		bad := filepath.Join(dir, "bad"+Ext)
-		for n := range len(orig) {
-			if err := os.WriteFile(bad, orig[:n], 0o600); err != nil {
-				t.Fatal(err)
-			}
-			err := openVerify(bad)
-			if !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("%s truncated to %d of %d bytes: got %v, want ErrCorrupt", filepath.Base(src), n, len(orig), err)
-			}
-		}
-		// Appended garbage is refused too.
-		os.WriteFile(bad, append(bytes.Clone(orig), 0), 0o600)
-		if err := openVerify(bad); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("appended byte: got %v", err)
-		}
+		fn(filepath.Base(src), orig, filepath.Join(dir, "bad"+Ext))
 	}
 }
 
-func TestCorruptFlip(t *testing.T) {
-	dir := t.TempDir()
-	base, incr := smallChain(t, dir)
-	for _, src := range []string{base, incr} {
-		orig, err := os.ReadFile(src)
-		if err != nil {
-			t.Fatal(err)
+// refused writes b to bad and checks that opening and verifying it fails
+// with want, naming the file; what says which corruption b is.
+func refused(t *testing.T, bad string, b []byte, want error, what string) {
+	t.Helper()
+	if err := os.WriteFile(bad, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := openVerify(bad)
+	if !errors.Is(err, want) {
+		t.Fatalf("%s: got %v, want %v", what, err, want)
+	}
+	if !strings.Contains(err.Error(), bad) {
+		t.Fatalf("%s: error %q does not name the file", what, err)
+	}
+}
+
+func TestCorruptTruncate(t *testing.T) {
+	eachLayer(t, func(name string, orig []byte, bad string) {
+		for n := range len(orig) {
+			refused(t, bad, orig[:n], ErrCorrupt, fmt.Sprintf("%s truncated to %d of %d bytes", name, n, len(orig)))
 		}
-		bad := filepath.Join(dir, "bad"+Ext)
+		// Appended garbage is refused too.
+		refused(t, bad, append(bytes.Clone(orig), 0), ErrCorrupt, name+" with a byte appended")
+	})
+}
+
+func TestCorruptFlip(t *testing.T) {
+	eachLayer(t, func(name string, orig []byte, bad string) {
 		for off := range len(orig) {
 			for _, mask := range []byte{0x01, 0x80} {
 				b := bytes.Clone(orig)
 				b[off] ^= mask
-				if err := os.WriteFile(bad, b, 0o600); err != nil {
-					t.Fatal(err)
-				}
-				err := openVerify(bad)
 				want := ErrCorrupt
 				if off == 8 || off == 9 {
 					want = ErrVersion
 				}
-				if !errors.Is(err, want) {
-					t.Fatalf("%s byte %d ^ %#x: got %v, want %v", filepath.Base(src), off, mask, err, want)
-				}
-				if !strings.Contains(err.Error(), bad) {
-					t.Fatalf("error %q does not name the file", err)
-				}
+				refused(t, bad, b, want, fmt.Sprintf("%s byte %d ^ %#x", name, off, mask))
 			}
 		}
-	}
+	})
 }
 
 func TestWrongVersion(t *testing.T) {

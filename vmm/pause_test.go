@@ -82,22 +82,7 @@ func startCounter(t *testing.T, cfg Config, st *State, fill func(*guestmem.Memor
 	if err := vm.PIO.Add(counterPort, 4, dev); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	runErr := make(chan error, 1)
-	go func() { runErr <- vm.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			vm.Stop(nil)
-			if err := <-runErr; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-			cancel()
-			vm.Close()
-		})
-	}
-	t.Cleanup(stop)
-	return vm, dev, stop
+	return vm, dev, kvmtest.Start(t, vm, 3*time.Minute)
 }
 
 func readCounter(t *testing.T, vm *VM, gpa int64) uint32 {

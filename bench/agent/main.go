@@ -4,7 +4,7 @@
 // userspace virtio-vsock device, reached through the VMM's unix socket)
 // and for QEMU's microvm machine with the kernel's vhost-vsock device
 // (reached over AF_VSOCK), on the same kernel and initramfs, through the
-// same agent.Client.
+// same agentclient.Client.
 //
 //	go run ./bench/agent --kernel build/vmlinux --initramfs build/initramfs.cpio [--calls 200]
 //
@@ -35,29 +35,26 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"time"
 
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/bench/stats"
 	"github.com/warrenvm/warren/bench/vsockpeer"
 )
 
 // config is the command line.
 type config struct {
-	kernel, initramfs, warren, qemu string
-	calls, warmup, qemuCID          int
-	timeout                         time.Duration
-	jsonOut                         string
-	execArgv                        []string
+	rig.Files
+	calls, warmup, qemuCID int
+	timeout                time.Duration
+	jsonOut                string
+	execArgv               []string
 }
 
 func main() {
 	var c config
-	flag.StringVar(&c.kernel, "kernel", "build/vmlinux", "guest kernel")
-	flag.StringVar(&c.initramfs, "initramfs", "build/initramfs.cpio", "initramfs (with the agent)")
-	flag.StringVar(&c.warren, "warren", "bin/warren", "warren binary")
-	flag.StringVar(&c.qemu, "qemu", "qemu-system-x86_64", "QEMU binary")
+	c.Flags("initramfs (with the agent)")
 	flag.IntVar(&c.calls, "calls", 200, "recorded calls per operation and system")
 	flag.IntVar(&c.warmup, "warmup", 10, "unrecorded calls per operation and system first")
 	flag.IntVar(&c.qemuCID, "qemu-cid", 42, "the QEMU guest's vsock CID")
@@ -110,16 +107,8 @@ var metrics = []struct {
 }
 
 func run(c config) error {
-	if err := checkHost(); err != nil {
+	if err := c.Check(rig.Needs{Files: true, QEMU: true, VhostVsock: true}); err != nil {
 		return err
-	}
-	if _, err := exec.LookPath(c.qemu); err != nil {
-		return fmt.Errorf("%s not found: apt-get install qemu-system-x86", c.qemu)
-	}
-	for _, f := range []string{c.kernel, c.initramfs, c.warren} {
-		if _, err := os.Stat(f); err != nil {
-			return err
-		}
 	}
 	dir, err := os.MkdirTemp("", "warren-bench-agent")
 	if err != nil {

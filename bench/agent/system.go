@@ -5,16 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
 	"time"
 
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/bench/console"
 	"github.com/warrenvm/warren/bench/vsockpeer"
-	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/boot"
 	"github.com/warrenvm/warren/vmm/hostprofile"
@@ -30,7 +29,7 @@ const guestArgs = "random.trust_cpu=1"
 type system struct {
 	name   string
 	argv   []string
-	client *agent.Client
+	client *agentclient.Client
 	p      *console.Proc
 	// outside are kernel threads doing the VMM's work outside its process
 	// (QEMU's vhost-vsock worker), counted as VMM CPU; found after boot.
@@ -44,7 +43,7 @@ type system struct {
 func newWarren(c config, dir string) *system {
 	sock := dir + "/warren.vsock"
 	return &system{name: "warren",
-		argv: []string{c.warren, "run", "--kernel", c.kernel, "--initramfs", c.initramfs, "--mem", "256", "--cpus", "1",
+		argv: []string{c.Warren, "run", "--kernel", c.Kernel, "--initramfs", c.Initramfs, "--mem", "256", "--cpus", "1",
 			"--vsock", sock, "--cid", "3", "--cmdline", guestArgs},
 		client: agentclient.New(sock),
 	}
@@ -61,13 +60,13 @@ func newQEMU(c config) *system {
 	cmd.Add(guestArgs)
 	cid := uint32(c.qemuCID)
 	return &system{name: "qemu",
-		argv: []string{c.qemu, "-name", "qemu,debug-threads=on", "-M", "microvm,acpi=off", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", "256", "-smp", "1",
+		argv: []string{c.QEMU, "-name", "qemu,debug-threads=on", "-M", "microvm,acpi=off", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", "256", "-smp", "1",
 			"-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-monitor", "none",
-			"-kernel", c.kernel, "-initrd", c.initramfs, "-append", cmd.String(),
+			"-kernel", c.Kernel, "-initrd", c.Initramfs, "-append", cmd.String(),
 			"-device", "virtio-rng-device",
 			"-device", "vhost-vsock-device,guest-cid=" + strconv.FormatUint(uint64(cid), 10)},
-		client: agent.NewClient(func(ctx context.Context) (net.Conn, error) {
-			return vsockpeer.Dial(ctx, cid, agent.Port)
+		client: agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
+			return vsockpeer.Dial(ctx, cid, agentwire.Port)
 		}),
 		findOutside: procfs("/proc").vhostWorkers,
 	}
@@ -165,8 +164,8 @@ func (s *system) call(op string, argv []string, timeout time.Duration) (sample, 
 	case "health":
 		_, sm.agent, err = s.client.HealthTimed(ctx)
 	case "exec":
-		var st agent.ExitStatus
-		st, err = s.client.ExecStatus(ctx, agent.ExecRequest{Argv: argv}, nil, nil)
+		var st agentwire.ExitStatus
+		st, err = s.client.ExecStatus(ctx, agentwire.ExecRequest{Argv: argv}, nil, nil)
 		if err == nil && st.Code != 0 {
 			err = fmt.Errorf("exit code %d", st.Code)
 		}
@@ -202,15 +201,4 @@ func (s *system) idleCPU(d time.Duration) (time.Duration, error) {
 		return 0, err
 	}
 	return time.Duration(float64(vmmCPU(before, after)) / time.Since(t0).Seconds()), nil
-}
-
-// checkHost fails early when the host lacks what QEMU's vhost-vsock needs.
-func checkHost() error {
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		return errors.New("/dev/kvm is absent: run `make bench`, which runs this inside the nested KVM host")
-	}
-	if _, err := os.Stat("/dev/vhost-vsock"); err != nil {
-		return errors.New("/dev/vhost-vsock is absent: modprobe vhost_vsock (QEMU's vsock device needs it)")
-	}
-	return nil
 }

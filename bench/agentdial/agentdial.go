@@ -7,14 +7,14 @@ import (
 	"net"
 	"time"
 
-	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/agentclient"
 )
 
 // Racing returns a DialFunc that starts a new attempt of dial every 5 ms
 // (at most 8 at once) until one connects, so that an attempt the guest
 // will never answer (made while it was being restored) does not delay the
 // first that it does.
-func Racing(dial agent.DialFunc) agent.DialFunc {
+func Racing(dial agentclient.DialFunc) agentclient.DialFunc {
 	return func(ctx context.Context) (net.Conn, error) {
 		type result struct {
 			c   net.Conn

@@ -4,6 +4,8 @@ package benchplot
 
 import (
 	"fmt"
+	"image"
+	"image/png"
 	"os"
 	"path/filepath"
 
@@ -32,4 +34,18 @@ func SavePNG(path string, c *vgimg.Canvas) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return f.Close()
+}
+
+// ReadPNG reads back the PNG file at path, as SavePNG wrote it.
+func ReadPNG(path string) (image.Image, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not a valid PNG: %w", path, err)
+	}
+	return img, nil
 }

@@ -2,8 +2,6 @@ package benchplot
 
 import (
 	"image/color"
-	"image/png"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -28,14 +26,9 @@ func TestSavePNG(t *testing.T) {
 	if err := SavePNG(path, c); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(path)
+	img, err := ReadPNG(path)
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatalf("not a valid PNG: %v", err)
 	}
 	if got := img.Bounds().Size(); got.X != 200 || got.Y != 100 {
 		t.Fatalf("size %v, want 200x100", got)

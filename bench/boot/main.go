@@ -23,6 +23,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/bench/stats"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/boot"
@@ -32,34 +33,24 @@ import (
 var readyLine = regexp.MustCompile(`warren-init: ready uptime=([0-9.]+)`)
 
 func main() {
-	kernel := flag.String("kernel", "build/vmlinux", "guest kernel (vmlinux with PVH note)")
-	initramfs := flag.String("initramfs", "build/initramfs.cpio", "initramfs")
+	var f rig.Files
+	f.Flags("initramfs")
 	runs := flag.Int("runs", 3, "boots per system")
 	mem := flag.Int("mem", 256, "guest memory, MiB")
 	cpus := flag.Int("cpus", 1, "vCPUs")
-	warren := flag.String("warren", "bin/warren", "warren binary")
-	qemu := flag.String("qemu", "qemu-system-x86_64", "QEMU binary")
 	timeout := flag.Duration("timeout", 10*time.Minute, "limit for one boot")
 	jsonOut := flag.String("json", "", "also write results as JSON to this file")
 	keepGoing := flag.Bool("keep-going", false, "count a failed boot (triple fault, no ready line, timeout) and go on, then report each system's failure rate: the nested host's L2 fault rates, Warren's against QEMU's on the same kernel (issue 18)")
 	flag.Parse()
-	if err := run(*kernel, *initramfs, *runs, *mem, *cpus, *warren, *qemu, *timeout, *jsonOut, *keepGoing); err != nil {
+	if err := run(f, *runs, *mem, *cpus, *timeout, *jsonOut, *keepGoing); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/boot:", err)
 		os.Exit(1)
 	}
 }
 
-func run(kernel, initramfs string, runs, mem, cpus int, warren, qemu string, timeout time.Duration, jsonOut string, keepGoing bool) error {
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		return errors.New("/dev/kvm is absent: run `make bench`, which runs this inside the nested KVM host")
-	}
-	if _, err := exec.LookPath(qemu); err != nil {
-		return fmt.Errorf("%s not found: install the peer with `apt-get install qemu-system-x86`", qemu)
-	}
-	for _, f := range []string{kernel, initramfs, warren} {
-		if _, err := os.Stat(f); err != nil {
-			return err
-		}
+func run(f rig.Files, runs, mem, cpus int, timeout time.Duration, jsonOut string, keepGoing bool) error {
+	if err := f.Check(rig.Needs{Files: true, QEMU: true}); err != nil {
+		return err
 	}
 	profile := hostprofile.Detect("/sys/module")
 	const userArgs = "warren.poweroff=1"
@@ -73,12 +64,12 @@ func run(kernel, initramfs string, runs, mem, cpus int, warren, qemu string, tim
 		name string
 		argv []string
 	}{
-		{"warren", []string{warren, "run", "--kernel", kernel, "--initramfs", initramfs, "--mem", m, "--cpus", c, "--cmdline", userArgs}},
-		{"qemu", []string{qemu, "-M", "microvm,acpi=off", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", m, "-smp", c,
+		{"warren", []string{f.Warren, "run", "--kernel", f.Kernel, "--initramfs", f.Initramfs, "--mem", m, "--cpus", c, "--cmdline", userArgs}},
+		{"qemu", []string{f.QEMU, "-M", "microvm,acpi=off", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", m, "-smp", c,
 			"-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio",
-			"-kernel", kernel, "-initrd", initramfs, "-append", full.String()}},
+			"-kernel", f.Kernel, "-initrd", f.Initramfs, "-append", full.String()}},
 	}
-	fmt.Printf("host profile: %s\nkernel: %s\ninitramfs: %s\ncmdline: %s\n\n", profile, kernel, initramfs, full.String())
+	fmt.Printf("host profile: %s\nkernel: %s\ninitramfs: %s\ncmdline: %s\n\n", profile, f.Kernel, f.Initramfs, full.String())
 	samples := make([][]time.Duration, len(systems))
 	guest := make([][]float64, len(systems))
 	failures := make([]map[string]int, len(systems))

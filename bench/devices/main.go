@@ -12,29 +12,25 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"time"
 
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/bench/stats"
 )
 
 type config struct {
-	kernel, initramfs, warren, qemu string
+	rig.Files
 	runs, diskMiB, xferMiB, blobMiB int
 	jsonOut                         string
 }
 
 func main() {
 	var c config
-	flag.StringVar(&c.kernel, "kernel", "build/vmlinux", "guest kernel")
-	flag.StringVar(&c.initramfs, "initramfs", "build/initramfs.cpio", "initramfs")
-	flag.StringVar(&c.warren, "warren", "bin/warren", "warren binary")
-	flag.StringVar(&c.qemu, "qemu", "qemu-system-x86_64", "QEMU binary")
+	c.Flags("initramfs")
 	flag.IntVar(&c.runs, "runs", 5, "transfers per measurement and system")
 	flag.IntVar(&c.diskMiB, "disk-mib", 256, "size of the raw disk image")
 	flag.IntVar(&c.xferMiB, "xfer-mib", 16, "MiB moved per disk transfer")
@@ -60,14 +56,8 @@ type measurement struct {
 }
 
 func run(c config) error {
-	if os.Geteuid() != 0 {
-		return errors.New("needs root (network namespace and taps)")
-	}
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		return errors.New("/dev/kvm is absent: run `make bench`, which runs this inside the nested KVM host")
-	}
-	if _, err := exec.LookPath(c.qemu); err != nil {
-		return fmt.Errorf("%s not found: apt-get install qemu-system-x86", c.qemu)
+	if err := c.Check(rig.Needs{Root: "network namespace and taps", QEMU: true}); err != nil {
+		return err
 	}
 	dir, err := os.MkdirTemp("", "warren-bench-devices")
 	if err != nil {

@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/warrenvm/warren/internal/nsenter"
 )
 
 const (
@@ -53,7 +51,7 @@ func newNetHost(ns string, blobMiB int) (*netHost, error) {
 	}
 	blob := bytes.Repeat([]byte("warren-bench-blob\n"), (blobMiB<<20)/18+1)[:blobMiB<<20]
 	var ln net.Listener
-	err := inNetns(ns, func() (err error) {
+	err := nsenter.Net(ns, func() (err error) {
 		ln, err = net.Listen("tcp", fmt.Sprintf("%s:%d", gatewayIP, httpPort))
 		return err
 	})
@@ -95,24 +93,4 @@ func (h *netHost) Close() {
 		h.srv.Close()
 	}
 	ip("netns", "del", h.ns)
-}
-
-// inNetns runs fn on a thread that has entered namespace ns.
-func inNetns(ns string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread is discarded
-		f, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
 }

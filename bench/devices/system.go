@@ -35,7 +35,7 @@ func guestArgs(ip string) string {
 func newWarren(c config, disk string, h *netHost) *system {
 	const tap, ip = "wbench0", "10.201.0.2"
 	return &system{name: "warren", tap: tap, guestIP: ip, host: h, c: c,
-		argv: h.exec(c.warren, "run", "--kernel", c.kernel, "--initramfs", c.initramfs, "--mem", "256",
+		argv: h.exec(c.Warren, "run", "--kernel", c.Kernel, "--initramfs", c.Initramfs, "--mem", "256",
 			"--disk", disk, "--tap", tap, "--cmdline", guestArgs(ip))}
 }
 
@@ -46,9 +46,9 @@ func newQEMU(c config, disk string, h *netHost) *system {
 	cmd.Add(hostprofile.Detect("/sys/module").KernelArgs()...)
 	cmd.Add(guestArgs(ip))
 	return &system{name: "qemu", tap: tap, guestIP: ip, host: h, c: c,
-		argv: h.exec(c.qemu, "-M", "microvm,acpi=off", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", "256", "-smp", "1",
+		argv: h.exec(c.QEMU, "-M", "microvm,acpi=off", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", "256", "-smp", "1",
 			"-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-monitor", "none",
-			"-kernel", c.kernel, "-initrd", c.initramfs, "-append", cmd.String(),
+			"-kernel", c.Kernel, "-initrd", c.Initramfs, "-append", cmd.String(),
 			"-drive", "id=d0,file="+disk+",format=raw,if=none,file.locking=off",
 			"-device", "virtio-blk-device,drive=d0",
 			"-netdev", "tap,id=n0,ifname="+tap+",script=no,downscript=no",

@@ -19,6 +19,7 @@ import (
 
 	"github.com/warrenvm/warren/ebpf/filter"
 	"github.com/warrenvm/warren/ebpf/policy"
+	"github.com/warrenvm/warren/internal/netframe"
 )
 
 // The benchmark's network, all inside the namespace it creates.
@@ -39,7 +40,7 @@ var (
 	hostIP   = netip.MustParseAddr("10.210.0.1")
 	guestIP  = netip.MustParseAddr("10.210.0.2")
 	echoIP   = netip.MustParseAddr("198.51.100.7")
-	guestMAC = [6]byte{0x02, 0x00, 0x00, 0x00, 0x0b, 0x02}
+	guestMAC = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x0b, 0x02}
 )
 
 // filterVariant is one way the tap's ingress is set up, and what was
@@ -201,7 +202,7 @@ func filterBench(c config) (rep *filterReport, variants []*filterVariant, err er
 	if err := netlink.LinkSetUp(tl); err != nil {
 		return nil, nil, fmt.Errorf("tap up: %w", err)
 	}
-	neigh := &netlink.Neigh{LinkIndex: tl.Attrs().Index, IP: guestIP.AsSlice(), HardwareAddr: net.HardwareAddr(guestMAC[:]), State: netlink.NUD_PERMANENT}
+	neigh := &netlink.Neigh{LinkIndex: tl.Attrs().Index, IP: guestIP.AsSlice(), HardwareAddr: guestMAC, State: netlink.NUD_PERMANENT}
 	if err := netlink.NeighAdd(neigh); err != nil {
 		return nil, nil, fmt.Errorf("guest neighbour: %w", err)
 	}
@@ -218,8 +219,7 @@ func filterBench(c config) (rep *filterReport, variants []*filterVariant, err er
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	var tapMAC [6]byte
-	copy(tapMAC[:], tl.Attrs().HardwareAddr)
+	tapMAC := tl.Attrs().HardwareAddr
 
 	// The fake guest and the echo server share one CPU: their wake-ups of
 	// each other are then plain context switches, not cross-CPU wake-ups,
@@ -268,7 +268,7 @@ func filterBench(c config) (rep *filterReport, variants []*filterVariant, err er
 	}()
 
 	rep = &filterReport{PinCPU: c.pinCPU, Packets: c.packets, Rounds: c.rounds, PolicyRules: len(rules), TableEntries: len(table), Counters: map[string]counterView{}}
-	p := &pinger{fd: fd, flow: udpFlow{SrcMAC: guestMAC, DstMAC: tapMAC, Src: guestIP, Dst: echoIP, SrcPort: guestPort, DstPort: echoPort},
+	p := &pinger{fd: fd, flow: netframe.UDPFlow{SrcMAC: guestMAC, DstMAC: tapMAC, Src: guestIP, Dst: echoIP, SrcPort: guestPort, DstPort: echoPort},
 		rbuf: make([]byte, 65536)}
 	// The tap may drop the first frames while its queue comes up: probe
 	// until one is echoed, then warm up.
@@ -513,7 +513,7 @@ var restoreSysctl func()
 // its echo.
 type pinger struct {
 	fd      int
-	flow    udpFlow
+	flow    netframe.UDPFlow
 	seq     uint64
 	written uint64
 	bad     int // frames read that are not echoes of a probe
@@ -527,7 +527,7 @@ type pinger struct {
 func (p *pinger) ping(timeout time.Duration) (rtt time.Duration, ok bool, err error) {
 	p.seq++
 	p.pbuf = probePayload(p.pbuf, p.seq, probeSize)
-	p.wbuf = appendUDPFrame(p.wbuf[:0], p.flow, uint16(p.seq), p.pbuf)
+	p.wbuf = netframe.AppendUDP(p.wbuf[:0], p.flow, uint16(p.seq), p.pbuf)
 	pfd := []unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLIN}}
 	t0 := time.Now()
 	if _, err := unix.Write(p.fd, p.wbuf); err != nil {
@@ -552,7 +552,7 @@ func (p *pinger) ping(timeout time.Duration) (rtt time.Duration, ok bool, err er
 			if err != nil {
 				return 0, false, fmt.Errorf("read the tap: %w", err)
 			}
-			pk, perr := parseUDPFrame(p.rbuf[:n])
+			pk, perr := netframe.ParseUDP(p.rbuf[:n])
 			if perr != nil || pk.Src != netip.AddrPortFrom(p.flow.Dst, p.flow.DstPort) || pk.Dst != netip.AddrPortFrom(p.flow.Src, p.flow.SrcPort) {
 				p.bad++
 				continue

@@ -125,7 +125,7 @@ func warrenRun(c config, reg *registry, w *parent, dir string, rd int, label str
 
 // qemuSource boots the QEMU guest, migrates it to file once and stops it.
 func qemuSource(c config, reg *registry, dir string, size int, file string, s *qemuSeries) error {
-	g := qemu.Guest{Binary: c.qemu, Kernel: c.kernel, Initramfs: c.initramfs, MemMiB: size, CID: c.qemuCID, GuestArgs: guestArgs}
+	g := qemu.Guest{Binary: c.QEMU, Kernel: c.Kernel, Initramfs: c.Initramfs, MemMiB: size, CID: c.qemuCID, GuestArgs: guestArgs}
 	qmpPath := filepath.Join(dir, "qemu.qmp")
 	p, err := console.Start(qemu.Argv(g, qmpPath))
 	if err != nil {
@@ -159,7 +159,7 @@ func qemuSource(c config, reg *registry, dir string, size int, file string, s *q
 // bench/snapshot restores it, times it to its agent's answer, records the
 // run (unless rd < 0) and stops it.
 func qemuRun(c config, reg *registry, dir string, size int, file string, cid, rd int, label string, s *qemuSeries) {
-	g := qemu.Guest{Binary: c.qemu, Kernel: c.kernel, Initramfs: c.initramfs, MemMiB: size, CID: cid, GuestArgs: guestArgs}
+	g := qemu.Guest{Binary: c.QEMU, Kernel: c.Kernel, Initramfs: c.Initramfs, MemMiB: size, CID: cid, GuestArgs: guestArgs}
 	argv := append(qemu.Argv(g, ""), "-incoming", "exec:cat "+file)
 	client := qemu.AgentClient(uint32(cid), agentdial.Racing)
 	defer client.Close()

@@ -48,11 +48,9 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -60,6 +58,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/bench/stats"
 	"github.com/warrenvm/warren/bench/vsockpeer"
 )
@@ -70,24 +69,21 @@ const guestArgs = "random.trust_cpu=1"
 
 // config is the command line.
 type config struct {
-	kernel, initramfs, warren, qemu string
-	sizes                           []int
-	runs                            int
-	qemuCID                         int
-	densityMem, densityMax          int
-	densityFloor                    float64 // percent of MemTotal
-	dir                             string
-	timeout, runTimeout             time.Duration
-	jsonOut                         string
-	skipQEMU, skipDensity           bool
+	rig.Files
+	sizes                  []int
+	runs                   int
+	qemuCID                int
+	densityMem, densityMax int
+	densityFloor           float64 // percent of MemTotal
+	dir                    string
+	timeout, runTimeout    time.Duration
+	jsonOut                string
+	skipQEMU, skipDensity  bool
 }
 
 func main() {
 	var c config
-	flag.StringVar(&c.kernel, "kernel", "build/vmlinux", "guest kernel")
-	flag.StringVar(&c.initramfs, "initramfs", "build/initramfs.cpio", "initramfs (with the agent)")
-	flag.StringVar(&c.warren, "warren", "bin/warren", "warren binary")
-	flag.StringVar(&c.qemu, "qemu", "qemu-system-x86_64", "QEMU binary")
+	c.Flags("initramfs (with the agent)")
 	sizes := flag.String("sizes", "128,1024,4096", "guest sizes for the fork latency, MiB, comma-separated")
 	flag.IntVar(&c.runs, "runs", 50, "recorded forks (and QEMU restores) per size")
 	flag.IntVar(&c.qemuCID, "qemu-cid", 42, "the QEMU source guest's vsock CID; restores use the next ones")
@@ -142,7 +138,8 @@ func parseSizes(s string) ([]int, error) {
 }
 
 func run(c config, reg *registry) error {
-	if err := checkHost(c); err != nil {
+	needs := rig.Needs{Files: true, QEMU: !c.skipQEMU, VhostVsock: !c.skipQEMU, Otherwise: ", or --skip-qemu"}
+	if err := c.Check(needs); err != nil {
 		return err
 	}
 	dir, err := filepath.Abs(c.dir) // fork prefixes must be absolute
@@ -197,27 +194,6 @@ func run(c config, reg *registry) error {
 	}
 	if c.jsonOut != "" {
 		if err := stats.WriteJSON(c.jsonOut, out); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// checkHost fails early when the host lacks what the benchmark needs.
-func checkHost(c config) error {
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		return errors.New("/dev/kvm is absent: run `make bench`, which runs this inside the nested KVM host")
-	}
-	if !c.skipQEMU {
-		if _, err := os.Stat("/dev/vhost-vsock"); err != nil {
-			return errors.New("/dev/vhost-vsock is absent: modprobe vhost_vsock (QEMU's vsock device needs it), or --skip-qemu")
-		}
-		if _, err := exec.LookPath(c.qemu); err != nil {
-			return fmt.Errorf("%s not found: apt-get install qemu-system-x86, or --skip-qemu", c.qemu)
-		}
-	}
-	for _, f := range []string{c.kernel, c.initramfs, c.warren} {
-		if _, err := os.Stat(f); err != nil {
 			return err
 		}
 	}

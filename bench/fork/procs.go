@@ -14,11 +14,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/bench/agentdial"
 	"github.com/warrenvm/warren/bench/console"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
-	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient"
 	"github.com/warrenvm/warren/vmmctl"
 )
 
@@ -93,7 +93,7 @@ func (r *registry) killAll() {
 type parent struct {
 	p      *console.Proc
 	api    string
-	client *agent.Client
+	client *agentclient.Client
 }
 
 var ready = regexp.MustCompile(`warren-init: ready uptime=`)
@@ -102,7 +102,7 @@ var ready = regexp.MustCompile(`warren-init: ready uptime=`)
 // DIR/NAME.* and waits for its agent.
 func bootWarren(c config, reg *registry, dir, name string, memMiB int) (*parent, error) {
 	sock, api := filepath.Join(dir, name+".vsock"), filepath.Join(dir, name+".api")
-	argv := []string{c.warren, "run", "--kernel", c.kernel, "--initramfs", c.initramfs,
+	argv := []string{c.Warren, "run", "--kernel", c.Kernel, "--initramfs", c.Initramfs,
 		"--mem", strconv.Itoa(memMiB), "--cpus", "1", "--vsock", sock, "--cid", "3",
 		"--api", api, "--cmdline", guestArgs}
 	p, err := console.Start(argv)
@@ -119,7 +119,7 @@ func bootWarren(c config, reg *registry, dir, name string, memMiB int) (*parent,
 }
 
 // waitBooted waits for a booted guest's ready line and its agent's answer.
-func waitBooted(name string, p *console.Proc, client *agent.Client, timeout time.Duration) error {
+func waitBooted(name string, p *console.Proc, client *agentclient.Client, timeout time.Duration) error {
 	if _, err := p.Wait(ready, timeout); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
@@ -178,17 +178,17 @@ func forkToAgent(c config, reg *registry, w *parent, prefix string) (r vmmctl.Fo
 // childClient reaches a fork child's agent through its vsock socket,
 // racing dials as for a restored VM: the child's guest resets its vsock
 // transport after the fork, and a stream opened before may go unanswered.
-func childClient(ch vmmctl.ForkChild) *agent.Client {
+func childClient(ch vmmctl.ForkChild) *agentclient.Client {
 	sock := ch.Vsock
-	return agent.NewClient(agentdial.Racing(func(ctx context.Context) (net.Conn, error) {
-		return vsock.Dial(ctx, sock, agent.Port)
+	return agentclient.NewDial(agentdial.Racing(func(ctx context.Context) (net.Conn, error) {
+		return vsock.Dial(ctx, sock, agentwire.Port)
 	}))
 }
 
 // waitAnswer calls GET /health until the agent answers and returns the
 // time since start; it gives up at deadline or once gone reports the VMM
 // gone.
-func waitAnswer(client *agent.Client, start, deadline time.Time, gone func() bool) (time.Duration, error) {
+func waitAnswer(client *agentclient.Client, start, deadline time.Time, gone func() bool) (time.Duration, error) {
 	for {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		_, err := client.Health(ctx)

@@ -4,21 +4,15 @@ import (
 	"strings"
 	"testing"
 	"time"
-)
 
-func durs(ms ...int) []time.Duration {
-	var d []time.Duration
-	for _, m := range ms {
-		d = append(d, time.Duration(m)*time.Millisecond)
-	}
-	return d
-}
+	"github.com/warrenvm/warren/bench/stats"
+)
 
 func TestPrintMetrics(t *testing.T) {
 	var b strings.Builder
 	printMetrics(&b, "warren", "qemu", []metric{
-		{"to agent answer", durs(10, 20, 30), durs(100, 200, 300)},
-		{"fork call", durs(5), nil},
+		{"to agent answer", stats.Millis(10, 20, 30), stats.Millis(100, 200, 300)},
+		{"fork call", stats.Millis(5), nil},
 	})
 	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
 	if len(lines) != 1+3+3 {
@@ -44,9 +38,9 @@ func TestPrintMetrics(t *testing.T) {
 func TestPrintLatencyAndSummary(t *testing.T) {
 	c := config{runs: 3, sizes: []int{128, 1024}}
 	res := map[int]*sizeResult{
-		128: {MemMiB: 128, Warren: warrenSeries{Agent: durs(10, 11, 12), Pause: durs(1, 1, 2), Ready: durs(3, 3, 3), Call: durs(4, 4, 4), Layers: []int{2, 3, 1}},
-			QEMU: &qemuSeries{Downtime: 50 * time.Millisecond, Agent: durs(500, 600, 700), Failures: []string{"run 3: boom"}}},
-		1024: {MemMiB: 1024, Warren: warrenSeries{Agent: durs(10, 11, 12), Pause: durs(1, 1, 2)}},
+		128: {MemMiB: 128, Warren: warrenSeries{Agent: stats.Millis(10, 11, 12), Pause: stats.Millis(1, 1, 2), Ready: stats.Millis(3, 3, 3), Call: stats.Millis(4, 4, 4), Layers: []int{2, 3, 1}},
+			QEMU: &qemuSeries{Downtime: 50 * time.Millisecond, Agent: stats.Millis(500, 600, 700), Failures: []string{"run 3: boom"}}},
+		1024: {MemMiB: 1024, Warren: warrenSeries{Agent: stats.Millis(10, 11, 12), Pause: stats.Millis(1, 1, 2)}},
 	}
 	var b strings.Builder
 	printLatency(&b, c, res[128])

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warrenvm/warren/bench/stats"
 )
 
 // fakeRuns is drive's once: the warm-up, then lats in order (0: a failed
@@ -56,7 +58,7 @@ func readResults(t *testing.T, path string) resultsFile {
 func TestCheckpointMidLevel(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "out.json")
 	rs := &results{c: config{memMiB: 256, runs: 5, jsonOut: path}, withQEMU: true}
-	rs.warren = append(rs.warren, drive(context.Background(), "warren", 1, 2, fakeRuns(msList(10, 20), nil), rs.checkpoint("warren")))
+	rs.warren = append(rs.warren, drive(context.Background(), "warren", 1, 2, fakeRuns(stats.Millis(10, 20), nil), rs.checkpoint("warren")))
 	if doc := readResults(t, path); len(doc.Warren) != 1 || *doc.Warren[0].Complete || len(doc.Warren[0].Summary.Samples) != 2 {
 		t.Fatalf("checkpoint after the level's last run: %+v", doc.Warren)
 	}
@@ -86,7 +88,7 @@ func TestCheckpointMidLevel(t *testing.T) {
 			t.Errorf("mid-level qemu samples %v, failures %v", q.Summary.Samples, q.Failures)
 		}
 	}
-	rs.qemu = append(rs.qemu, drive(context.Background(), "qemu", 1, 3, fakeRuns(msList(30, 0, 40), nil), onSample))
+	rs.qemu = append(rs.qemu, drive(context.Background(), "qemu", 1, 3, fakeRuns(stats.Millis(30, 0, 40), nil), onSample))
 	if seen != 3 {
 		t.Fatalf("%d checkpoints for 3 runs", seen)
 	}
@@ -106,16 +108,16 @@ func TestMergeResults(t *testing.T) {
 	// a: warren 1 client done (4 runs), then frozen after 2 qemu restores.
 	a := filepath.Join(dir, "a.json")
 	ra := &results{c: config{memMiB: 256, runs: 4, jsonOut: a}, withQEMU: true}
-	ra.warren = append(ra.warren, drive(context.Background(), "warren", 1, 4, fakeRuns(msList(10, 20, 30, 40), nil), ra.checkpoint("warren")))
+	ra.warren = append(ra.warren, drive(context.Background(), "warren", 1, 4, fakeRuns(stats.Millis(10, 20, 30, 40), nil), ra.checkpoint("warren")))
 	ctx, cancel := context.WithCancel(context.Background())
-	drive(ctx, "qemu", 1, 4, fakeRuns(msList(5, 6), cancel), ra.checkpoint("qemu"))
+	drive(ctx, "qemu", 1, 4, fakeRuns(stats.Millis(5, 6), cancel), ra.checkpoint("qemu"))
 	cancel()
 	// b: warren 1 client done (one ok, one failed), then frozen in the
 	// 4-client level after its 3 creates, before the level's report.
 	b := filepath.Join(dir, "b.json")
 	rb := &results{c: config{memMiB: 256, runs: 2, jsonOut: b}, withQEMU: true}
-	rb.warren = append(rb.warren, drive(context.Background(), "warren", 1, 2, fakeRuns(msList(50, 0), nil), rb.checkpoint("warren")))
-	drive(context.Background(), "warren", 4, 3, fakeRuns(msList(100, 100, 100), nil), rb.checkpoint("warren"))
+	rb.warren = append(rb.warren, drive(context.Background(), "warren", 1, 2, fakeRuns(stats.Millis(50, 0), nil), rb.checkpoint("warren")))
+	drive(context.Background(), "warren", 4, 3, fakeRuns(stats.Millis(100, 100, 100), nil), rb.checkpoint("warren"))
 
 	for _, f := range []string{a, b} {
 		if doc := readResults(t, f); doc.Complete {
@@ -175,7 +177,7 @@ func TestMergeResults(t *testing.T) {
 	// Different guests do not merge.
 	c := filepath.Join(dir, "c.json")
 	rc := &results{c: config{memMiB: 512, runs: 1, jsonOut: c}}
-	rc.warren = append(rc.warren, drive(context.Background(), "warren", 1, 1, fakeRuns(msList(7), nil), nil))
+	rc.warren = append(rc.warren, drive(context.Background(), "warren", 1, 1, fakeRuns(stats.Millis(7), nil), nil))
 	if err := rc.writeJSON(true); err != nil {
 		t.Fatal(err)
 	}

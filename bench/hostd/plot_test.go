@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"image"
 	"image/color"
-	"image/png"
 	"math"
 	"math/rand"
 	"os"
@@ -13,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warrenvm/warren/bench/benchplot"
 )
 
 // synthetic is n latencies spread around median.
@@ -62,13 +62,9 @@ func TestRenderWritesPNG(t *testing.T) {
 	if err := writePNG(path, syntheticPlot(960, 600)); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(path)
+	img, err := benchplot.ReadPNG(path)
 	if err != nil {
 		t.Fatal(err)
-	}
-	img, err := png.Decode(bytes.NewReader(b))
-	if err != nil {
-		t.Fatalf("not a valid PNG: %v", err)
 	}
 	if got := img.Bounds().Size(); got.X != 960 || got.Y != 600 {
 		t.Fatalf("size %v, want 960x600", got)

@@ -15,12 +15,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/bench/agentdial"
 	"github.com/warrenvm/warren/bench/console"
 	"github.com/warrenvm/warren/bench/proc"
 	"github.com/warrenvm/warren/bench/qemu"
 	"github.com/warrenvm/warren/bench/vsockpeer"
-	"github.com/warrenvm/warren/guestinit/agent"
 )
 
 // guestArgs are the kernel arguments both guests get besides the base line
@@ -137,7 +137,7 @@ func (q *qemuPeer) start(ctx context.Context, firstExec bool) (time.Duration, er
 		_, err := client.Health(c)
 		if err == nil && firstExec {
 			var code int
-			if code, err = client.Exec(c, agent.ExecRequest{Argv: []string{"true"}}, io.Discard, io.Discard); err == nil && code != 0 {
+			if code, err = client.Exec(c, agentwire.ExecRequest{Argv: []string{"true"}}, io.Discard, io.Discard); err == nil && code != 0 {
 				cancel()
 				return 0, fmt.Errorf("exec true: exit %d", code)
 			}

@@ -10,16 +10,8 @@ import (
 	"github.com/warrenvm/warren/bench/stats"
 )
 
-func msList(v ...int) []time.Duration {
-	var out []time.Duration
-	for _, x := range v {
-		out = append(out, time.Duration(x)*time.Millisecond)
-	}
-	return out
-}
-
 func TestPercentilesFromStats(t *testing.T) {
-	s := msList(10, 20, 30, 40, 50, 60, 70, 80, 90, 100)
+	s := stats.Millis(10, 20, 30, 40, 50, 60, 70, 80, 90, 100)
 	for p, want := range map[float64]time.Duration{50: 50 * time.Millisecond, 90: 90 * time.Millisecond, 99: 100 * time.Millisecond} {
 		if got := stats.Percentile(s, p); got != want {
 			t.Errorf("p%v = %v, want %v", p, got, want)
@@ -35,10 +27,10 @@ func TestSpaceAt(t *testing.T) {
 
 func TestPrintTable(t *testing.T) {
 	ws := []levelResult{
-		{Clients: 1, Samples: msList(120, 120, 120, 120, 120, 120, 120, 120, 178, 200), Wall: time.Second},
-		{Clients: 16, Samples: msList(300, 300, 300), Failures: []string{"run 4: boom"}, Wall: time.Second},
+		{Clients: 1, Samples: stats.Millis(120, 120, 120, 120, 120, 120, 120, 120, 178, 200), Wall: time.Second},
+		{Clients: 16, Samples: stats.Millis(300, 300, 300), Failures: []string{"run 4: boom"}, Wall: time.Second},
 	}
-	qs := []levelResult{{Clients: 1, Samples: msList(60, 60, 60, 60, 60, 60, 60, 60, 89, 100)}}
+	qs := []levelResult{{Clients: 1, Samples: stats.Millis(60, 60, 60, 60, 60, 60, 60, 60, 89, 100)}}
 	var b bytes.Buffer
 	printTable(&b, config{runs: 10, memMiB: 256}, ws, qs)
 	out := b.String()

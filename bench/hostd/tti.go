@@ -13,8 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/bench/stats"
-	"github.com/warrenvm/warren/guestinit/agent"
 )
 
 // Time to interactive (TTI): from asking for a sandbox to the answer of
@@ -141,7 +141,7 @@ func discard(a *api, c config, sb sandbox) {
 
 // execTrue runs `true` in sandbox id and waits for its exit frame.
 func (a *api) execTrue(ctx context.Context, id string) error {
-	res, err := a.do(ctx, http.MethodPost, "/v1/sandboxes/"+id+"/exec", agent.ExecRequest{Argv: []string{"true"}}, "")
+	res, err := a.do(ctx, http.MethodPost, "/v1/sandboxes/"+id+"/exec", agentwire.ExecRequest{Argv: []string{"true"}}, "")
 	if err != nil {
 		return err
 	}

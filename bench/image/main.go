@@ -48,6 +48,7 @@ import (
 
 	"github.com/warrenvm/warren/bench/console"
 	"github.com/warrenvm/warren/bench/qemu"
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/bench/stats"
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/hostd/client"
@@ -57,10 +58,11 @@ import (
 
 // config is the command line.
 type config struct {
-	image, kernel, initramfs, warren, hostd, qemu string
-	work, jsonOut, pngOut, parts                  string
-	builds, creates, snapshots, pythonRuns, mem   int
-	timeout                                       time.Duration
+	rig.Files
+	image, hostd                                string
+	work, jsonOut, pngOut, parts                string
+	builds, creates, snapshots, pythonRuns, mem int
+	timeout                                     time.Duration
 }
 
 // results is the --json output.
@@ -115,11 +117,8 @@ func newPair(ours, peer stats.Summary) *pair {
 func main() {
 	var c config
 	flag.StringVar(&c.image, "image", "oci-layout:build/rootfs/debian:bookworm", "the image (any reference warren templates create --image takes)")
-	flag.StringVar(&c.kernel, "kernel", "build/vmlinux", "guest kernel")
-	flag.StringVar(&c.initramfs, "initramfs", "build/initramfs.cpio", "guest initramfs")
-	flag.StringVar(&c.warren, "warren", "bin/warren", "warren binary")
+	c.Flags("guest initramfs")
 	flag.StringVar(&c.hostd, "hostd", "bin/warren-hostd", "warren-hostd binary")
-	flag.StringVar(&c.qemu, "qemu", "qemu-system-x86_64", "QEMU binary (the peer of the python part)")
 	flag.StringVar(&c.work, "dir", "", "working directory (default a new one under /tmp, removed after)")
 	flag.StringVar(&c.jsonOut, "json", "", "write the results here (JSON)")
 	flag.StringVar(&c.pngOut, "png", "", "plot the results here (PNG)")
@@ -138,7 +137,7 @@ func main() {
 }
 
 func run(c config) error {
-	for _, p := range []*string{&c.kernel, &c.initramfs, &c.warren, &c.hostd} {
+	for _, p := range []*string{&c.Kernel, &c.Initramfs, &c.Warren, &c.hostd} {
 		a, err := filepath.Abs(*p)
 		if err != nil {
 			return err
@@ -281,8 +280,8 @@ func startDaemon(ctx context.Context, c config, state string) (*daemon, error) {
 		return nil, err
 	}
 	defer logf.Close()
-	d.cmd = exec.Command(c.hostd, "--state", filepath.Join(state, "state"), "--socket", d.sock, "--warren", c.warren,
-		"--stop-on-exit", "--guest-kernel", c.kernel, "--guest-initramfs", c.initramfs)
+	d.cmd = exec.Command(c.hostd, "--state", filepath.Join(state, "state"), "--socket", d.sock, "--warren", c.Warren,
+		"--stop-on-exit", "--guest-kernel", c.Kernel, "--guest-initramfs", c.Initramfs)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
@@ -356,7 +355,7 @@ func initramfsTemplate(ctx context.Context, c config, d *daemon) (*client.Templa
 	t0 := time.Now()
 	tctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	t, err := d.c.CreateTemplate(tctx, wire.TemplateRequest{Kernel: c.kernel, Initramfs: c.initramfs, MemMiB: c.mem}, nil)
+	t, err := d.c.CreateTemplate(tctx, wire.TemplateRequest{Kernel: c.Kernel, Initramfs: c.Initramfs, MemMiB: c.mem}, nil)
 	if err != nil {
 		return nil, 0, d.withLog(err)
 	}
@@ -542,9 +541,9 @@ func benchPython(ctx context.Context, c config, res *results, base *image.Base) 
 	}
 	o.Close()
 	defer os.Remove(ov)
-	warrenArgv := []string{c.warren, "run", "--kernel", c.kernel, "--initramfs", c.initramfs, "--mem", strconv.Itoa(c.mem), "--cpus", "1",
+	warrenArgv := []string{c.Warren, "run", "--kernel", c.Kernel, "--initramfs", c.Initramfs, "--mem", strconv.Itoa(c.mem), "--cpus", "1",
 		"--disk", ov, "--cmdline", args}
-	g := qemu.Guest{Binary: c.qemu, Kernel: c.kernel, Initramfs: c.initramfs, MemMiB: c.mem, GuestArgs: args, Disks: []string{base.Path}, NoVsock: true}
+	g := qemu.Guest{Binary: c.QEMU, Kernel: c.Kernel, Initramfs: c.Initramfs, MemMiB: c.mem, GuestArgs: args, Disks: []string{base.Path}, NoVsock: true}
 	pr := &pythonResults{}
 	var warm [2][]time.Duration
 	for i, vm := range []struct {

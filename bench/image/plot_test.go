@@ -2,12 +2,12 @@ package main
 
 import (
 	"image"
-	"image/png"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/warrenvm/warren/bench/benchplot"
 	"github.com/warrenvm/warren/bench/stats"
 )
 
@@ -48,14 +48,9 @@ func TestWritePlot(t *testing.T) {
 	if err := writePlot(path, res); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(path)
+	img, err := benchplot.ReadPNG(path)
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatalf("not a valid PNG: %v", err)
 	}
 	if got := img.Bounds().Size(); got.X != 3*384 || got.Y != 2*288 {
 		t.Fatalf("size %v, want 1152x576", got)

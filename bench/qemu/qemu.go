@@ -9,8 +9,9 @@ import (
 	"net"
 	"strconv"
 
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/bench/vsockpeer"
-	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/boot"
 	"github.com/warrenvm/warren/vmm/hostprofile"
@@ -64,12 +65,12 @@ func Argv(g Guest, qmpPath string) []string {
 // AgentClient reaches the agent of the QEMU guest with CID cid over
 // AF_VSOCK, each dial made by wrap(dial) when wrap is not nil (for
 // example agentdial.Racing).
-func AgentClient(cid uint32, wrap func(agent.DialFunc) agent.DialFunc) *agent.Client {
+func AgentClient(cid uint32, wrap func(agentclient.DialFunc) agentclient.DialFunc) *agentclient.Client {
 	dial := func(ctx context.Context) (net.Conn, error) {
-		return vsockpeer.Dial(ctx, cid, agent.Port)
+		return vsockpeer.Dial(ctx, cid, agentwire.Port)
 	}
 	if wrap != nil {
-		return agent.NewClient(wrap(dial))
+		return agentclient.NewDial(wrap(dial))
 	}
-	return agent.NewClient(dial)
+	return agentclient.NewDial(dial)
 }

@@ -37,7 +37,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -47,33 +46,31 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/bench/stats"
 	"github.com/warrenvm/warren/bench/vsockpeer"
 )
 
 // config is the command line.
 type config struct {
-	kernel, initramfs, warren, qemu string
-	memMiB, touchMiB                int
-	dirty                           []int
-	reps, restoreRuns               int
-	qemuCID                         int
-	warmDir, coldDir                string
-	timeout, restoreTimeout         time.Duration
-	bootTimeout                     time.Duration
-	bootTries                       int
-	jsonOut                         string
-	skipIncremental, skipRestore    bool
-	variants                        map[string]bool // restore variants: eager, lazy, qemu
-	caches                          map[string]bool // restore cache states: warm, cold
+	rig.Files
+	memMiB, touchMiB             int
+	dirty                        []int
+	reps, restoreRuns            int
+	qemuCID                      int
+	warmDir, coldDir             string
+	timeout, restoreTimeout      time.Duration
+	bootTimeout                  time.Duration
+	bootTries                    int
+	jsonOut                      string
+	skipIncremental, skipRestore bool
+	variants                     map[string]bool // restore variants: eager, lazy, qemu
+	caches                       map[string]bool // restore cache states: warm, cold
 }
 
 func main() {
 	var c config
-	flag.StringVar(&c.kernel, "kernel", "build/vmlinux", "guest kernel")
-	flag.StringVar(&c.initramfs, "initramfs", "build/initramfs.cpio", "initramfs (with the agent and memtouch)")
-	flag.StringVar(&c.warren, "warren", "bin/warren", "warren binary")
-	flag.StringVar(&c.qemu, "qemu", "qemu-system-x86_64", "QEMU binary")
+	c.Flags("initramfs (with the agent and memtouch)")
 	flag.IntVar(&c.memMiB, "mem", 512, "guest memory, MiB")
 	flag.IntVar(&c.touchMiB, "touch-mib", 128, "memory memtouch holds, MiB")
 	dirty := flag.String("dirty", "1,16,128", "MiB memtouch dirties before each incremental snapshot, comma-separated")
@@ -123,7 +120,7 @@ func main() {
 }
 
 func run(c config) error {
-	if err := checkHost(c); err != nil {
+	if err := c.Check(rig.Needs{Root: "drop_caches", Files: true, QEMU: true, VhostVsock: true}); err != nil {
 		return err
 	}
 	for _, k := range c.dirty {
@@ -229,28 +226,6 @@ func run(c config) error {
 	}
 	if c.jsonOut != "" {
 		if err := stats.WriteJSON(c.jsonOut, out); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// checkHost fails early when the host lacks what the benchmark needs.
-func checkHost(c config) error {
-	if os.Geteuid() != 0 {
-		return errors.New("needs root (drop_caches)")
-	}
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		return errors.New("/dev/kvm is absent: run `make bench`, which runs this inside the nested KVM host")
-	}
-	if _, err := os.Stat("/dev/vhost-vsock"); err != nil {
-		return errors.New("/dev/vhost-vsock is absent: modprobe vhost_vsock (QEMU's vsock device needs it)")
-	}
-	if _, err := exec.LookPath(c.qemu); err != nil {
-		return fmt.Errorf("%s not found: apt-get install qemu-system-x86", c.qemu)
-	}
-	for _, f := range []string{c.kernel, c.initramfs, c.warren} {
-		if _, err := os.Stat(f); err != nil {
 			return err
 		}
 	}

@@ -15,13 +15,6 @@ import (
 // series hold every sample and failure of both.
 func TestMergeRestores(t *testing.T) {
 	dir := t.TempDir()
-	ms := func(v ...int) []time.Duration {
-		var out []time.Duration
-		for _, x := range v {
-			out = append(out, time.Duration(x)*time.Millisecond)
-		}
-		return out
-	}
 	write := func(name string, eager, qemu []time.Duration, fail []string) string {
 		c := config{restoreRuns: len(eager), memMiB: 512}
 		res := map[string]*restoreSeries{
@@ -34,8 +27,8 @@ func TestMergeRestores(t *testing.T) {
 		}
 		return p
 	}
-	a := write("a.json", ms(10, 20), ms(100, 200), nil)
-	b := write("b.json", ms(30), ms(300), []string{"timed out"})
+	a := write("a.json", stats.Millis(10, 20), stats.Millis(100, 200), nil)
+	b := write("b.json", stats.Millis(30), stats.Millis(300), []string{"timed out"})
 	out := filepath.Join(dir, "merged.json")
 	old := os.Stdout
 	os.Stdout, _ = os.Open(os.DevNull)

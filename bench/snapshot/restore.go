@@ -15,12 +15,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/bench/agentdial"
 	"github.com/warrenvm/warren/bench/proc"
 	"github.com/warrenvm/warren/bench/qemu"
 	"github.com/warrenvm/warren/bench/stats"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
-	"github.com/warrenvm/warren/guestinit/agent"
 )
 
 // restoreSources are the snapshots restored: Warren's DIR/NAME and QEMU's
@@ -209,19 +210,19 @@ func restoreOnce(c config, v variant, src restoreSources, runDir string) (first,
 	os.Remove(timing)
 	os.Remove(sock)
 	var argv []string
-	var client *agent.Client
+	var client *agentclient.Client
 	switch v.system {
 	case "warren":
 		snap := src.warrenWarm
 		if v.cold {
 			snap = src.warrenCold
 		}
-		argv = []string{c.warren, "restore", "--vsock", sock, "--console", "/dev/null", "--timing", timing}
+		argv = []string{c.Warren, "restore", "--vsock", sock, "--console", "/dev/null", "--timing", timing}
 		if v.lazy {
 			argv = append(argv, "--lazy")
 		}
 		argv = append(argv, snap)
-		client = agent.NewClient(agentdial.Racing(func(ctx context.Context) (net.Conn, error) { return vsock.Dial(ctx, sock, agent.Port) }))
+		client = agentclient.NewDial(agentdial.Racing(func(ctx context.Context) (net.Conn, error) { return vsock.Dial(ctx, sock, agentwire.Port) }))
 	case "qemu":
 		file := src.qemuWarm
 		if v.cold {

@@ -12,10 +12,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/bench/console"
 	"github.com/warrenvm/warren/bench/qemu"
-	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmmctl"
 )
@@ -29,7 +29,7 @@ const guestArgs = "random.trust_cpu=1"
 type vm struct {
 	name   string
 	argv   []string
-	client *agent.Client
+	client *agentclient.Client
 	p      *console.Proc
 	ctl    string // control socket: Warren's --api, QEMU's -qmp
 	qmp    *qemu.QMP
@@ -38,7 +38,7 @@ type vm struct {
 
 // warrenArgv is `warren run` for the benchmark's guest.
 func warrenArgv(c config, vsockPath, api string) []string {
-	return []string{c.warren, "run", "--kernel", c.kernel, "--initramfs", c.initramfs,
+	return []string{c.Warren, "run", "--kernel", c.Kernel, "--initramfs", c.Initramfs,
 		"--mem", strconv.Itoa(c.memMiB), "--cpus", "1", "--vsock", vsockPath, "--cid", "3",
 		"--api", api, "--cmdline", guestArgs}
 }
@@ -46,7 +46,7 @@ func warrenArgv(c config, vsockPath, api string) []string {
 // qemuGuest is QEMU's microvm with the same guest (bench/qemu); restores
 // add -incoming to its line.
 func qemuGuest(c config) qemu.Guest {
-	return qemu.Guest{Binary: c.qemu, Kernel: c.kernel, Initramfs: c.initramfs,
+	return qemu.Guest{Binary: c.QEMU, Kernel: c.Kernel, Initramfs: c.Initramfs,
 		MemMiB: c.memMiB, CID: c.qemuCID, GuestArgs: guestArgs}
 }
 
@@ -143,7 +143,7 @@ func (v *vm) startMemtouch(mib int, timeout time.Duration) error {
 	outR, outW := io.Pipe()
 	m := &memtouch{in: inW, lines: make(chan string, 16), done: make(chan error, 1)}
 	go func() {
-		_, err := v.client.Exec(context.Background(), agent.ExecRequest{Argv: []string{"memtouch", strconv.Itoa(mib)}, Input: inR}, outW, os.Stderr)
+		_, err := v.client.Exec(context.Background(), agentwire.ExecRequest{Argv: []string{"memtouch", strconv.Itoa(mib)}, Input: inR}, outW, os.Stderr)
 		outW.CloseWithError(io.EOF)
 		m.done <- err
 	}()

@@ -26,6 +26,16 @@ func Percentile(samples []time.Duration, p float64) time.Duration {
 	return s[rank-1]
 }
 
+// Millis returns one duration a value of ms, in milliseconds: samples
+// written by hand.
+func Millis(ms ...int) []time.Duration {
+	out := make([]time.Duration, len(ms))
+	for i, m := range ms {
+		out[i] = time.Duration(m) * time.Millisecond
+	}
+	return out
+}
+
 // Median is the 50th percentile, averaging the middle pair for even counts.
 func Median(samples []time.Duration) time.Duration {
 	if len(samples) == 0 {

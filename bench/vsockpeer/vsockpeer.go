@@ -11,7 +11,8 @@ import (
 	"github.com/mdlayher/vsock"
 	"golang.org/x/sys/unix"
 
-	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 )
 
 // Dial dials AF_VSOCK; vsock.Dial takes no context, so a ctx that ends
@@ -45,13 +46,13 @@ func Dial(ctx context.Context, cid, port uint32) (net.Conn, error) {
 }
 
 // ServeSync answers the guest's clock and RNG re-sync connections (CID 2,
-// agent.SyncPort) for a VMM whose vsock is the kernel's, as Warren's VMM
+// agentwire.SyncPort) for a VMM whose vsock is the kernel's, as Warren's VMM
 // does itself, so that the peer's guest is not retrying a refused connect
 // in the background. Close the returned listener to stop.
 func ServeSync() (net.Listener, error) {
-	l, err := vsock.ListenContextID(unix.VMADDR_CID_ANY, agent.SyncPort, nil)
+	l, err := vsock.ListenContextID(unix.VMADDR_CID_ANY, agentwire.SyncPort, nil)
 	if err != nil {
-		return nil, fmt.Errorf("listen on vsock port %d: %w", agent.SyncPort, err)
+		return nil, fmt.Errorf("listen on vsock port %d: %w", agentwire.SyncPort, err)
 	}
 	go func() {
 		for {
@@ -59,7 +60,7 @@ func ServeSync() (net.Listener, error) {
 			if err != nil {
 				return
 			}
-			go agent.ServeSync(c)
+			go agentclient.ServeSync(c)
 		}
 	}()
 	return l, nil

@@ -42,7 +42,7 @@ func buildStack(t *testing.T, size int64, n int, bss []int, seed uint64) *stack 
 			// Freeze cur under a new live top (the first freeze is the
 			// raw image's, the others overlays').
 			bs := bss[(i-1)%len(bss)]
-			o, err := Create(NewLayerPath(s.dir, "disk.img"), cur, CreateOptions{BlockSize: bs, BasePath: filepath.Base(pathOf(cur))})
+			o, err := Create(NewLayerPath(s.dir, "disk.img"), cur, CreateOptions{BlockSize: bs, BasePath: filepath.Base(pathOfLayer(cur))})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -77,16 +77,6 @@ func buildStack(t *testing.T, size int64, n int, bss []int, seed uint64) *stack 
 	s.top = cur.(*Overlay)
 	t.Cleanup(func() { s.top.Close() })
 	return s
-}
-
-func pathOf(b Backing) string {
-	switch l := b.(type) {
-	case *Overlay:
-		return l.Path()
-	case *Raw:
-		return l.Path()
-	}
-	return ""
 }
 
 // freeze freezes a layer as Fork does: synced, read-only, locked shared.

@@ -2,7 +2,6 @@ package virtio_test
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,27 +26,7 @@ func (d *fillDev) WriteConfig(off uint64, data []byte) {}
 func (d *fillDev) Reset()                              { d.w.Stop() }
 
 func (d *fillDev) Activate(a *virtio.Activation) error {
-	return d.w.Start(func(stop <-chan struct{}) {
-		q := a.Queues[0]
-		for {
-			if !a.Enter(stop) {
-				return
-			}
-			err := d.drain(a, q)
-			if err != nil {
-				a.Broken(err)
-			}
-			a.Leave()
-			if err != nil {
-				return
-			}
-			select {
-			case <-stop:
-				return
-			case <-a.Kicks[0]:
-			}
-		}
-	})
+	return d.w.ServeOne(a, "fill", nil, func(q *virtio.Queue) error { return d.drain(a, q) })
 }
 
 func (d *fillDev) drain(a *virtio.Activation, q *virtio.Queue) error {
@@ -95,19 +74,6 @@ func newFillRig(t *testing.T, hook func()) *fillRig {
 	return r
 }
 
-// quiet checks that the device uses nothing and raises no interrupt for a
-// while.
-func quiet(t *testing.T, d *vt.Driver, irq *vt.Signals) {
-	t.Helper()
-	time.Sleep(30 * time.Millisecond)
-	if u := d.Used(); len(u) != 0 {
-		t.Fatalf("quiesced device used %v", u)
-	}
-	if n := irq.Drain(); n != 0 {
-		t.Fatalf("quiesced device raised %d interrupts", n)
-	}
-}
-
 func TestQuiesceNotActivated(t *testing.T) {
 	tr := virtio.NewMMIO("fill", &fillDev{}, make(vt.Memory, vt.MemSize), nil, nil)
 	if err := tr.Quiesce(context.Background()); err != nil || tr.Quiesced() {
@@ -132,7 +98,7 @@ func TestQuiesceHoldsAndResumes(t *testing.T) {
 	h1, _ := r.drv.Offer(vt.Buf{Len: 4, Writable: true})
 	h2, _ := r.drv.Offer(vt.Buf{Len: 4, Writable: true})
 	r.tr.Notify(0)
-	quiet(t, r.drv, r.irq)
+	vt.Quiet(t, r.irq, r.drv)
 	// A notification taken while quiesced is not lost: Resume serves both.
 	if err := r.tr.Resume(); err != nil {
 		t.Fatal(err)
@@ -159,31 +125,14 @@ func TestQuiesceWaitsForPass(t *testing.T) {
 	r.tr.Notify(0)
 	<-entered // the first request is in progress
 
-	// A Quiesce whose context ends first leaves the device running.
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	if err := r.tr.Quiesce(ctx); !errors.Is(err, context.DeadlineExceeded) || r.tr.Quiesced() {
-		t.Fatalf("quiesce past its deadline: %v, quiesced %v", err, r.tr.Quiesced())
-	}
-
-	done := make(chan error, 1)
-	go func() { done <- r.tr.Quiesce(context.Background()) }()
-	select {
-	case err := <-done:
-		t.Fatalf("Quiesce returned (%v) with a request in progress", err)
-	case <-time.After(30 * time.Millisecond):
-	}
-	release <- struct{}{}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	vt.QuiesceDuringPass(t, r.tr, release)
 	// The request in progress was pushed before Quiesce returned; the
 	// others wait for Resume.
 	if u := r.drv.Used(); len(u) != 1 {
 		t.Fatalf("at the safe point: used %v, want 1 entry", u)
 	}
 	r.irq.Drain() // raised in the pass, before Quiesce returned
-	quiet(t, r.drv, r.irq)
+	vt.Quiet(t, r.irq, r.drv)
 	close(release)
 	if err := r.tr.Resume(); err != nil {
 		t.Fatal(err)

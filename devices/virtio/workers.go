@@ -2,7 +2,9 @@ package virtio
 
 import (
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // Workers runs a device's goroutines for one activation. Start launches
@@ -58,4 +60,43 @@ func (a *Activation) InterruptIfNeeded(q *Queue) error {
 		a.Interrupt()
 	}
 	return nil
+}
+
+// ServeOne activates a device that has one queue, served by one worker:
+// it checks that a holds that queue, ready (else ErrBroken, naming dev),
+// and starts the worker. Until Stop, the worker runs pass in one service
+// pass (a.Enter to a.Leave) and then sleeps until the driver kicks the
+// queue. pass serves what the ring holds (stopping early when a.Quiescing:
+// Resume kicks the queue for the rest) and interrupts the driver if it
+// asks to hear about it. An error from pass is a driver fault: it counts
+// in errs (when not nil), is reported inside the pass (a.Broken), and ends
+// the worker.
+func (w *Workers) ServeOne(a *Activation, dev string, errs *atomic.Uint64, pass func(q *Queue) error) error {
+	if len(a.Queues) != 1 || !a.Queues[0].Ready {
+		return fmt.Errorf("%w: %s needs its request queue", ErrBroken, dev)
+	}
+	return w.Start(func(stop <-chan struct{}) {
+		q := a.Queues[0]
+		for {
+			if !a.Enter(stop) {
+				return
+			}
+			err := pass(q)
+			if err != nil {
+				if errs != nil {
+					errs.Add(1)
+				}
+				a.Broken(err)
+			}
+			a.Leave()
+			if err != nil {
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-a.Kicks[0]:
+			}
+		}
+	})
 }

@@ -296,6 +296,19 @@ func (e *env) query(t *testing.T, netw, name string, qtype uint16) *dns.Msg {
 	return r
 }
 
+// answer queries name (qtype, over netw) and checks that the gate answers
+// with exactly the addresses want (sorted; none: an empty answer). It
+// returns the reply.
+func (e *env) answer(t *testing.T, netw, name string, qtype uint16, want ...string) *dns.Msg {
+	t.Helper()
+	r := e.query(t, netw, name, qtype)
+	wantRcode(t, r, dns.RcodeSuccess)
+	if len(want) == 0 && len(r.Answer) != 0 || len(want) != 0 && !slices.Equal(addrs(r), want) {
+		t.Fatalf("%s %s over %s: answer %v, want %v", name, dns.TypeToString[qtype], netw, r.Answer, want)
+	}
+	return r
+}
+
 func addrs(r *dns.Msg) []string {
 	var out []string
 	for _, rr := range r.Answer {
@@ -323,11 +336,7 @@ func host(a string, rule policy.PortRule) policy.HostRule {
 
 func TestAllowedName(t *testing.T) {
 	e := newEnv(t, nil)
-	r := e.query(t, "udp", "API.Example.Test", dns.TypeA)
-	wantRcode(t, r, dns.RcodeSuccess)
-	if got, want := addrs(r), []string{"203.0.113.1", "203.0.113.2"}; !slices.Equal(got, want) {
-		t.Fatalf("answer %v, want %v", got, want)
-	}
+	r := e.answer(t, "udp", "API.Example.Test", dns.TypeA, "203.0.113.1", "203.0.113.2")
 	if r.Answer[0].Header().Name != "API.Example.Test." {
 		t.Errorf("owner %q, want the question's spelling", r.Answer[0].Header().Name)
 	}
@@ -359,11 +368,7 @@ func TestAllowedName(t *testing.T) {
 
 func TestWildcard(t *testing.T) {
 	e := newEnv(t, nil)
-	r := e.query(t, "udp", "a.wild.test", dns.TypeA)
-	wantRcode(t, r, dns.RcodeSuccess)
-	if got := addrs(r); !slices.Equal(got, []string{"203.0.113.10"}) {
-		t.Fatalf("answer %v", got)
-	}
+	r := e.answer(t, "udp", "a.wild.test", dns.TypeA, "203.0.113.10")
 	if h := e.gate.Hosts(); len(h) != 1 || h[0].Rule != (policy.PortRule{Proto: policy.ProtoTCP, Lo: 80, Hi: 443, RuleID: 10002}) {
 		t.Fatalf("Hosts %v", h)
 	}
@@ -386,11 +391,7 @@ func TestDenied(t *testing.T) {
 	}
 	wantRcode(t, e.query(t, "udp", "1.113.0.203.in-addr.arpa", dns.TypePTR), dns.RcodeRefused)
 	wantRcode(t, e.query(t, "udp", "api.example.test", dns.TypeANY), dns.RcodeRefused)
-	r = e.query(t, "udp", "api.example.test", dns.TypeTXT)
-	wantRcode(t, r, dns.RcodeSuccess)
-	if len(r.Answer) != 0 {
-		t.Fatalf("TXT answer %v", r.Answer)
-	}
+	e.answer(t, "udp", "api.example.test", dns.TypeTXT)
 	if rec := e.audit.last(t, "api.example.test"); rec.Verdict != audit.Deny || rec.Reason != "type-not-allowed" {
 		t.Errorf("audit %+v", rec)
 	}
@@ -413,19 +414,13 @@ func TestDenied(t *testing.T) {
 
 func TestCredentialHost(t *testing.T) {
 	e := newEnv(t, nil)
-	r := e.query(t, "udp", "api.github.test", dns.TypeA)
-	wantRcode(t, r, dns.RcodeSuccess)
-	if got := addrs(r); !slices.Equal(got, []string{"192.0.2.53"}) || r.Answer[0].Header().Ttl != 60 {
-		t.Fatalf("answer %v", r.Answer)
+	if r := e.answer(t, "udp", "api.github.test", dns.TypeA, "192.0.2.53"); r.Answer[0].Header().Ttl != 60 {
+		t.Fatalf("answer %v, want a TTL of 60", r.Answer)
 	}
 	if rec := e.audit.last(t, "api.github.test"); rec.Verdict != audit.Allow || rec.Reason != "steered" {
 		t.Errorf("audit %+v", rec)
 	}
-	r = e.query(t, "udp", "api.github.test", dns.TypeAAAA)
-	wantRcode(t, r, dns.RcodeSuccess)
-	if len(r.Answer) != 0 {
-		t.Fatalf("AAAA answer %v", r.Answer)
-	}
+	e.answer(t, "udp", "api.github.test", dns.TypeAAAA)
 	if n := e.up.queries.Load(); n != 0 {
 		t.Errorf("upstream asked %d times, want 0", n)
 	}
@@ -436,21 +431,13 @@ func TestCredentialHost(t *testing.T) {
 
 func TestAAAA(t *testing.T) {
 	e := newEnv(t, nil)
-	r := e.query(t, "udp", "api.example.test", dns.TypeAAAA)
-	wantRcode(t, r, dns.RcodeSuccess)
-	if len(r.Answer) != 0 {
-		t.Fatalf("AAAA with IPv6 off: %v", r.Answer)
-	}
+	e.answer(t, "udp", "api.example.test", dns.TypeAAAA)
 	if n := e.up.queries.Load(); n != 0 {
 		t.Errorf("upstream asked %d times, want 0", n)
 	}
 
 	e = newEnv(t, func(c *Config) { c.Policy.IPv6 = true })
-	r = e.query(t, "udp", "api.example.test", dns.TypeAAAA)
-	wantRcode(t, r, dns.RcodeSuccess)
-	if got := addrs(r); !slices.Equal(got, []string{"2001:db8::1"}) {
-		t.Fatalf("AAAA with IPv6 on: %v", got)
-	}
+	e.answer(t, "udp", "api.example.test", dns.TypeAAAA, "2001:db8::1")
 	if h := e.gate.Hosts(); len(h) != 0 {
 		t.Errorf("AAAA went into Hosts (IPv6 is allowed wholesale): %v", h)
 	}
@@ -458,17 +445,9 @@ func TestAAAA(t *testing.T) {
 
 func TestTCP(t *testing.T) {
 	e := newEnv(t, nil)
-	r := e.query(t, "tcp", "api.example.test", dns.TypeA)
-	wantRcode(t, r, dns.RcodeSuccess)
-	if got := addrs(r); !slices.Equal(got, []string{"203.0.113.1", "203.0.113.2"}) {
-		t.Fatalf("answer %v", got)
-	}
+	e.answer(t, "tcp", "api.example.test", dns.TypeA, "203.0.113.1", "203.0.113.2")
 	// The upstream truncates big.*: the gate retries over TCP.
-	r = e.query(t, "udp", "big.example.test", dns.TypeA)
-	wantRcode(t, r, dns.RcodeSuccess)
-	if got := addrs(r); !slices.Equal(got, []string{"203.0.113.40"}) {
-		t.Fatalf("answer %v", got)
-	}
+	e.answer(t, "udp", "big.example.test", dns.TypeA, "203.0.113.40")
 }
 
 func TestCNAMEAndInjection(t *testing.T) {

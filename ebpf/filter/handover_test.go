@@ -18,11 +18,7 @@ import (
 // program, its counters and events are the program's, and its Close (with
 // tcx) detaches by closing the link.
 func TestHandover(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("ebpf/filter: the handover test needs root")
-	}
-	t.Run("auto", func(t *testing.T) { testHandover(t, AttachAuto) })
-	t.Run("clsact", func(t *testing.T) { testHandover(t, AttachClsact) })
+	eachAttach(t, testHandover)
 }
 
 // attachedIDs returns the ids of the programs on the ingress of device

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/warrenvm/warren/ebpf/audit"
+	"github.com/warrenvm/warren/internal/netframe"
 )
 
 // tc verdicts the program returns.
@@ -28,13 +29,29 @@ var (
 	hostMAC  = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}
 )
 
+// needRoot skips t unless it runs as root: the tests load BPF programs,
+// make taps and enter network namespaces.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("ebpf/filter: the test loads BPF programs and needs root")
+	}
+}
+
+// eachAttach runs test (as root) once per attachment a caller asks for:
+// auto (tcx where the kernel has it, else clsact) and clsact.
+func eachAttach(t *testing.T, test func(t *testing.T, mode AttachMode)) {
+	needRoot(t)
+	for _, mode := range []AttachMode{AttachAuto, AttachClsact} {
+		t.Run(mode.String(), func(t *testing.T) { test(t, mode) })
+	}
+}
+
 // loadOrSkip loads a filter, skipping the test where BPF is unavailable
 // (not root, or a kernel without it).
 func loadOrSkip(t *testing.T, cfg Config) *Filter {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("ebpf/filter: the tests load BPF programs and need root")
-	}
+	needRoot(t)
 	f, err := Load(cfg)
 	if err != nil {
 		var verr *ebpf.VerifierError
@@ -124,30 +141,6 @@ func waitFor(d time.Duration, cond func() bool) bool {
 	}
 }
 
-// csum is the Internet checksum of b, starting from sum.
-func csum(sum uint32, b []byte) uint16 {
-	for len(b) >= 2 {
-		sum += uint32(binary.BigEndian.Uint16(b))
-		b = b[2:]
-	}
-	if len(b) == 1 {
-		sum += uint32(b[0]) << 8
-	}
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	return ^uint16(sum)
-}
-
-func pseudoSum(src, dst netip.Addr, proto uint8, l4len int) uint32 {
-	s, d := src.As4(), dst.As4()
-	var sum uint32
-	sum += uint32(binary.BigEndian.Uint16(s[0:])) + uint32(binary.BigEndian.Uint16(s[2:]))
-	sum += uint32(binary.BigEndian.Uint16(d[0:])) + uint32(binary.BigEndian.Uint16(d[2:]))
-	sum += uint32(proto) + uint32(l4len)
-	return sum
-}
-
 // ethFrame is an Ethernet frame from the guest to the host.
 func ethFrame(dst net.HardwareAddr, ethertype uint16, payload []byte) []byte {
 	b := make([]byte, 14, 14+len(payload))
@@ -174,7 +167,7 @@ func ipv4Packet(src, dst netip.Addr, proto uint8, fragOff uint16, mf bool, l4 []
 	s, d := src.As4(), dst.As4()
 	copy(h[12:16], s[:])
 	copy(h[16:20], d[:])
-	binary.BigEndian.PutUint16(h[10:], csum(0, h))
+	binary.BigEndian.PutUint16(h[10:], netframe.Checksum(0, h))
 	return append(h, l4...)
 }
 
@@ -187,22 +180,7 @@ func tcpSyn(src, dst netip.Addr, sport, dport uint16) []byte {
 	b[12] = 5 << 4
 	b[13] = 0x02 // SYN
 	binary.BigEndian.PutUint16(b[14:], 65535)
-	binary.BigEndian.PutUint16(b[16:], csum(pseudoSum(src, dst, 6, len(b)), b))
-	return b
-}
-
-// udpDatagram is a UDP datagram with a valid checksum.
-func udpDatagram(src, dst netip.Addr, sport, dport uint16, payload []byte) []byte {
-	b := make([]byte, 8, 8+len(payload))
-	binary.BigEndian.PutUint16(b[0:], sport)
-	binary.BigEndian.PutUint16(b[2:], dport)
-	binary.BigEndian.PutUint16(b[4:], uint16(8+len(payload)))
-	b = append(b, payload...)
-	c := csum(pseudoSum(src, dst, 17, len(b)), b)
-	if c == 0 {
-		c = 0xffff
-	}
-	binary.BigEndian.PutUint16(b[6:], c)
+	binary.BigEndian.PutUint16(b[16:], netframe.Checksum(netframe.PseudoSum(src, dst, 6, len(b)), b))
 	return b
 }
 
@@ -213,7 +191,7 @@ func icmpEcho(id, seq uint16) []byte {
 	binary.BigEndian.PutUint16(b[4:], id)
 	binary.BigEndian.PutUint16(b[6:], seq)
 	copy(b[8:], "warren!!")
-	binary.BigEndian.PutUint16(b[2:], csum(0, b))
+	binary.BigEndian.PutUint16(b[2:], netframe.Checksum(0, b))
 	return b
 }
 
@@ -223,7 +201,8 @@ func tcpFrame(dstMAC net.HardwareAddr, src, dst netip.Addr, sport, dport uint16)
 }
 
 func udpFrame(dstMAC net.HardwareAddr, src, dst netip.Addr, sport, dport uint16, payload []byte) []byte {
-	return ethFrame(dstMAC, 0x0800, ipv4Packet(src, dst, 17, 0, false, udpDatagram(src, dst, sport, dport, payload)))
+	f := netframe.UDPFlow{SrcMAC: guestMAC, DstMAC: dstMAC, Src: src, Dst: dst, SrcPort: sport, DstPort: dport}
+	return netframe.AppendUDP(nil, f, 0x1234, payload)
 }
 
 func icmpFrame(dstMAC net.HardwareAddr, src, dst netip.Addr, id, seq uint16) []byte {

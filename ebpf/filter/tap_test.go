@@ -27,11 +27,7 @@ import (
 // allows must reach the host's stack (a SYN-ACK, an echo reply, a datagram
 // at a listener), what it denies must not.
 func TestTap(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("ebpf/filter: the tap test needs root")
-	}
-	t.Run("auto", func(t *testing.T) { testTap(t, AttachAuto) })
-	t.Run("clsact", func(t *testing.T) { testTap(t, AttachClsact) })
+	eachAttach(t, testTap)
 }
 
 const tapName = "wtap0"
@@ -483,9 +479,7 @@ func runProbes(t *testing.T, f *Filter, r *replies, sink *collector, write func(
 // TestClsactExistingQdisc checks that a clsact attach leaves a clsact qdisc
 // it did not create, and removes only its own filter.
 func TestClsactExistingQdisc(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("ebpf/filter: the tap test needs root")
-	}
+	needRoot(t)
 	enterNetns(t)
 	openTap(t, tapName)
 	tl, err := netlink.LinkByName(tapName)

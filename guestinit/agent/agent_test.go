@@ -21,13 +21,16 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 )
 
 // start serves an agent on a unix socket in a temporary directory.
-func start(t *testing.T) *Client { return startWith(t, nil) }
+func start(t *testing.T) *agentclient.Client { return startWith(t, nil) }
 
 // startWith is start with a Syncer for /health.
-func startWith(t *testing.T, syncer *Syncer) *Client {
+func startWith(t *testing.T, syncer *Syncer) *agentclient.Client {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	l, err := net.Listen("unix", sock)
@@ -37,7 +40,7 @@ func startWith(t *testing.T, syncer *Syncer) *Client {
 	s := NewServer(ProcessWaiter{}, Options{Sync: syncer})
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(l) }()
-	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+	c := agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
 	})
@@ -60,7 +63,7 @@ func ctxT(t *testing.T) context.Context {
 func TestExecExitCode(t *testing.T) {
 	c := start(t)
 	var out, errb bytes.Buffer
-	code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "echo hi; echo oops >&2; exit 3"}}, &out, &errb)
+	code, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", "echo hi; echo oops >&2; exit 3"}}, &out, &errb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +76,7 @@ func TestExecEnvCwd(t *testing.T) {
 	c := start(t)
 	dir := t.TempDir()
 	var out bytes.Buffer
-	code, err := c.Exec(ctxT(t), ExecRequest{
+	code, err := c.Exec(ctxT(t), agentwire.ExecRequest{
 		Argv: []string{"sh", "-c", `echo "$FOO $(pwd)"`},
 		Env:  []string{"FOO=bar"},
 		Cwd:  dir,
@@ -88,13 +91,13 @@ func TestExecEnvCwd(t *testing.T) {
 
 func TestExecNotFound(t *testing.T) {
 	c := start(t)
-	_, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"no-such-program-warren"}}, nil, nil)
-	var e *Error
-	if !errors.As(err, &e) || e.Code != CodeNotFound || e.Status != http.StatusNotFound {
+	_, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"no-such-program-warren"}}, nil, nil)
+	var e *agentwire.Error
+	if !errors.As(err, &e) || e.Code != agentwire.CodeNotFound || e.Status != http.StatusNotFound {
 		t.Fatalf("err %v", err)
 	}
-	_, err = c.Exec(ctxT(t), ExecRequest{}, nil, nil)
-	if !errors.As(err, &e) || e.Code != CodeBadRequest {
+	_, err = c.Exec(ctxT(t), agentwire.ExecRequest{}, nil, nil)
+	if !errors.As(err, &e) || e.Code != agentwire.CodeBadRequest {
 		t.Fatalf("empty argv: err %v", err)
 	}
 }
@@ -104,7 +107,7 @@ func TestExecLargeOutput(t *testing.T) {
 	const n = 10 << 20
 	h := sha256.New()
 	var size countWriter
-	code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/urandom | tee /dev/stderr"}},
+	code, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/urandom | tee /dev/stderr"}},
 		io.MultiWriter(h, &size), nil)
 	if err != nil || code != 0 {
 		t.Fatal(code, err)
@@ -114,7 +117,7 @@ func TestExecLargeOutput(t *testing.T) {
 	}
 	// Same run, checking stdout against stderr (tee) byte for byte.
 	ho, he := sha256.New(), sha256.New()
-	if code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/urandom | tee /dev/stderr"}}, ho, he); err != nil || code != 0 {
+	if code, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/urandom | tee /dev/stderr"}}, ho, he); err != nil || code != 0 {
 		t.Fatal(code, err)
 	}
 	if !bytes.Equal(ho.Sum(nil), he.Sum(nil)) {
@@ -131,7 +134,7 @@ func TestExecStdinChecksum(t *testing.T) {
 	data := make([]byte, 5<<20)
 	rand.Read(data)
 	var out bytes.Buffer
-	code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"cat"}, Input: bytes.NewReader(data)}, &out, nil)
+	code, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"cat"}, Input: bytes.NewReader(data)}, &out, nil)
 	if err != nil || code != 0 {
 		t.Fatal(code, err)
 	}
@@ -146,7 +149,7 @@ func TestExecConcurrent(t *testing.T) {
 	for i := range 16 {
 		wg.Go(func() {
 			var out bytes.Buffer
-			code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "sleep 0.2; echo " + strconv.Itoa(i) + "; exit " + strconv.Itoa(i)}}, &out, nil)
+			code, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", "sleep 0.2; echo " + strconv.Itoa(i) + "; exit " + strconv.Itoa(i)}}, &out, nil)
 			if err != nil || code != i || out.String() != strconv.Itoa(i)+"\n" {
 				t.Errorf("exec %d: code %d out %q err %v", i, code, out.String(), err)
 			}
@@ -172,8 +175,8 @@ func TestExecTimeoutKillsGroup(t *testing.T) {
 	var out bytes.Buffer
 	startT := time.Now()
 	// The background sleep is in the same process group and holds stdout.
-	code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "sleep 60 & echo $!; wait"}, TimeoutMS: 300}, &out, nil)
-	if !errors.Is(err, ErrTimedOut) || code != 128+int(syscall.SIGKILL) {
+	code, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", "sleep 60 & echo $!; wait"}, TimeoutMS: 300}, &out, nil)
+	if !errors.Is(err, agentclient.ErrTimedOut) || code != 128+int(syscall.SIGKILL) {
 		t.Fatalf("code %d err %v", code, err)
 	}
 	if d := time.Since(startT); d > 10*time.Second {
@@ -202,7 +205,7 @@ func TestExecDisconnectKills(t *testing.T) {
 	for _, stdin := range []bool{false, true} {
 		ctx, cancel := context.WithCancel(ctxT(t))
 		w := &lineWriter{ch: make(chan string, 1)}
-		req := ExecRequest{Argv: []string{"sh", "-c", "echo $$; exec sleep 60"}}
+		req := agentwire.ExecRequest{Argv: []string{"sh", "-c", "echo $$; exec sleep 60"}}
 		if stdin {
 			pr, pw := io.Pipe()
 			defer pw.Close()
@@ -234,7 +237,7 @@ func TestExecStdinNeverRead(t *testing.T) {
 	// writes 1 MiB of output: the output must still arrive.
 	input := bytes.NewReader(make([]byte, 8<<20))
 	var n countWriter
-	code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "head -c 1048576 /dev/zero; exit 7"}, Input: input}, &n, nil)
+	code, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", "head -c 1048576 /dev/zero; exit 7"}, Input: input}, &n, nil)
 	if err != nil || code != 7 || n != 1<<20 {
 		t.Fatalf("code %d err %v bytes %d", code, err, n)
 	}
@@ -246,7 +249,7 @@ func TestHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.Version != Version || h.UptimeSeconds <= 0 || h.MemTotalBytes == 0 || h.MemAvailableBytes == 0 || h.AgentUptimeSeconds < 0 {
+	if h.Version != agentwire.Version || h.UptimeSeconds <= 0 || h.MemTotalBytes == 0 || h.MemAvailableBytes == 0 || h.AgentUptimeSeconds < 0 {
 		t.Fatalf("health %+v", h)
 	}
 }
@@ -295,26 +298,26 @@ func TestFileErrors(t *testing.T) {
 	ctx := ctxT(t)
 	check := func(what string, err error, code string, status int) {
 		t.Helper()
-		var e *Error
+		var e *agentwire.Error
 		if !errors.As(err, &e) || e.Code != code || e.Status != status {
 			t.Errorf("%s: err %v, want %s/%d", what, err, code, status)
 		}
 	}
 	_, err := c.ReadFile(ctx, missing, io.Discard)
-	check("ReadFile missing", err, CodeNotFound, 404)
+	check("ReadFile missing", err, agentwire.CodeNotFound, 404)
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("ReadFile missing: %v is not fs.ErrNotExist", err)
 	}
 	_, err = c.Stat(ctx, missing)
-	check("Stat missing", err, CodeNotFound, 404)
+	check("Stat missing", err, agentwire.CodeNotFound, 404)
 	_, err = c.List(ctx, missing)
-	check("List missing", err, CodeNotFound, 404)
+	check("List missing", err, agentwire.CodeNotFound, 404)
 	_, err = c.WriteFile(ctx, filepath.Join(missing, "x"), strings.NewReader("x"), 0o644)
-	check("WriteFile in missing dir", err, CodeNotFound, 404)
+	check("WriteFile in missing dir", err, agentwire.CodeNotFound, 404)
 	_, err = c.ReadFile(ctx, dir, io.Discard)
-	check("ReadFile dir", err, CodeIsDirectory, 400)
+	check("ReadFile dir", err, agentwire.CodeIsDirectory, 400)
 	_, err = c.ReadFile(ctx, "relative", io.Discard)
-	check("ReadFile relative", err, CodeBadRequest, 400)
+	check("ReadFile relative", err, agentwire.CodeBadRequest, 400)
 }
 
 func TestExecArgv(t *testing.T) {
@@ -336,7 +339,7 @@ func TestAgentTimes(t *testing.T) {
 		{[]string{"sh", "-c", "sleep 0.2"}, 200 * time.Millisecond},
 	} {
 		t0 := time.Now()
-		st, err := c.ExecStatus(ctxT(t), ExecRequest{Argv: tc.argv}, nil, nil)
+		st, err := c.ExecStatus(ctxT(t), agentwire.ExecRequest{Argv: tc.argv}, nil, nil)
 		wall := time.Since(t0)
 		if err != nil || st.Code != 0 {
 			t.Fatalf("%q: %+v %v", tc.argv, st, err)
@@ -348,7 +351,7 @@ func TestAgentTimes(t *testing.T) {
 	t0 := time.Now()
 	h, d, err := c.HealthTimed(ctxT(t))
 	wall := time.Since(t0)
-	if err != nil || h.Version != Version {
+	if err != nil || h.Version != agentwire.Version {
 		t.Fatalf("HealthTimed: %+v %v", h, err)
 	}
 	if d <= 0 || d > wall {
@@ -356,28 +359,11 @@ func TestAgentTimes(t *testing.T) {
 	}
 }
 
-func TestAgentTimeHeader(t *testing.T) {
-	for _, tc := range []struct {
-		v    string
-		want time.Duration
-	}{
-		{"", 0}, {"1234", 1234}, {"-5", 0}, {"x", 0}, {"99999999999999999999", 0},
-	} {
-		h := http.Header{}
-		if tc.v != "" {
-			h.Set(AgentTimeHeader, tc.v)
-		}
-		if got := AgentTime(h); got != tc.want {
-			t.Errorf("%q: got %d want %d", tc.v, got, tc.want)
-		}
-	}
-}
-
 // TestExecStatusFailure checks that a failure before the exit frame gives
 // code -1 and no agent time.
 func TestExecStatusFailure(t *testing.T) {
 	c := start(t)
-	st, err := c.ExecStatus(ctxT(t), ExecRequest{Argv: []string{"no-such-program-warren"}}, nil, nil)
+	st, err := c.ExecStatus(ctxT(t), agentwire.ExecRequest{Argv: []string{"no-such-program-warren"}}, nil, nil)
 	if err == nil || st.Code != -1 || st.AgentNs != 0 {
 		t.Fatalf("%+v %v", st, err)
 	}
@@ -396,7 +382,7 @@ func TestExecReusesConnection(t *testing.T) {
 	go s.Serve(l)
 	t.Cleanup(func() { s.Close() })
 	var dials atomic.Int32
-	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+	c := agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
 		dials.Add(1)
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
@@ -404,7 +390,7 @@ func TestExecReusesConnection(t *testing.T) {
 	defer c.Close()
 	for i := range 10 {
 		var out bytes.Buffer
-		if code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "echo " + strconv.Itoa(i)}}, &out, nil); err != nil || code != 0 || out.String() != strconv.Itoa(i)+"\n" {
+		if code, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", "echo " + strconv.Itoa(i)}}, &out, nil); err != nil || code != 0 || out.String() != strconv.Itoa(i)+"\n" {
 			t.Fatalf("exec %d: code %d out %q err %v", i, code, out.String(), err)
 		}
 		if _, err := c.Health(ctxT(t)); err != nil {
@@ -419,7 +405,7 @@ func TestExecReusesConnection(t *testing.T) {
 // WaitHealth retries until the agent listens, and gives up at its deadline.
 func TestWaitHealth(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "late.sock")
-	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+	c := agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
 	})
@@ -437,7 +423,7 @@ func TestWaitHealth(t *testing.T) {
 		}
 	}()
 	h, err := c.WaitHealth(context.Background(), time.Now().Add(time.Minute), time.Second)
-	if err != nil || h.Version != Version {
+	if err != nil || h.Version != agentwire.Version {
 		t.Fatalf("WaitHealth: %+v, %v", h, err)
 	}
 }

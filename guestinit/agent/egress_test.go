@@ -20,6 +20,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 )
 
 func testCertPEM(t *testing.T, cn string) string {
@@ -35,38 +38,6 @@ func testCertPEM(t *testing.T, cn string) string {
 		t.Fatal(err)
 	}
 	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
-}
-
-func TestEgressCheck(t *testing.T) {
-	good := &Egress{TrustPEM: testCertPEM(t, "ca"), Env: map[string]string{"API_KEY": "warren-placeholder-API_KEY"}}
-	if err := good.Check(); err != nil {
-		t.Fatal(err)
-	}
-	bad := []*Egress{
-		{TrustPEM: "not pem"},
-		{TrustPEM: string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: []byte{1}}))},
-		{TrustPEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte{1, 2}}))},
-		{Env: map[string]string{"1X": "v"}},
-		{Env: map[string]string{"A=B": "v"}},
-		{Env: map[string]string{"A": "v\x00"}},
-		{Env: map[string]string{"A": strings.Repeat("v", MaxEnvValue+1)}},
-	}
-	for i, e := range bad {
-		if err := e.Check(); err == nil {
-			t.Errorf("case %d accepted", i)
-		}
-	}
-	// A message carrying a bad egress is refused as a whole.
-	m := NewSyncMessage(time.Now())
-	m.Egress = &Egress{Env: map[string]string{"bad name": "x"}}
-	if _, err := ParseSyncMessage(m.MarshalLine()); err == nil {
-		t.Error("a sync line with a bad egress parsed")
-	}
-	m.Egress = good
-	got, err := ParseSyncMessage(m.MarshalLine())
-	if err != nil || got.Egress.TrustPEM != good.TrustPEM {
-		t.Fatalf("round trip: %v", err)
-	}
 }
 
 func TestApplyTrust(t *testing.T) {
@@ -116,7 +87,7 @@ func TestSyncEgressEnv(t *testing.T) {
 	s := NewServer(ProcessWaiter{}, Options{})
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(l) }()
-	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+	c := agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
 	})
@@ -129,7 +100,7 @@ func TestSyncEgressEnv(t *testing.T) {
 	}()
 	s.SetExtraEnv(map[string]string{"API_KEY": "warren-placeholder-API_KEY", "B": "from-sync"})
 	var out bytes.Buffer
-	code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", `echo "$API_KEY $B"`}, Env: []string{"B=from-request"}}, &out, nil)
+	code, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", `echo "$API_KEY $B"`}, Env: []string{"B=from-request"}}, &out, nil)
 	if err != nil || code != 0 {
 		t.Fatal(code, err)
 	}

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/warrenvm/warren/agentwire"
 )
 
 // drainGrace is how long output pipes are still read after the process
@@ -57,7 +59,7 @@ func lookPath(prog string, env []string) (string, error) {
 			return p, nil
 		}
 	}
-	return "", &Error{Message: prog + ": executable file not found in PATH", Code: CodeNotFound, Status: http.StatusNotFound}
+	return "", &agentwire.Error{Message: prog + ": executable file not found in PATH", Code: agentwire.CodeNotFound, Status: http.StatusNotFound}
 }
 
 // frameWriter serializes frames from several goroutines onto the response.
@@ -78,11 +80,11 @@ func (fw *frameWriter) write(typ byte, p []byte) error {
 	if fw.err != nil {
 		return fw.err
 	}
-	if err := WriteFrame(fw.w, typ, p); err != nil {
+	if err := agentwire.WriteFrame(fw.w, typ, p); err != nil {
 		fw.err = err
 		return err
 	}
-	if typ == FrameExit || typ == FrameError {
+	if typ == agentwire.FrameExit || typ == agentwire.FrameError {
 		return nil
 	}
 	if err := fw.rc.Flush(); err != nil {
@@ -140,7 +142,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("read exec request: %v", err))
 		return
 	}
-	var req ExecRequest
+	var req agentwire.ExecRequest
 	if err := json.Unmarshal(line, &req); err != nil {
 		writeError(w, badRequest("decode exec request: %v", err))
 		return
@@ -227,8 +229,8 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 			stdinW.Close()
 		}
 		e := errorFrom(err)
-		if e.Code == CodeInternal {
-			e.Code, e.Status = CodeStartFailed, http.StatusBadRequest
+		if e.Code == agentwire.CodeInternal {
+			e.Code, e.Status = agentwire.CodeStartFailed, http.StatusBadRequest
 		}
 		writeError(w, e)
 		return
@@ -237,7 +239,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 	s.addProc(p)
 	defer s.removeProc(p)
 
-	w.Header().Set(PidHeader, strconv.Itoa(p.pid))
+	w.Header().Set(agentwire.PidHeader, strconv.Itoa(p.pid))
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.WriteHeader(http.StatusOK)
 	fw := &frameWriter{w: w, rc: rc}
@@ -262,8 +264,8 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	outWG.Add(2)
-	go pump(FrameStdout, outR)
-	go pump(FrameStderr, errR)
+	go pump(agentwire.FrameStdout, outR)
+	go pump(agentwire.FrameStderr, errR)
 
 	// Stdin: its own goroutine, so a process that never reads does not
 	// hold up its output.
@@ -341,17 +343,17 @@ wait:
 	}
 
 	if res.err != nil {
-		b, _ := json.Marshal(&Error{Message: "wait: " + res.err.Error(), Code: CodeInternal})
-		_ = fw.write(FrameError, b)
+		b, _ := json.Marshal(&agentwire.Error{Message: "wait: " + res.err.Error(), Code: agentwire.CodeInternal})
+		_ = fw.write(agentwire.FrameError, b)
 		return
 	}
 	p.mu.Lock()
-	st := ExitStatus{TimedOut: p.timedOut}
+	st := agentwire.ExitStatus{TimedOut: p.timedOut}
 	p.mu.Unlock()
 	st.Code, st.Signal = exitCode(res.ws)
 	st.AgentNs = int64(time.Since(decoded))
 	b, _ := json.Marshal(st)
-	_ = fw.write(FrameExit, b)
+	_ = fw.write(agentwire.FrameExit, b)
 }
 
 // exitCode is a wait status as a shell reports it: the exit code, or

@@ -12,11 +12,12 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/guestinit/etc"
 )
 
 // queryPath returns the absolute, cleaned path= parameter.
-func queryPath(r *http.Request) (string, *Error) {
+func queryPath(r *http.Request) (string, *agentwire.Error) {
 	p := r.URL.Query().Get("path")
 	if p == "" {
 		return "", badRequest("missing path parameter")
@@ -28,8 +29,8 @@ func queryPath(r *http.Request) (string, *Error) {
 }
 
 // fileInfo converts an lstat result; full is the file's path.
-func fileInfo(full string, fi fs.FileInfo) FileInfo {
-	info := FileInfo{Name: fi.Name(), Size: fi.Size(), Mode: fi.Mode(), ModTime: fi.ModTime(), IsDir: fi.IsDir()}
+func fileInfo(full string, fi fs.FileInfo) agentwire.FileInfo {
+	info := agentwire.FileInfo{Name: fi.Name(), Size: fi.Size(), Mode: fi.Mode(), ModTime: fi.ModTime(), IsDir: fi.IsDir()}
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		info.Link, _ = os.Readlink(full)
 	}
@@ -94,11 +95,11 @@ func readFile(w http.ResponseWriter, p string) {
 		return
 	}
 	if fi.IsDir() {
-		writeError(w, &Error{Message: p + " is a directory", Code: CodeIsDirectory, Status: http.StatusBadRequest})
+		writeError(w, &agentwire.Error{Message: p + " is a directory", Code: agentwire.CodeIsDirectory, Status: http.StatusBadRequest})
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set(ModeHeader, strconv.FormatUint(uint64(fi.Mode().Perm()), 8))
+	w.Header().Set(agentwire.ModeHeader, strconv.FormatUint(uint64(fi.Mode().Perm()), 8))
 	if fi.Mode().IsRegular() {
 		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
 	}
@@ -111,16 +112,16 @@ func readFile(w http.ResponseWriter, p string) {
 // (etc.WriteFileFrom: a temporary file in the same directory, fsync,
 // rename), so readers never see a partial file. The new file has mode and
 // the agent's ownership.
-func writeFile(p string, r io.Reader, mode fs.FileMode) (FileInfo, error) {
+func writeFile(p string, r io.Reader, mode fs.FileMode) (agentwire.FileInfo, error) {
 	if fi, err := os.Stat(p); err == nil && fi.IsDir() {
-		return FileInfo{}, &Error{Message: p + " is a directory", Code: CodeIsDirectory, Status: http.StatusBadRequest}
+		return agentwire.FileInfo{}, &agentwire.Error{Message: p + " is a directory", Code: agentwire.CodeIsDirectory, Status: http.StatusBadRequest}
 	}
 	if err := etc.WriteFileFrom(p, r, mode); err != nil {
-		return FileInfo{}, err
+		return agentwire.FileInfo{}, err
 	}
 	fi, err := os.Lstat(p)
 	if err != nil {
-		return FileInfo{}, err
+		return agentwire.FileInfo{}, err
 	}
 	return fileInfo(p, fi), nil
 }
@@ -158,7 +159,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorFrom(err))
 		return
 	}
-	out := make([]FileInfo, 0, len(ents))
+	out := make([]agentwire.FileInfo, 0, len(ents))
 	for _, de := range ents {
 		fi, err := de.Info()
 		if err != nil {
@@ -166,6 +167,6 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 		}
 		out = append(out, fileInfo(filepath.Join(p, de.Name()), fi))
 	}
-	slices.SortFunc(out, func(a, b FileInfo) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b agentwire.FileInfo) int { return strings.Compare(a.Name, b.Name) })
 	writeJSON(w, out)
 }

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/guestinit/etc"
 )
 
@@ -30,7 +31,7 @@ var HostnameEtcDir = "/etc"
 // and the MAC address of the first Ethernet interface (SIOCSIFHWADDR;
 // virtio-net allows a live change). Fields that are empty are left
 // alone. It needs CAP_SYS_ADMIN and CAP_NET_ADMIN (PID 1 has them).
-func ApplyIdentity(id *Identity) error {
+func ApplyIdentity(id *agentwire.Identity) error {
 	if id == nil {
 		return nil
 	}

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenvm/warren/agentwire"
 )
 
 func (s *Server) addProc(p *proc) {
@@ -66,7 +68,7 @@ func (s *Server) handleKill(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	p := s.procs[pid]
 	s.mu.Unlock()
-	notFound := &Error{Message: "no running process " + strconv.Itoa(pid) + " started by this agent", Code: CodeNotFound, Status: http.StatusNotFound}
+	notFound := &agentwire.Error{Message: "no running process " + strconv.Itoa(pid) + " started by this agent", Code: agentwire.CodeNotFound, Status: http.StatusNotFound}
 	if p == nil {
 		writeError(w, notFound)
 		return

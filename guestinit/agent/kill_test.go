@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warrenvm/warren/agentwire"
 )
 
 func TestParseSignal(t *testing.T) {
@@ -64,7 +66,7 @@ func TestKill(t *testing.T) {
 			go func() {
 				// exec keeps the pid: the group leader is the sleep
 				// itself; the backgrounded sleep is another group member.
-				code, err := c.Exec(ctxT(t), ExecRequest{
+				code, err := c.Exec(ctxT(t), agentwire.ExecRequest{
 					Argv:    []string{"sh", "-c", "sleep 60 & echo $!; exec sleep 60"},
 					OnStart: func(pid int) { pids <- pid },
 				}, w, nil)
@@ -96,8 +98,8 @@ func TestKill(t *testing.T) {
 			}
 			waitGone(t, bg)
 			// Reaped: the pid is no longer the agent's.
-			var e *Error
-			if err := c.Kill(ctxT(t), pid, "KILL"); !errors.As(err, &e) || e.Code != CodeNotFound || e.Status != http.StatusNotFound {
+			var e *agentwire.Error
+			if err := c.Kill(ctxT(t), pid, "KILL"); !errors.As(err, &e) || e.Code != agentwire.CodeNotFound || e.Status != http.StatusNotFound {
 				t.Fatalf("Kill after exit: %v", err)
 			}
 		})
@@ -109,21 +111,21 @@ func TestKillErrors(t *testing.T) {
 	ctx := ctxT(t)
 	check := func(what string, err error, code string) {
 		t.Helper()
-		var e *Error
+		var e *agentwire.Error
 		if !errors.As(err, &e) || e.Code != code {
 			t.Errorf("%s: err %v, want %s", what, err, code)
 		}
 	}
 	// A pid this agent never started (our own) is not found, never signalled.
-	check("foreign pid", c.Kill(ctx, syscall.Getpid(), "TERM"), CodeNotFound)
-	check("pid 1", c.Kill(ctx, 1, "KILL"), CodeNotFound)
-	check("bad pid", c.Kill(ctx, 0, "TERM"), CodeBadRequest)
-	check("bad signal", c.Kill(ctx, 1, "BOGUS"), CodeBadRequest)
+	check("foreign pid", c.Kill(ctx, syscall.Getpid(), "TERM"), agentwire.CodeNotFound)
+	check("pid 1", c.Kill(ctx, 1, "KILL"), agentwire.CodeNotFound)
+	check("bad pid", c.Kill(ctx, 0, "TERM"), agentwire.CodeBadRequest)
+	check("bad signal", c.Kill(ctx, 1, "BOGUS"), agentwire.CodeBadRequest)
 
 	// The pid header comes with every exec, also without OnStart.
 	var out bytes.Buffer
 	var got int
-	code, err := c.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "echo $$"}, OnStart: func(pid int) { got = pid }}, &out, nil)
+	code, err := c.Exec(ctx, agentwire.ExecRequest{Argv: []string{"sh", "-c", "echo $$"}, OnStart: func(pid int) { got = pid }}, &out, nil)
 	if err != nil || code != 0 {
 		t.Fatal(code, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/guestinit/etc"
 )
 
@@ -49,7 +50,7 @@ func (s *Server) resolve(argv, env []string, cwd, user string) (launch, error) {
 	if user != "" {
 		c, err := etc.LookupUser(s.etcDir, user)
 		if err != nil {
-			return launch{}, &Error{Message: "user: " + err.Error(), Code: CodeBadRequest, Status: http.StatusBadRequest}
+			return launch{}, &agentwire.Error{Message: "user: " + err.Error(), Code: agentwire.CodeBadRequest, Status: http.StatusBadRequest}
 		}
 		l.cred = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: c.Groups}
 		if !hasEnv(base, "HOME") {

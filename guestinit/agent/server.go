@@ -16,12 +16,15 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/warrenvm/warren/agentwire"
 )
 
 // Options configures a Server.
 type Options struct {
 	// Env is the base environment (KEY=VALUE) of every started process,
-	// before ExecRequest.Env; nil means the agent's own (os.Environ).
+	// before agentwire.ExecRequest.Env; nil means the agent's own
+	// (os.Environ).
 	Env []string
 	// Sync, when non-nil, is the clock and RNG re-sync loop whose counters
 	// /health reports.
@@ -30,20 +33,17 @@ type Options struct {
 	// means the agent's own.
 	Dir string
 	// User is the default user of started processes (a spec as in
-	// ExecRequest.User); "" means the agent's own credentials, unchanged.
-	// A process that runs as a resolved user gets HOME from the user's
-	// passwd entry unless Env already has HOME.
+	// agentwire.ExecRequest.User); "" means the agent's own credentials,
+	// unchanged. A process that runs as a resolved user gets HOME from the
+	// user's passwd entry unless Env already has HOME.
 	User string
 	// EtcDir holds the passwd and group files users are resolved against;
 	// "" means /etc.
 	EtcDir string
-	// LogDir is where services' logs go ("" means DefaultLogDir); it is
-	// created when the first service starts.
+	// LogDir is where services' logs go ("" means agentwire.DefaultLogDir);
+	// it is created when the first service starts.
 	LogDir string
 }
-
-// DefaultLogDir is where services' logs go by default.
-const DefaultLogDir = "/var/log/warren"
 
 // Server is the guest agent's HTTP server.
 //
@@ -100,7 +100,7 @@ func NewServer(w Waiter, opts Options) *Server {
 	}
 	logDir := opts.LogDir
 	if logDir == "" {
-		logDir = DefaultLogDir
+		logDir = agentwire.DefaultLogDir
 	}
 	s := &Server{waiter: w, env: env, dir: opts.Dir, user: opts.User, etcDir: etcDir, sync: opts.Sync,
 		start: time.Now(), mux: http.NewServeMux(), procs: map[int]*proc{}}
@@ -113,7 +113,7 @@ func NewServer(w Waiter, opts Options) *Server {
 	s.mux.HandleFunc("/stat", s.handleStat)
 	s.mux.HandleFunc("/list", s.handleList)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &Error{Message: "no such endpoint " + r.URL.Path, Code: CodeNotFound, Status: http.StatusNotFound})
+		writeError(w, &agentwire.Error{Message: "no such endpoint " + r.URL.Path, Code: agentwire.CodeNotFound, Status: http.StatusNotFound})
 	})
 	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 30 * time.Second}
 	return s
@@ -142,7 +142,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 }
 
 // writeError writes e as a JSON body with its status.
-func writeError(w http.ResponseWriter, e *Error) {
+func writeError(w http.ResponseWriter, e *agentwire.Error) {
 	if e.Status == 0 {
 		e.Status = http.StatusInternalServerError
 	}
@@ -151,34 +151,34 @@ func writeError(w http.ResponseWriter, e *Error) {
 	_ = json.NewEncoder(w).Encode(e)
 }
 
-// errorFrom maps a Go error to an Error with a status and code.
-func errorFrom(err error) *Error {
-	var e *Error
+// errorFrom maps a Go error to an agentwire.Error with a status and code.
+func errorFrom(err error) *agentwire.Error {
+	var e *agentwire.Error
 	if errors.As(err, &e) {
 		return e
 	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return &Error{Message: err.Error(), Code: CodeNotFound, Status: http.StatusNotFound}
+		return &agentwire.Error{Message: err.Error(), Code: agentwire.CodeNotFound, Status: http.StatusNotFound}
 	case errors.Is(err, fs.ErrPermission):
-		return &Error{Message: err.Error(), Code: CodePermission, Status: http.StatusForbidden}
+		return &agentwire.Error{Message: err.Error(), Code: agentwire.CodePermission, Status: http.StatusForbidden}
 	case errors.Is(err, fs.ErrExist):
-		return &Error{Message: err.Error(), Code: CodeExists, Status: http.StatusConflict}
+		return &agentwire.Error{Message: err.Error(), Code: agentwire.CodeExists, Status: http.StatusConflict}
 	case errors.Is(err, syscall.EISDIR):
-		return &Error{Message: err.Error(), Code: CodeIsDirectory, Status: http.StatusBadRequest}
+		return &agentwire.Error{Message: err.Error(), Code: agentwire.CodeIsDirectory, Status: http.StatusBadRequest}
 	case errors.Is(err, syscall.ENOTDIR):
-		return &Error{Message: err.Error(), Code: CodeNotDirectory, Status: http.StatusBadRequest}
+		return &agentwire.Error{Message: err.Error(), Code: agentwire.CodeNotDirectory, Status: http.StatusBadRequest}
 	}
-	return &Error{Message: err.Error(), Code: CodeInternal, Status: http.StatusInternalServerError}
+	return &agentwire.Error{Message: err.Error(), Code: agentwire.CodeInternal, Status: http.StatusInternalServerError}
 }
 
-func badRequest(format string, a ...any) *Error {
-	return &Error{Message: fmt.Sprintf(format, a...), Code: CodeBadRequest, Status: http.StatusBadRequest}
+func badRequest(format string, a ...any) *agentwire.Error {
+	return &agentwire.Error{Message: fmt.Sprintf(format, a...), Code: agentwire.CodeBadRequest, Status: http.StatusBadRequest}
 }
 
 func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
 	w.Header().Set("Allow", allow)
-	writeError(w, &Error{Message: r.Method + " not allowed", Code: CodeMethodNotAllowed, Status: http.StatusMethodNotAllowed})
+	writeError(w, &agentwire.Error{Message: r.Method + " not allowed", Code: agentwire.CodeMethodNotAllowed, Status: http.StatusMethodNotAllowed})
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -202,13 +202,13 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		h.Syncs, h.LastSync = st.Count, st.Last
 	}
 	h.Services = s.services.list()
-	w.Header().Set(AgentTimeHeader, strconv.FormatInt(int64(time.Since(t0)), 10))
+	w.Header().Set(agentwire.AgentTimeHeader, strconv.FormatInt(int64(time.Since(t0)), 10))
 	writeJSON(w, h)
 }
 
 // readHealth reads /proc/uptime, /proc/loadavg and /proc/meminfo.
-func readHealth() (Health, error) {
-	h := Health{Version: Version}
+func readHealth() (agentwire.Health, error) {
+	h := agentwire.Health{Version: agentwire.Version}
 	b, err := os.ReadFile("/proc/uptime")
 	if err != nil {
 		return h, err

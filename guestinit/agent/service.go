@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/warrenvm/warren/agentwire"
 )
 
 // Supervised services (POST /services): processes tied to no request's
@@ -49,7 +51,7 @@ func (b backoff) next(prev, ran time.Duration) time.Duration {
 }
 
 // serviceDefaults is the policy services run under.
-var serviceDefaults = backoff{min: MinServiceBackoff, max: MaxServiceBackoff, reset: ServiceResetAfter}
+var serviceDefaults = backoff{min: agentwire.MinServiceBackoff, max: agentwire.MaxServiceBackoff, reset: agentwire.ServiceResetAfter}
 
 // supervisor runs the services of one Server.
 type supervisor struct {
@@ -69,7 +71,7 @@ type supervisor struct {
 }
 
 func newSupervisor(w Waiter, logDir string, resolve func(argv, env []string, cwd, user string) (launch, error)) *supervisor {
-	return &supervisor{waiter: w, logDir: logDir, logMax: MaxServiceLog, policy: serviceDefaults, resolve: resolve,
+	return &supervisor{waiter: w, logDir: logDir, logMax: agentwire.MaxServiceLog, policy: serviceDefaults, resolve: resolve,
 		now: time.Now, after: time.After, services: map[string]*service{}}
 }
 
@@ -77,14 +79,14 @@ func newSupervisor(w Waiter, logDir string, resolve func(argv, env []string, cwd
 // (start, wait, back off); stop asks it to end through stop and waits on
 // done.
 type service struct {
-	spec ServiceSpec
+	spec agentwire.ServiceSpec
 	log  *rotatingLog
 	stop chan struct{} // closed once, by the first supervisor.stop
 	done chan struct{} // closed when run has returned
 
 	mu sync.Mutex
 	// st is the status GET /services reports. +checklocks:mu
-	st ServiceStatus
+	st agentwire.ServiceStatus
 	// child is the running process, nil when none runs. +checklocks:mu
 	child Child
 	// started is when child started (monotonic). +checklocks:mu
@@ -93,7 +95,7 @@ type service struct {
 	stopping bool
 }
 
-func (svc *service) status() ServiceStatus {
+func (svc *service) status() agentwire.ServiceStatus {
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
 	st := svc.st
@@ -111,7 +113,7 @@ func (svc *service) running(c Child, now time.Time) {
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
 	svc.child, svc.started = c, now
-	svc.st.State, svc.st.Pid, svc.st.RunningSince, svc.st.LastError = ServiceRunning, c.Pid(), now, ""
+	svc.st.State, svc.st.Pid, svc.st.RunningSince, svc.st.LastError = agentwire.ServiceRunning, c.Pid(), now, ""
 	svc.st.Starts++
 	svc.st.Restarts = svc.st.Starts - 1
 	if svc.stopping {
@@ -125,7 +127,7 @@ func (svc *service) exited(ws syscall.WaitStatus, err error, now time.Time) time
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
 	ran := now.Sub(svc.started)
-	e := &ServiceExit{At: now, RanMS: ran.Milliseconds()}
+	e := &agentwire.ServiceExit{At: now, RanMS: ran.Milliseconds()}
 	if err != nil {
 		e.Code = -1
 		svc.st.LastError = "wait: " + err.Error()
@@ -143,7 +145,7 @@ func (svc *service) setState(state string) (stopping bool) {
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
 	if svc.stopping {
-		state = ServiceStopped
+		state = agentwire.ServiceStopped
 	}
 	svc.st.State = state
 	return svc.stopping
@@ -174,7 +176,7 @@ func validServiceName(n string) bool {
 }
 
 // checkSpec validates a ServiceSpec before anything is started.
-func checkSpec(spec ServiceSpec) *Error {
+func checkSpec(spec agentwire.ServiceSpec) *agentwire.Error {
 	switch {
 	case !validServiceName(spec.Name):
 		return badRequest("service name %q: want 1 to %d letters, digits, '.', '_' or '-', starting with a letter or digit", spec.Name, maxServiceName)
@@ -195,9 +197,9 @@ func checkSpec(spec ServiceSpec) *Error {
 // then on. A first start that fails is an error and leaves nothing
 // behind but the log file, so that a bad argv or user is reported to the
 // caller instead of being retried forever.
-func (sv *supervisor) add(spec ServiceSpec) (ServiceStatus, error) {
+func (sv *supervisor) add(spec agentwire.ServiceSpec) (agentwire.ServiceStatus, error) {
 	if e := checkSpec(spec); e != nil {
-		return ServiceStatus{}, e
+		return agentwire.ServiceStatus{}, e
 	}
 	logPath := filepath.Join(sv.logDir, spec.Name+".log")
 	var log *rotatingLog
@@ -206,21 +208,21 @@ func (sv *supervisor) add(spec ServiceSpec) (ServiceStatus, error) {
 		log, err = openLog(logPath, sv.logMax)
 	}
 	if err != nil {
-		return ServiceStatus{}, fmt.Errorf("service %s: log: %w", spec.Name, err)
+		return agentwire.ServiceStatus{}, fmt.Errorf("service %s: log: %w", spec.Name, err)
 	}
 	svc := &service{spec: spec, log: log, stop: make(chan struct{}), done: make(chan struct{})}
 	svc.spec.Argv, svc.spec.Env = slices.Clone(spec.Argv), slices.Clone(spec.Env)
-	svc.st = ServiceStatus{Name: spec.Name, Argv: slices.Clone(spec.Argv), Log: logPath}
+	svc.st = agentwire.ServiceStatus{Name: spec.Name, Argv: slices.Clone(spec.Argv), Log: logPath}
 	sv.mu.Lock()
 	if _, ok := sv.services[spec.Name]; ok {
 		sv.mu.Unlock()
 		log.Close()
-		return ServiceStatus{}, &Error{Message: "service " + spec.Name + " exists", Code: CodeExists, Status: http.StatusConflict}
+		return agentwire.ServiceStatus{}, &agentwire.Error{Message: "service " + spec.Name + " exists", Code: agentwire.CodeExists, Status: http.StatusConflict}
 	}
-	if len(sv.services) >= MaxServices {
+	if len(sv.services) >= agentwire.MaxServices {
 		sv.mu.Unlock()
 		log.Close()
-		return ServiceStatus{}, badRequest("already %d services", MaxServices)
+		return agentwire.ServiceStatus{}, badRequest("already %d services", agentwire.MaxServices)
 	}
 	sv.services[spec.Name] = svc // reserved until its first start
 	sv.mu.Unlock()
@@ -232,10 +234,10 @@ func (sv *supervisor) add(spec ServiceSpec) (ServiceStatus, error) {
 		delete(sv.services, spec.Name)
 		sv.mu.Unlock()
 		e := errorFrom(err)
-		if e.Code == CodeInternal {
-			e.Code, e.Status = CodeStartFailed, http.StatusBadRequest
+		if e.Code == agentwire.CodeInternal {
+			e.Code, e.Status = agentwire.CodeStartFailed, http.StatusBadRequest
 		}
-		return ServiceStatus{}, e
+		return agentwire.ServiceStatus{}, e
 	}
 	svc.running(c, sv.now())
 	go sv.run(svc, c)
@@ -310,14 +312,14 @@ func (sv *supervisor) run(svc *service, c Child) {
 			ws, err := c.Wait()
 			ran = svc.exited(ws, err, sv.now())
 		}
-		if svc.setState(ServiceBackoff) {
+		if svc.setState(agentwire.ServiceBackoff) {
 			return
 		}
 		wait = sv.policy.next(wait, ran)
 		select {
 		case <-sv.after(wait):
 		case <-svc.stop:
-			svc.setState(ServiceStopped)
+			svc.setState(agentwire.ServiceStopped)
 			return
 		}
 		var err error
@@ -331,33 +333,33 @@ func (sv *supervisor) run(svc *service, c Child) {
 }
 
 // get returns the status of the service name.
-func (sv *supervisor) get(name string) (ServiceStatus, bool) {
+func (sv *supervisor) get(name string) (agentwire.ServiceStatus, bool) {
 	sv.mu.Lock()
 	svc := sv.services[name]
 	sv.mu.Unlock()
 	if svc == nil {
-		return ServiceStatus{}, false
+		return agentwire.ServiceStatus{}, false
 	}
 	st := svc.status()
 	return st, st.Starts > 0 // one reserved by add, not yet started, is not there yet
 }
 
 // list returns every service's status, sorted by name.
-func (sv *supervisor) list() []ServiceStatus {
+func (sv *supervisor) list() []agentwire.ServiceStatus {
 	sv.mu.Lock()
 	svcs := make([]*service, 0, len(sv.services))
 	for _, svc := range sv.services {
 		svcs = append(svcs, svc)
 	}
 	sv.mu.Unlock()
-	out := make([]ServiceStatus, 0, len(svcs))
+	out := make([]agentwire.ServiceStatus, 0, len(svcs))
 	for _, svc := range svcs {
 		st := svc.status()
 		if st.Starts > 0 {
 			out = append(out, st)
 		}
 	}
-	slices.SortFunc(out, func(a, b ServiceStatus) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b agentwire.ServiceStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
@@ -365,7 +367,7 @@ func (sv *supervisor) list() []ServiceStatus {
 // process's group, SIGKILL after grace if it has not exited, and it
 // returns the final status once the process has been reaped. The service
 // is then forgotten (its log stays).
-func (sv *supervisor) stop(name string, grace time.Duration) (ServiceStatus, error) {
+func (sv *supervisor) stop(name string, grace time.Duration) (agentwire.ServiceStatus, error) {
 	sv.mu.Lock()
 	svc := sv.services[name]
 	sv.mu.Unlock()
@@ -378,7 +380,7 @@ func (sv *supervisor) stop(name string, grace time.Duration) (ServiceStatus, err
 		}
 	}
 	if svc == nil {
-		return ServiceStatus{}, &Error{Message: "no service " + name, Code: CodeNotFound, Status: http.StatusNotFound}
+		return agentwire.ServiceStatus{}, &agentwire.Error{Message: "no service " + name, Code: agentwire.CodeNotFound, Status: http.StatusNotFound}
 	}
 	svc.mu.Lock()
 	first := !svc.stopping
@@ -441,12 +443,12 @@ func (s *Server) handleServices(w http.ResponseWriter, r *http.Request) {
 		}
 		st, ok := s.services.get(name)
 		if !ok {
-			writeError(w, &Error{Message: "no service " + name, Code: CodeNotFound, Status: http.StatusNotFound})
+			writeError(w, &agentwire.Error{Message: "no service " + name, Code: agentwire.CodeNotFound, Status: http.StatusNotFound})
 			return
 		}
 		writeJSON(w, st)
 	case http.MethodPost:
-		var spec ServiceSpec
+		var spec agentwire.ServiceSpec
 		b, err := io.ReadAll(io.LimitReader(r.Body, maxServiceRequest+1))
 		if err != nil {
 			writeError(w, badRequest("read service request: %v", err))
@@ -473,7 +475,7 @@ func (s *Server) handleServices(w http.ResponseWriter, r *http.Request) {
 			writeError(w, badRequest("missing name parameter"))
 			return
 		}
-		st, err := s.services.stop(name, ServiceStopGrace)
+		st, err := s.services.stop(name, agentwire.ServiceStopGrace)
 		if err != nil {
 			writeError(w, errorFrom(err))
 			return

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warrenvm/warren/agentwire"
 )
 
 func TestBackoff(t *testing.T) {
@@ -108,15 +110,15 @@ func TestSupervisorRestarts(t *testing.T) {
 	sv.now, sv.after = clk.now, clk.after
 	sv.policy = backoff{min: time.Second, max: 4 * time.Second, reset: time.Minute}
 
-	st, err := sv.add(ServiceSpec{Name: "web", Argv: []string{"server", "--port", "8080"}})
+	st, err := sv.add(agentwire.ServiceSpec{Name: "web", Argv: []string{"server", "--port", "8080"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	first := <-w.started
-	if st.State != ServiceRunning || st.Pid != first.pid || st.Starts != 1 || st.Restarts != 0 {
+	if st.State != agentwire.ServiceRunning || st.Pid != first.pid || st.Starts != 1 || st.Restarts != 0 {
 		t.Fatalf("after add: %+v", st)
 	}
-	if _, err := sv.add(ServiceSpec{Name: "web", Argv: []string{"x"}}); !errors.Is(err, os.ErrExist) {
+	if _, err := sv.add(agentwire.ServiceSpec{Name: "web", Argv: []string{"x"}}); !errors.Is(err, os.ErrExist) {
 		t.Errorf("a second service named web: %v", err)
 	}
 
@@ -130,7 +132,7 @@ func TestSupervisorRestarts(t *testing.T) {
 			t.Errorf("restart %d waits %v, want %v", i+1, wt.d, want)
 		}
 		st, _ := sv.get("web")
-		if st.State != ServiceBackoff || st.Pid != 0 || st.LastExit == nil || st.LastExit.Code != 3 || st.LastExit.RanMS != 100 {
+		if st.State != agentwire.ServiceBackoff || st.Pid != 0 || st.LastExit == nil || st.LastExit.Code != 3 || st.LastExit.RanMS != 100 {
 			t.Errorf("in backoff: %+v (last exit %+v)", st, st.LastExit)
 		}
 		wt.ch <- clk.now()
@@ -151,7 +153,7 @@ func TestSupervisorRestarts(t *testing.T) {
 
 	// Stopped while backing off: nothing more starts.
 	st, err = sv.stop("web", time.Second)
-	if err != nil || st.State != ServiceStopped {
+	if err != nil || st.State != agentwire.ServiceStopped {
 		t.Fatalf("stop in backoff: %+v, %v", st, err)
 	}
 	if grace := <-clk.waits; grace.d != time.Second { // the stop's grace timer, never fired
@@ -170,11 +172,11 @@ func TestSupervisorRestarts(t *testing.T) {
 	}
 
 	// Stopped while running, ignoring SIGTERM: SIGKILL after the grace.
-	if _, err := sv.add(ServiceSpec{Name: "stubborn", Argv: []string{"x"}}); err != nil {
+	if _, err := sv.add(agentwire.ServiceSpec{Name: "stubborn", Argv: []string{"x"}}); err != nil {
 		t.Fatal(err)
 	}
 	c = <-w.started
-	stopped := make(chan ServiceStatus, 1)
+	stopped := make(chan agentwire.ServiceStatus, 1)
 	go func() {
 		st, _ := sv.stop("stubborn", 10*time.Second)
 		stopped <- st
@@ -191,7 +193,7 @@ func TestSupervisorRestarts(t *testing.T) {
 		t.Errorf("second signal %v", sig)
 	}
 	c.killedBy(syscall.SIGKILL)
-	if st := <-stopped; st.State != ServiceStopped || st.LastExit == nil || st.LastExit.Signal != "SIGKILL" {
+	if st := <-stopped; st.State != agentwire.ServiceStopped || st.LastExit == nil || st.LastExit.Signal != "SIGKILL" {
 		t.Errorf("after the stop: %+v", st)
 	}
 }
@@ -214,7 +216,7 @@ func waitRunning(t *testing.T, sv *supervisor, name string, pid int) {
 
 func TestServiceSpecChecks(t *testing.T) {
 	sv := newSupervisor(&fakeWaiter{started: make(chan *fakeChild, 1)}, t.TempDir(), nil)
-	for _, spec := range []ServiceSpec{
+	for _, spec := range []agentwire.ServiceSpec{
 		{Name: "", Argv: []string{"x"}},
 		{Name: "../etc", Argv: []string{"x"}},
 		{Name: "a/b", Argv: []string{"x"}},
@@ -277,14 +279,14 @@ func TestServices(t *testing.T) {
 	logDir := filepath.Join(t.TempDir(), "log", "warren")
 	c := startOpts(t, ProcessWaiter{}, Options{LogDir: logDir})
 	ctx := ctxT(t)
-	st, err := c.StartService(ctx, ServiceSpec{Name: "echo", Argv: []string{"sh", "-c", `echo "up $SVC_VAR $$"; exec sleep 1000`}, Env: []string{"SVC_VAR=v1"}})
+	st, err := c.StartService(ctx, agentwire.ServiceSpec{Name: "echo", Argv: []string{"sh", "-c", `echo "up $SVC_VAR $$"; exec sleep 1000`}, Env: []string{"SVC_VAR=v1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != ServiceRunning || st.Pid == 0 || st.Log != filepath.Join(logDir, "echo.log") {
+	if st.State != agentwire.ServiceRunning || st.Pid == 0 || st.Log != filepath.Join(logDir, "echo.log") {
 		t.Fatalf("started: %+v", st)
 	}
-	waitFor := func(what string, ok func(ServiceStatus) bool) ServiceStatus {
+	waitFor := func(what string, ok func(agentwire.ServiceStatus) bool) agentwire.ServiceStatus {
 		t.Helper()
 		for {
 			st, err := c.Service(ctx, "echo")
@@ -305,15 +307,15 @@ func TestServices(t *testing.T) {
 		return bytes.Count(b, []byte(s)) > 0
 	}
 	first := st.Pid
-	waitFor("the first line in the log", func(ServiceStatus) bool { return logHas("up v1 ") })
+	waitFor("the first line in the log", func(agentwire.ServiceStatus) bool { return logHas("up v1 ") })
 	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	st = waitFor("a restart", func(st ServiceStatus) bool { return st.State == ServiceRunning && st.Starts == 2 })
+	st = waitFor("a restart", func(st agentwire.ServiceStatus) bool { return st.State == agentwire.ServiceRunning && st.Starts == 2 })
 	if st.Pid == first || st.Restarts != 1 || st.LastExit == nil || st.LastExit.Signal != "SIGKILL" {
 		t.Errorf("after the restart: %+v (last exit %+v)", st, st.LastExit)
 	}
-	waitFor("the second line in the log", func(ServiceStatus) bool {
+	waitFor("the second line in the log", func(agentwire.ServiceStatus) bool {
 		b, _ := os.ReadFile(st.Log)
 		return bytes.Count(b, []byte("up v1 ")) == 2
 	})
@@ -324,7 +326,7 @@ func TestServices(t *testing.T) {
 	if l, err := c.Services(ctx); err != nil || len(l) != 1 {
 		t.Errorf("services %+v, %v", l, err)
 	}
-	if _, err := c.StartService(ctx, ServiceSpec{Name: "nope", Argv: []string{"/no/such/program"}}); !errors.Is(err, os.ErrNotExist) {
+	if _, err := c.StartService(ctx, agentwire.ServiceSpec{Name: "nope", Argv: []string{"/no/such/program"}}); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a missing program: %v", err)
 	}
 	if _, err := c.Service(ctx, "nope"); !errors.Is(err, os.ErrNotExist) {
@@ -332,7 +334,7 @@ func TestServices(t *testing.T) {
 	}
 	pid := st.Pid
 	st, err = c.StopService(ctx, "echo")
-	if err != nil || st.State != ServiceStopped || st.Pid != 0 {
+	if err != nil || st.State != agentwire.ServiceStopped || st.Pid != 0 {
 		t.Fatalf("stop: %+v, %v", st, err)
 	}
 	if err := syscall.Kill(pid, 0); err == nil {
@@ -349,13 +351,13 @@ func TestPollExec(t *testing.T) {
 	flag := filepath.Join(t.TempDir(), "ready")
 	// The check passes on its third run.
 	script := `n=$(cat ` + flag + ` 2>/dev/null || echo 0); n=$((n+1)); echo $n > ` + flag + `; [ $n -ge 3 ]`
-	n, err := c.PollExec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", script}}, 10*time.Millisecond)
+	n, err := c.PollExec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", script}}, 10*time.Millisecond)
 	if err != nil || n != 3 {
 		t.Errorf("PollExec: %d attempts, %v", n, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	_, err = c.PollExec(ctx, ExecRequest{Argv: []string{"sh", "-c", "echo not yet; exit 7"}}, 10*time.Millisecond)
+	_, err = c.PollExec(ctx, agentwire.ExecRequest{Argv: []string{"sh", "-c", "echo not yet; exit 7"}}, 10*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), "exit code 7") || !strings.Contains(err.Error(), "not yet") {
 		t.Errorf("PollExec that never passes: %v", err)
 	}

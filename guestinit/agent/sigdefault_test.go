@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/warrenvm/warren/agentwire"
 )
 
 // TestChildSignalsDefault runs an agent in a process started with SIGHUP,
@@ -20,7 +22,7 @@ func TestChildSignalsDefault(t *testing.T) {
 	if os.Getenv("AGENT_SIGNALS_HELPER") == "1" {
 		c := start(t)
 		var out bytes.Buffer
-		code, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"cat", "/proc/self/status"}}, &out, nil)
+		code, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"cat", "/proc/self/status"}}, &out, nil)
 		if err != nil || code != 0 {
 			t.Fatalf("exec: code %d, %v", code, err)
 		}

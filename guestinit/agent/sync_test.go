@@ -3,10 +3,8 @@
 package agent
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -15,91 +13,16 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warrenvm/warren/agentwire"
 )
-
-func TestParseSyncMessage(t *testing.T) {
-	good := NewSyncMessage(time.Unix(1700000000, 5))
-	big := SyncMessage{UnixNanos: 1, Entropy: make([]byte, MaxSyncEntropy+1)}
-	bigLine, _ := json.Marshal(big)
-	for _, tt := range []struct {
-		name string
-		in   string
-		ok   bool
-	}{
-		{"good", string(good.MarshalLine()), true},
-		{"no newline", strings.TrimSpace(string(good.MarshalLine())), true},
-		{"empty", "", false},
-		{"not json", "hello\n", false},
-		{"zero time", `{"unix_nanos":0,"entropy":"AAAA"}`, false},
-		{"negative time", `{"unix_nanos":-5,"entropy":"AAAA"}`, false},
-		{"no entropy", `{"unix_nanos":5}`, false},
-		{"empty entropy", `{"unix_nanos":5,"entropy":""}`, false},
-		{"bad base64", `{"unix_nanos":5,"entropy":"!!"}`, false},
-		{"too much entropy", string(bigLine), false},
-		{"unknown field", `{"unix_nanos":5,"entropy":"AAAA","x":1}`, false},
-		{"trailing", `{"unix_nanos":5,"entropy":"AAAA"} {}`, false},
-		{"too long", `{"unix_nanos":5,"entropy":"AAAA"}` + strings.Repeat(" ", MaxSyncLine), false},
-	} {
-		m, err := ParseSyncMessage([]byte(tt.in))
-		if (err == nil) != tt.ok {
-			t.Errorf("%s: err %v, want ok=%v", tt.name, err, tt.ok)
-		}
-		if tt.name == "good" && (m.UnixNanos != good.UnixNanos || !bytes.Equal(m.Entropy, good.Entropy)) {
-			t.Errorf("good: got %+v want %+v", m, good)
-		}
-	}
-}
-
-func FuzzParseSyncMessage(f *testing.F) {
-	f.Add(NewSyncMessage(time.Unix(1, 0)).MarshalLine())
-	f.Add([]byte(`{"unix_nanos":5,"entropy":"AAAA"}`))
-	f.Add([]byte(`{}`))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := ParseSyncMessage(b)
-		if err != nil {
-			return
-		}
-		if m.UnixNanos <= 0 || len(m.Entropy) == 0 || len(m.Entropy) > MaxSyncEntropy {
-			t.Fatalf("accepted %+v", m)
-		}
-	})
-}
-
-func TestServeSync(t *testing.T) {
-	host, guest := net.Pipe()
-	done := make(chan struct{})
-	go func() { ServeSync(host); close(done) }()
-	before := time.Now()
-	line, err := bufio.NewReader(guest).ReadBytes('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := ParseSyncMessage(line)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := time.Unix(0, m.UnixNanos); got.Before(before.Add(-time.Second)) || got.After(time.Now().Add(time.Second)) {
-		t.Errorf("time %v, now %v", got, before)
-	}
-	if len(m.Entropy) != SyncEntropyBytes || bytes.Equal(m.Entropy, make([]byte, SyncEntropyBytes)) {
-		t.Errorf("entropy %x", m.Entropy)
-	}
-	// It keeps the connection open until the guest closes it.
-	select {
-	case <-done:
-		t.Fatal("ServeSync returned with the connection open")
-	case <-time.After(50 * time.Millisecond):
-	}
-	guest.Close()
-	<-done
-}
 
 // fakeHost accepts re-sync connections on a unix socket and serves them
 // the given messages in turn; after serving one it closes the connection
 // when told to (a simulated transport reset).
 type fakeHost struct {
 	l     net.Listener
-	msgs  chan SyncMessage
+	msgs  chan agentwire.SyncMessage
 	reset chan struct{}
 	conns chan struct{}
 }
@@ -109,7 +32,7 @@ func newFakeHost(t *testing.T) *fakeHost {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &fakeHost{l: l, msgs: make(chan SyncMessage, 4), reset: make(chan struct{}), conns: make(chan struct{}, 16)}
+	h := &fakeHost{l: l, msgs: make(chan agentwire.SyncMessage, 4), reset: make(chan struct{}), conns: make(chan struct{}, 16)}
 	t.Cleanup(func() { l.Close() })
 	go func() {
 		for {
@@ -171,8 +94,8 @@ func TestSyncerReconnectsAfterReset(t *testing.T) {
 	go func() { s.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 
-	m1 := NewSyncMessage(time.Unix(1000, 1))
-	m2 := NewSyncMessage(time.Unix(2000, 2))
+	m1 := agentwire.NewSyncMessage(time.Unix(1000, 1))
+	m2 := agentwire.NewSyncMessage(time.Unix(2000, 2))
 	h.msgs <- m1
 	waitSynced(t, s, 1)
 	if st := s.Stats(); st.Count != 1 || st.Last.IsZero() {
@@ -258,7 +181,7 @@ func TestSyncerBadLine(t *testing.T) {
 		name, host string
 	}{
 		{"garbage", "garbage\n"},
-		{"too long", strings.Repeat("x", MaxSyncLine+10)},
+		{"too long", strings.Repeat("x", agentwire.MaxSyncLine+10)},
 		{"eof", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -318,7 +241,7 @@ func TestHealthSync(t *testing.T) {
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	h.msgs <- NewSyncMessage(time.Now())
+	h.msgs <- agentwire.NewSyncMessage(time.Now())
 	waitSynced(t, s, 1)
 
 	c := startWith(t, s)
@@ -338,7 +261,7 @@ func TestAddEntropy(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CAP_SYS_ADMIN)")
 	}
-	if err := AddEntropy(NewSyncMessage(time.Now()).Entropy); err != nil {
+	if err := AddEntropy(agentwire.NewSyncMessage(time.Now()).Entropy); err != nil {
 		t.Fatal(err)
 	}
 	// A buffer that is not a multiple of 4 bytes.

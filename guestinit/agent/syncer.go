@@ -8,15 +8,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"sync"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenvm/warren/agentwire"
 )
 
-// Syncer is the guest side of the re-sync protocol (see SyncMessage): it
+// Syncer is the guest side of the re-sync protocol (see agentwire.SyncMessage): it
 // keeps a connection to the host's re-sync service, applies each message
 // it receives, and reconnects whenever the connection fails, which after
 // a snapshot restore it does at once (the transport reset).
@@ -25,7 +28,7 @@ import (
 // the only goroutine that dials and applies; Stats may be called from
 // any goroutine.
 type Syncer struct {
-	dial DialFunc
+	dial func(context.Context) (net.Conn, error)
 
 	// SetClock sets the guest's CLOCK_REALTIME; the default is
 	// SetRealtime.
@@ -35,11 +38,11 @@ type Syncer struct {
 	AddEntropy func([]byte) error
 	// SetIdentity applies a message's identity (a forked child's); the
 	// default is ApplyIdentity.
-	SetIdentity func(*Identity) error
+	SetIdentity func(*agentwire.Identity) error
 	// SetEgress applies a message's egress configuration (trust store and
 	// placeholder environment); nil ignores it. The agent's PID 1 sets it
 	// to ApplyTrust plus its server's SetExtraEnv.
-	SetEgress func(*Egress) error
+	SetEgress func(*agentwire.Egress) error
 	// OnError, if non-nil, is told about every failure (dial, a bad line,
 	// a failed apply). A connection that ends after a message was applied
 	// is expected (a restore) and is not an error.
@@ -67,9 +70,9 @@ type SyncStats struct {
 }
 
 // NewSyncer returns a Syncer that reaches the host through dial (in the
-// guest, a vsock dial of CID 2, SyncPort), with the default hooks, a 50 ms
-// to 2 s backoff and a 5 s line timeout.
-func NewSyncer(dial DialFunc) *Syncer {
+// guest, a vsock dial of CID 2, agentwire.SyncPort), with the default
+// hooks, a 50 ms to 2 s backoff and a 5 s line timeout.
+func NewSyncer(dial func(context.Context) (net.Conn, error)) *Syncer {
 	return &Syncer{
 		dial:        dial,
 		SetClock:    SetRealtime,
@@ -126,15 +129,15 @@ func (s *Syncer) session(ctx context.Context) (applied bool, err error) {
 	if err := c.SetReadDeadline(time.Now().Add(s.LineTimeout)); err != nil {
 		return false, fmt.Errorf("sync: %w", err)
 	}
-	br := bufio.NewReaderSize(c, MaxSyncLine)
+	br := bufio.NewReaderSize(c, agentwire.MaxSyncLine)
 	line, err := br.ReadSlice('\n')
 	if err != nil {
 		if errors.Is(err, bufio.ErrBufferFull) {
-			err = fmt.Errorf("line longer than %d bytes", MaxSyncLine)
+			err = fmt.Errorf("line longer than %d bytes", agentwire.MaxSyncLine)
 		}
 		return false, fmt.Errorf("sync: read line: %w", err)
 	}
-	m, err := ParseSyncMessage(line)
+	m, err := agentwire.ParseSyncMessage(line)
 	if err != nil {
 		return false, err
 	}
@@ -156,7 +159,7 @@ func (s *Syncer) session(ctx context.Context) (applied bool, err error) {
 
 // apply sets the clock, adds the entropy and applies the identity, if
 // any; it counts the sync only if all succeeded.
-func (s *Syncer) apply(m SyncMessage) error {
+func (s *Syncer) apply(m agentwire.SyncMessage) error {
 	errClock := s.SetClock(time.Unix(0, m.UnixNanos))
 	if errClock != nil {
 		errClock = fmt.Errorf("sync: set clock: %w", errClock)

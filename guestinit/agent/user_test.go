@@ -15,6 +15,9 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 )
 
 // testEtc writes a passwd and group file for the user tests.
@@ -34,7 +37,7 @@ func testEtc(t *testing.T) string {
 }
 
 // startOpts serves an agent with opts on a unix socket.
-func startOpts(t *testing.T, w Waiter, opts Options) *Client {
+func startOpts(t *testing.T, w Waiter, opts Options) *agentclient.Client {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	l, err := net.Listen("unix", sock)
@@ -44,7 +47,7 @@ func startOpts(t *testing.T, w Waiter, opts Options) *Client {
 	s := NewServer(w, opts)
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(l) }()
-	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+	c := agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
 	})
@@ -85,7 +88,7 @@ func TestExecUser(t *testing.T) {
 	etcDir := testEtc(t)
 	path := "PATH=" + os.Getenv("PATH")
 	c := startOpts(t, ProcessWaiter{}, Options{Env: []string{path}, EtcDir: etcDir, User: "nobody", Dir: "/"})
-	run := func(req ExecRequest) string {
+	run := func(req agentwire.ExecRequest) string {
 		t.Helper()
 		var out, errb bytes.Buffer
 		code, err := c.Exec(ctxT(t), req, &out, &errb)
@@ -95,34 +98,34 @@ func TestExecUser(t *testing.T) {
 		return out.String()
 	}
 	// The default user: nobody, with its supplementary group.
-	uid, gid, groups := statusIDs(run(ExecRequest{Argv: []string{"cat", "/proc/self/status"}}))
+	uid, gid, groups := statusIDs(run(agentwire.ExecRequest{Argv: []string{"cat", "/proc/self/status"}}))
 	if uid != "65534 65534 65534 65534" || gid != "65534 65534 65534 65534" || groups != "4242" {
 		t.Errorf("default user: Uid %q Gid %q Groups %q", uid, gid, groups)
 	}
-	if got := run(ExecRequest{Argv: []string{"sh", "-c", `echo "$HOME $(pwd)"`}}); got != "/nonexistent /\n" {
+	if got := run(agentwire.ExecRequest{Argv: []string{"sh", "-c", `echo "$HOME $(pwd)"`}}); got != "/nonexistent /\n" {
 		t.Errorf("HOME and cwd %q", got)
 	}
 	// uid:gid, not in passwd: no supplementary groups.
-	uid, gid, groups = statusIDs(run(ExecRequest{Argv: []string{"cat", "/proc/self/status"}, User: "4000:4001"}))
+	uid, gid, groups = statusIDs(run(agentwire.ExecRequest{Argv: []string{"cat", "/proc/self/status"}, User: "4000:4001"}))
 	if uid != "4000 4000 4000 4000" || gid != "4001 4001 4001 4001" || groups != "" {
 		t.Errorf("4000:4001: Uid %q Gid %q Groups %q", uid, gid, groups)
 	}
 	// The host's "root" for admin work.
-	uid, _, _ = statusIDs(run(ExecRequest{Argv: []string{"cat", "/proc/self/status"}, User: "root"}))
+	uid, _, _ = statusIDs(run(agentwire.ExecRequest{Argv: []string{"cat", "/proc/self/status"}, User: "root"}))
 	if uid != "0 0 0 0" {
 		t.Errorf("root: Uid %q", uid)
 	}
-	if got := run(ExecRequest{Argv: []string{"sh", "-c", "echo $HOME"}, User: "root"}); got != "/root\n" {
+	if got := run(agentwire.ExecRequest{Argv: []string{"sh", "-c", "echo $HOME"}, User: "root"}); got != "/root\n" {
 		t.Errorf("root's HOME %q", got)
 	}
 	// The request's env still wins over HOME from passwd.
-	if got := run(ExecRequest{Argv: []string{"sh", "-c", "echo $HOME"}, Env: []string{"HOME=/elsewhere"}}); got != "/elsewhere\n" {
+	if got := run(agentwire.ExecRequest{Argv: []string{"sh", "-c", "echo $HOME"}, Env: []string{"HOME=/elsewhere"}}); got != "/elsewhere\n" {
 		t.Errorf("request HOME %q", got)
 	}
 	// An unknown user is a clear error, and nothing runs.
-	_, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"true"}, User: "ghost"}, nil, nil)
-	var e *Error
-	if !errors.As(err, &e) || e.Code != CodeBadRequest || !strings.Contains(e.Message, `no user "ghost"`) {
+	_, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"true"}, User: "ghost"}, nil, nil)
+	var e *agentwire.Error
+	if !errors.As(err, &e) || e.Code != agentwire.CodeBadRequest || !strings.Contains(e.Message, `no user "ghost"`) {
 		t.Errorf("unknown user: %v", err)
 	}
 }
@@ -136,14 +139,14 @@ func TestExecUserNoDefault(t *testing.T) {
 	}
 	c := startOpts(t, ProcessWaiter{}, Options{Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=/"}, EtcDir: testEtc(t)})
 	var out bytes.Buffer
-	if _, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "id -u; echo $HOME"}}, &out, nil); err != nil {
+	if _, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", "id -u; echo $HOME"}}, &out, nil); err != nil {
 		t.Fatal(err)
 	}
 	if out.String() != "0\n/\n" {
 		t.Errorf("no default user: %q", out.String())
 	}
 	out.Reset()
-	if _, err := c.Exec(ctxT(t), ExecRequest{Argv: []string{"sh", "-c", "id -u; echo $HOME"}, User: "65534", Cwd: "/"}, &out, nil); err != nil {
+	if _, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", "id -u; echo $HOME"}, User: "65534", Cwd: "/"}, &out, nil); err != nil {
 		t.Fatal(err)
 	}
 	if out.String() != "65534\n/\n" { // the base environment's HOME stays
@@ -172,7 +175,7 @@ func TestApplyIdentityHostFiles(t *testing.T) {
 			errc <- err
 			return
 		}
-		err := ApplyIdentity(&Identity{Hostname: "fork-7"})
+		err := ApplyIdentity(&agentwire.Identity{Hostname: "fork-7"})
 		name, _ = os.Hostname()
 		errc <- err
 	}()

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -149,7 +150,7 @@ func TestRandomAccess(t *testing.T) {
 		for i := off / cs; i <= (off+n-1)/cs; i++ {
 			want = append(want, [2]int64{chunkOffset(i, cs), r.chunkLen(i) + TagSize})
 		}
-		if reads := cr.take(); !equalReads(reads, want) {
+		if reads := cr.take(); !slices.Equal(reads, want) {
 			t.Fatalf("ReadAt(%d, %d) read %v, want %v", off, n, reads, want)
 		}
 	}
@@ -177,18 +178,6 @@ func TestRandomAccess(t *testing.T) {
 	if err != nil || !bytes.Equal(tail, data[len(data)-5:]) {
 		t.Fatalf("tail: %v %x", err, tail)
 	}
-}
-
-func equalReads(a, b [][2]int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestWrongKey(t *testing.T) {

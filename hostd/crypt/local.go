@@ -89,18 +89,25 @@ func (p *LocalProvider) Key(ctx context.Context, tenant string) (Key, error) {
 	if err := ctx.Err(); err != nil {
 		return Key{}, err
 	}
-	if err := ValidTenant(tenant); err != nil {
-		return Key{}, err
-	}
-	if err := p.checkDir(); err != nil {
-		return Key{}, err
-	}
-	if rerr, err := p.revoked(tenant); err != nil {
+	if rerr, err := p.checkTenant(tenant); err != nil {
 		return Key{}, err
 	} else if rerr != nil {
 		return Key{}, rerr
 	}
 	return p.readKey(tenant)
+}
+
+// checkTenant begins every operation on a tenant's key: it refuses an
+// invalid tenant name or an unsafe key directory (checkDir), then returns
+// a *RevokedError if the tenant is revoked (revoked).
+func (p *LocalProvider) checkTenant(tenant string) (*RevokedError, error) {
+	if err := ValidTenant(tenant); err != nil {
+		return nil, err
+	}
+	if err := p.checkDir(); err != nil {
+		return nil, err
+	}
+	return p.revoked(tenant)
 }
 
 // revoked returns a *RevokedError if the tenant's marker exists.
@@ -203,13 +210,7 @@ func parseKeyFile(b []byte) ([]byte, error) {
 // a temporary file, fsynced and linked into place (never replacing an
 // existing key), then the directory is fsynced.
 func (p *LocalProvider) Create(tenant string) (Key, error) {
-	if err := ValidTenant(tenant); err != nil {
-		return Key{}, err
-	}
-	if err := p.checkDir(); err != nil {
-		return Key{}, err
-	}
-	if rerr, err := p.revoked(tenant); err != nil {
+	if rerr, err := p.checkTenant(tenant); err != nil {
 		return Key{}, err
 	} else if rerr != nil {
 		return Key{}, fmt.Errorf("crypt: create: %w (Reinstate makes a new key)", rerr)
@@ -277,13 +278,7 @@ func (p *LocalProvider) create(tenant string) (Key, error) {
 // may survive until reused, and backups are beyond reach: keep key
 // directories out of backups and snapshots.
 func (p *LocalProvider) Revoke(tenant string) error {
-	if err := ValidTenant(tenant); err != nil {
-		return err
-	}
-	if err := p.checkDir(); err != nil {
-		return err
-	}
-	rerr, err := p.revoked(tenant)
+	rerr, err := p.checkTenant(tenant)
 	if err != nil {
 		return err
 	}
@@ -366,13 +361,7 @@ func (p *LocalProvider) writeMarker(tenant, keyID string) error {
 // with a new ID: files encrypted under the revoked key stay unreadable.
 // It refuses a tenant that is not revoked.
 func (p *LocalProvider) Reinstate(tenant string) (Key, error) {
-	if err := ValidTenant(tenant); err != nil {
-		return Key{}, err
-	}
-	if err := p.checkDir(); err != nil {
-		return Key{}, err
-	}
-	rerr, err := p.revoked(tenant)
+	rerr, err := p.checkTenant(tenant)
 	if err != nil {
 		return Key{}, err
 	}

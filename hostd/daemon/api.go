@@ -16,7 +16,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
 )
@@ -468,14 +469,14 @@ func (s streamOut) Write(p []byte) (int, error) {
 }
 
 func agentErr(err error) error {
-	var ae *agent.Error
+	var ae *agentwire.Error
 	if errors.As(err, &ae) && ae.Status >= 400 && ae.Status < 500 {
 		return errf(ae.Status, "%v", err)
 	}
 	return errf(502, "guest agent: %v", err)
 }
 
-func (d *Daemon) readyAgent(s *sbState) (*agent.Client, []string, error) {
+func (d *Daemon) readyAgent(s *sbState) (*agentclient.Client, []string, error) {
 	rec := d.snapshotRec(s)
 	if rec.Status != store.Running {
 		return nil, nil, errf(409, "sandbox %s is %s", rec.ID, rec.Status)
@@ -499,14 +500,14 @@ func (d *Daemon) exec(w http.ResponseWriter, r *http.Request, s *sbState) {
 		return
 	}
 	start := time.Now()
-	ar := agent.ExecRequest{Argv: req.Argv, Env: append(append([]string(nil), env...), req.Env...), Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}
+	ar := agentwire.ExecRequest{Argv: req.Argv, Env: append(append([]string(nil), env...), req.Env...), Cwd: req.Cwd, TimeoutMS: req.TimeoutMS}
 	if req.Stdin != nil {
 		ar.Input = bytes.NewReader(req.Stdin)
 	}
 	fw := &frameWriter{w: w}
 	st, err := c.ExecStatus(r.Context(), ar, streamOut{f: fw}, streamOut{f: fw, stderr: true})
 	d.obs.ObserveOp("exec", time.Since(start), err)
-	if err != nil && !errors.Is(err, agent.ErrTimedOut) {
+	if err != nil && !errors.Is(err, agentclient.ErrTimedOut) {
 		if !fw.started {
 			writeErr(w, agentErr(err))
 			return

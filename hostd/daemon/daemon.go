@@ -30,8 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
@@ -223,7 +222,7 @@ type sbState struct {
 	mu  sync.Mutex // serialises the sandbox's operations and guards rec
 	rec *store.Sandbox
 	// agent is the client of its guest agent.
-	agent *agent.Client
+	agent *agentclient.Client
 	// chainOK says the VMM took a snapshot into the sandbox's directory
 	// since it started or rolled back, so an incremental one has its
 	// parent there.

@@ -18,9 +18,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenvm/warren/agentclient/agentstub"
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient/agentstub"
 )
 
 // fakeLauncher stands in for the warren binary: each "VMM" is a real

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warrenvm/warren/hostd/agentclient"
-	"github.com/warrenvm/warren/hostd/agentclient/agentstub"
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentclient/agentstub"
 )
 
 // TestHostileGuestAgent: tenant "evil"'s guest agent answers every

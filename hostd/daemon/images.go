@@ -21,9 +21,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/cow/disk"
-	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
 	"github.com/warrenvm/warren/image"
@@ -488,7 +488,7 @@ func (d *Daemon) startTemplateCmd(o *op, t *store.Template, req wire.TemplateReq
 	c := agentclient.New(vsock)
 	defer c.Close()
 	o.progress("starting the start command: "+strings.Join(argv, " "), 76)
-	if _, err := c.StartService(ctx, agent.ServiceSpec{Name: startServiceName, Argv: argv}); err != nil {
+	if _, err := c.StartService(ctx, agentwire.ServiceSpec{Name: startServiceName, Argv: argv}); err != nil {
 		return fmt.Errorf("start command: %w", err)
 	}
 	if req.ReadyCmd == "" {
@@ -504,7 +504,7 @@ func (d *Daemon) startTemplateCmd(o *op, t *store.Template, req wire.TemplateReq
 	// 30 s): a first curl in a guest whose kernel is emulated (a PVM
 	// host) takes tens of seconds.
 	try := max(30*time.Second, timeout/4)
-	n, err := c.PollExec(ctx, agent.ExecRequest{Argv: []string{"/bin/sh", "-c", req.ReadyCmd}, TimeoutMS: try.Milliseconds()}, 500*time.Millisecond)
+	n, err := c.PollExec(ctx, agentwire.ExecRequest{Argv: []string{"/bin/sh", "-c", req.ReadyCmd}, TimeoutMS: try.Milliseconds()}, 500*time.Millisecond)
 	if err != nil {
 		return errf(504, "the ready command did not succeed within %s: %v", timeout, err)
 	}
@@ -515,17 +515,17 @@ func (d *Daemon) startTemplateCmd(o *op, t *store.Template, req wire.TemplateReq
 // serviceRunning checks that the start command is running now (the agent
 // restarts one that exits, but one that keeps failing is no state to
 // snapshot).
-func serviceRunning(ctx context.Context, c *agent.Client) error {
+func serviceRunning(ctx context.Context, c *agentclient.Client) error {
 	st, err := c.Service(ctx, startServiceName)
 	if err != nil {
 		return fmt.Errorf("start command: %w", err)
 	}
-	if st.State != agent.ServiceRunning {
+	if st.State != agentwire.ServiceRunning {
 		why := st.LastError
 		if e := st.LastExit; e != nil {
 			why = fmt.Sprintf("exit code %d %s after %d ms", e.Code, e.Signal, e.RanMS)
 		}
-		return errf(400, "the start command is not running (%s; %d starts): its log in the guest is %s/%s.log", why, st.Starts, agent.DefaultLogDir, startServiceName)
+		return errf(400, "the start command is not running (%s; %d starts): its log in the guest is %s/%s.log", why, st.Starts, agentwire.DefaultLogDir, startServiceName)
 	}
 	return nil
 }

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/hostd/store"

@@ -28,11 +28,11 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netlink"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/ebpf/audit"
 	"github.com/warrenvm/warren/ebpf/dnsgate"
 	"github.com/warrenvm/warren/ebpf/filter"
 	"github.com/warrenvm/warren/ebpf/policy"
-	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/credproxy"
 )
 
@@ -315,9 +315,9 @@ func (s *Sandbox) Policy() policy.Policy {
 // Guest returns what the guest agent is told (with each re-sync): the
 // proxy's CA certificate and one environment variable per credential,
 // named after its secret, holding its placeholder.
-func (s *Sandbox) Guest() *agent.Egress {
+func (s *Sandbox) Guest() *agentwire.Egress {
 	p := s.Policy()
-	e := &agent.Egress{TrustPEM: string(s.ca.CertPEM()), Env: map[string]string{}}
+	e := &agentwire.Egress{TrustPEM: string(s.ca.CertPEM()), Env: map[string]string{}}
 	for _, c := range p.Credentials {
 		e.Env[c.Secret] = c.PlaceholderFor()
 	}

@@ -9,9 +9,11 @@
 package kvmtest
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -43,6 +45,37 @@ func WaitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// VM is what Start runs: the VMM's *vmm.VM (internal imports none of the
+// module's other packages).
+type VM interface {
+	Run(ctx context.Context) error
+	Stop(reason error)
+	Close() error
+}
+
+// Start runs vm in the background for at most limit. The function it
+// returns, also registered with t.Cleanup (it runs once), stops vm, waits
+// for Run, fails t if Run failed, and closes vm.
+func Start(t testing.TB, vm VM, limit time.Duration) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	runErr := make(chan error, 1)
+	go func() { runErr <- vm.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			vm.Stop(nil)
+			if err := <-runErr; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+			cancel()
+			vm.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // RunChild runs test (a top-level test of the same binary, which skips

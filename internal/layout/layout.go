@@ -5,10 +5,15 @@
 // folder's doc.go does not say what it may import.
 //
 // The direction: hostd (the daemon) → the VMM process (its control
-// contract in vmmctl; the process itself still inside cmd/warren/cli:
-// issue 17) → cow, memsnap, ebpf, image → vmm, devices → vmm/kvm; internal is importable by all and imports none of the others;
-// guest code (guestinit) imports no host code. The exceptions, each a
-// package that belongs elsewhere, are listed in Exceptions with why.
+// contract in vmmctl and the host's end of the guest agent in
+// agentclient; the process itself still inside cmd/warren/cli: issue 17)
+// → cow, memsnap, ebpf, image → vmm, devices → vmm/kvm; internal is
+// importable by all and imports none of the others; guest code
+// (guestinit) imports no host code. A contract both sides of the guest
+// boundary read (Contracts: agentwire) is importable by host and guest
+// code alike and imports nothing of the module but internal. The
+// exceptions, each a guest package that host code may import, are listed
+// in Exceptions with why.
 package layout
 
 import "strings"
@@ -18,20 +23,31 @@ const Module = "github.com/warrenvm/warren"
 
 // ranks orders the host groups: a package may import its own group, a
 // group of a lower rank, or one of the same rank (cow and memsnap use each
-// other's types). cmd and bench drive everything; nothing imports them.
+// other's types). agentclient ranks with vmmctl, in the VMM process's
+// layer: the VMM process serves the guest's re-sync connections with it,
+// and the daemon, the CLI and the benchmarks above call the agent through
+// it. cmd and bench drive everything; nothing imports them.
 var ranks = map[string]int{
 	"vmm/kvm": 0,
 	"vmm":     1, "devices": 1,
 	"cow": 2, "memsnap": 2, "ebpf": 2, "image": 2,
-	"vmmctl": 3,
-	"hostd":  4,
-	"cmd":    5, "bench": 5,
+	"vmmctl": 3, "agentclient": 3,
+	"hostd": 4,
+	"cmd":   5, "bench": 5,
+}
+
+// Contracts are the groups that hold a format both sides of the guest
+// boundary read: types, constants and pure encode and decode, no
+// process's logic. Guest code and host code may import them, and they
+// import nothing of the module but internal, so that neither side's code
+// reaches the other through them.
+var Contracts = map[string]string{
+	"agentwire": "the guest agent's wire contract: its HTTP API and the clock/RNG re-sync messages, spoken by the guest's server (guestinit/agent) and the host's end (agentclient)",
 }
 
 // Exceptions are imports of guest packages by host code that the rules
 // refuse, each allowed for the reason given, until it moves.
 var Exceptions = map[string]string{
-	"guestinit/agent":       "the agent's wire protocol and host-side client still live beside the guest's server (issue 17, item 3)",
 	"guestinit/imageconfig": "the contract between the host's image builder and the guest's PID 1: a format both sides read",
 }
 
@@ -57,6 +73,10 @@ func Allowed(from, to string) (bool, string) {
 		return true, ""
 	case gf == "internal":
 		return false, "internal imports nothing of the other groups"
+	case Contracts[gf] != "":
+		return false, gf + " is a contract both sides read: it imports nothing of the module but internal"
+	case Contracts[gt] != "":
+		return true, ""
 	case gf == "guestinit":
 		return false, "guest code imports no host code"
 	case gt == "guestinit":

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -44,22 +43,7 @@ func runVM(t *testing.T, vm *vmm.VM) func() {
 	if err := vm.PIO.Add(counterPort, 4, testguest.OnePort{}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	runErr := make(chan error, 1)
-	go func() { runErr <- vm.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			vm.Stop(nil)
-			if err := <-runErr; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-			cancel()
-			vm.Close()
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return kvmtest.Start(t, vm, 5*time.Minute)
 }
 
 func counter(vm *vmm.VM) uint32 {

@@ -157,7 +157,7 @@ func TestFork(t *testing.T) {
 	if len(b2.Layers) != 2 {
 		t.Fatalf("second fork has %d layers, want 2", len(b2.Layers))
 	}
-	if got, want := b2.Layers[1].Runs, []Run{{5, 10}, {200, 1}}; !equalRuns(got, want) {
+	if got, want := b2.Layers[1].Runs, []Run{{5, 10}, {200, 1}}; !slices.Equal(got, want) {
 		t.Errorf("second fork top runs = %v, want %v", got, want)
 	}
 	if n := runPages(b2.Layers[1].Runs); n != 11 {
@@ -187,7 +187,7 @@ func TestFork(t *testing.T) {
 	fill(t, c3, c3st, 30, 2, 0x41)
 	fill(t, c3, c3st, 6, 1, 0x42)
 	b3 := fork(t, c3)
-	if len(b3.Layers) != 3 || !equalRuns(b3.Layers[2].Runs, []Run{{6, 1}, {30, 2}}) {
+	if len(b3.Layers) != 3 || !slices.Equal(b3.Layers[2].Runs, []Run{{6, 1}, {30, 2}}) {
 		t.Fatalf("grandchild base layers = %+v", b3.Layers)
 	}
 	c4 := fromBase(t, b3)
@@ -196,7 +196,7 @@ func TestFork(t *testing.T) {
 	c4st := c3st.clone()
 	fill(t, c4, c4st, 255, 1, 0x51)
 	b4 := fork(t, c4)
-	if len(b4.Layers) != 4 || !equalRuns(b4.Layers[3].Runs, []Run{{255, 1}}) {
+	if len(b4.Layers) != 4 || !slices.Equal(b4.Layers[3].Runs, []Run{{255, 1}}) {
 		t.Fatalf("great-grandchild base layers = %+v", b4.Layers)
 	}
 	check(t, "great-grandchild", fromBase(t, b4), c4st)
@@ -208,18 +208,6 @@ func TestFork(t *testing.T) {
 	if len(b5.Layers) != 4 {
 		t.Errorf("fork with no writes has %d layers, want 4", len(b5.Layers))
 	}
-}
-
-func equalRuns(a, b []Run) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestForkPrivateFile forks a memory mapped from an image file.
@@ -239,7 +227,7 @@ func TestForkPrivateFile(t *testing.T) {
 	}
 	fill(t, m, im, 3, 2, 9)
 	b := fork(t, m)
-	if len(b.Layers) != 2 || !equalRuns(b.Layers[1].Runs, []Run{{3, 2}}) {
+	if len(b.Layers) != 2 || !slices.Equal(b.Layers[1].Runs, []Run{{3, 2}}) {
 		t.Fatalf("layers = %+v", b.Layers)
 	}
 	check(t, "child of an image", fromBase(t, b), im)

@@ -16,8 +16,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
@@ -79,7 +79,7 @@ func execCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	defer stop()
 	c := agentclient.New(vm)
 	defer c.Close()
-	req := agent.ExecRequest{Argv: argv, Env: env, Cwd: *cwd, TimeoutMS: timeout.Milliseconds()}
+	req := agentwire.ExecRequest{Argv: argv, Env: env, Cwd: *cwd, TimeoutMS: timeout.Milliseconds()}
 	if *timeout > 0 && req.TimeoutMS == 0 {
 		req.TimeoutMS = 1
 	}
@@ -93,15 +93,15 @@ func execCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case ctx.Err() != nil:
 		fmt.Fprintln(stderr, "warren exec: interrupted; the process in the guest was killed")
 		return exitInterrupted
-	case errors.Is(err, agent.ErrTimedOut):
+	case errors.Is(err, agentclient.ErrTimedOut):
 		fmt.Fprintf(stderr, "warren exec: timed out after %v; the process was killed\n", *timeout)
 		return exitTimedOut
 	}
 	fmt.Fprintf(stderr, "warren exec: %v\n", err)
-	var ae *agent.Error
-	if errors.As(err, &ae) && (ae.Code == agent.CodeStartFailed || ae.Code == agent.CodeNotFound ||
-		ae.Code == agent.CodePermission) {
-		if ae.Code == agent.CodeNotFound {
+	var ae *agentwire.Error
+	if errors.As(err, &ae) && (ae.Code == agentwire.CodeStartFailed || ae.Code == agentwire.CodeNotFound ||
+		ae.Code == agentwire.CodePermission) {
+		if ae.Code == agentwire.CodeNotFound {
 			return exitNotFound
 		}
 		return exitCannotRun

@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/vmm/testguest"
 )
 
@@ -123,13 +123,13 @@ func TestAgentEndToEnd(t *testing.T) {
 
 	t.Run("health", func(t *testing.T) {
 		code, out, errOut := cli(t, nil, "health", "--wait", "2m", sock)
-		if code != 0 || !strings.Contains(out, `"version": "`+agent.Version+`"`) {
+		if code != 0 || !strings.Contains(out, `"version": "`+agentwire.Version+`"`) {
 			dumpGuest(t, g)
 			t.Fatalf("warren health: exit %d, stdout %q, stderr %q", code, out, errOut)
 		}
 		// The agent syncs the clock right after it starts listening, so
 		// the first sync may land just after the first answer.
-		var h agent.Health
+		var h agentwire.Health
 		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
 			var err error
 			if h, err = c.Health(ctx); err != nil {
@@ -213,7 +213,7 @@ func TestAgentEndToEnd(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				var o, e bytes.Buffer
-				code, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"sh", "-c",
+				code, err := c.Exec(ctx, agentwire.ExecRequest{Argv: []string{"sh", "-c",
 					fmt.Sprintf("echo out-%d; echo err-%d >&2; exit %d", i, i, i)}}, &o, &e)
 				if err != nil || code != i || o.String() != fmt.Sprintf("out-%d\n", i) || e.String() != fmt.Sprintf("err-%d\n", i) {
 					errs <- fmt.Errorf("exec %d: exit %d, err %v, stdout %q, stderr %q", i, code, err, o.String(), e.String())
@@ -269,12 +269,12 @@ func TestAgentEndToEnd(t *testing.T) {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			c.Exec(sctx, agent.ExecRequest{Argv: []string{"sleep", "600"}, Input: endless{}}, io.Discard, io.Discard)
+			c.Exec(sctx, agentwire.ExecRequest{Argv: []string{"sleep", "600"}, Input: endless{}}, io.Discard, io.Discard)
 		}()
 		bw := &blockingWriter{wrote: make(chan struct{}), release: make(chan struct{})}
 		go func() {
 			defer wg.Done()
-			c.Exec(sctx, agent.ExecRequest{Argv: []string{"cat", "/dev/zero"}}, bw, io.Discard)
+			c.Exec(sctx, agentwire.ExecRequest{Argv: []string{"cat", "/dev/zero"}}, bw, io.Discard)
 		}()
 		select {
 		case <-bw.wrote:
@@ -300,7 +300,7 @@ func TestAgentEndToEnd(t *testing.T) {
 		}
 		var o bytes.Buffer
 		ectx, ecancel := context.WithTimeout(ctx, 2*time.Minute)
-		code, err := c.Exec(ectx, agent.ExecRequest{Argv: []string{"cat", "/tmp/data.bin"}}, &o, io.Discard)
+		code, err := c.Exec(ectx, agentwire.ExecRequest{Argv: []string{"cat", "/tmp/data.bin"}}, &o, io.Discard)
 		ecancel()
 		if err != nil {
 			stuck(fmt.Sprintf("exec while two streams are stalled (%d bytes)", o.Len()), err)

@@ -13,8 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/cow"
-	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/egress"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
@@ -63,7 +63,7 @@ type apiServer struct {
 	// egress is the VM's egress services (nil without --egress); sync its
 	// agent re-sync service, which tells the guest the egress settings.
 	egress *egress.Sandbox
-	sync   *agent.SyncService
+	sync   *agentclient.SyncService
 }
 
 // serveAPI listens on the unix socket path (replacing a stale socket file)

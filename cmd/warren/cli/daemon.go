@@ -21,7 +21,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/hostd/client"
 	"github.com/warrenvm/warren/hostd/wire"
 )

@@ -20,10 +20,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/ebpf/policy"
-	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/egress"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
@@ -61,7 +61,7 @@ type forkSpec struct {
 	API      string                  `json:"api"`
 	Console  string                  `json:"console"`
 	KVM      string                  `json:"kvm"`
-	Identity agent.Identity          `json:"identity"`
+	Identity agentwire.Identity      `json:"identity"`
 	Verbose  bool                    `json:"verbose,omitempty"`
 	// Jail is the parent's --jail: the child hardens itself the same way
 	// once set up (see jail.go).
@@ -222,7 +222,7 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 			p = req.Prefixes[k]
 		}
 		ch.Index, ch.API, ch.Console, ch.Log = k, p+".api", p+".console", p+".log"
-		ch.Hostname, ch.MachineID = fmt.Sprintf("fork-%s-%d", tag, k), agent.NewMachineID()
+		ch.Hostname, ch.MachineID = fmt.Sprintf("fork-%s-%d", tag, k), agentwire.NewMachineID()
 		o := a.opts
 		o.Disks = nil
 		if req.NetNS && helper != nil {
@@ -250,7 +250,7 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 			ch.Audit = e.Audit
 		}
 		specs[k] = forkSpec{Options: o, API: ch.API, Console: ch.Console, KVM: a.kvmPath,
-			Identity: agent.Identity{Hostname: ch.Hostname, MachineID: ch.MachineID, MAC: ch.MAC}, Jail: currentJail()}
+			Identity: agentwire.Identity{Hostname: ch.Hostname, MachineID: ch.MachineID, MAC: ch.MAC}, Jail: currentJail()}
 		if len(ch.API) > 100 || len(ch.Vsock) > 100 {
 			return nil, fmt.Errorf("fork: prefix %q is too long for a unix socket path", p)
 		}

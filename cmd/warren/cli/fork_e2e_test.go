@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/vmmctl"
 )
 
@@ -43,7 +43,7 @@ func TestForkEndToEnd(t *testing.T) {
 		}
 		return out
 	}
-	health := func(sock string) agent.Health {
+	health := func(sock string) agentwire.Health {
 		t.Helper()
 		run("health", "--wait", "3m", sock)
 		h, err := agentclient.New(sock).Health(t.Context())

@@ -5,7 +5,6 @@ import (
 	"context"
 	"debug/elf"
 	"fmt"
-	"github.com/warrenvm/warren/internal/kvmtest"
 	"io"
 	"os"
 	"os/exec"
@@ -18,9 +17,10 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 
-	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient"
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/image"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 // busyboxStatic is where Debian's busybox-static puts its binary.
@@ -225,7 +225,7 @@ func TestImageRoot(t *testing.T) {
 	defer cancel()
 	t.Run("root on request", func(t *testing.T) {
 		var o bytes.Buffer
-		code, err := ac.Exec(ctx, agent.ExecRequest{Argv: []string{"id", "-u"}, User: "root"}, &o, nil)
+		code, err := ac.Exec(ctx, agentwire.ExecRequest{Argv: []string{"id", "-u"}, User: "root"}, &o, nil)
 		if err != nil || code != 0 || o.String() != "0\n" {
 			t.Errorf("id -u as root: %q, code %d, %v", o.String(), code, err)
 		}
@@ -237,25 +237,25 @@ func TestImageRoot(t *testing.T) {
 	run("sh", "-c", "echo "+token+" > /srv/app/persist.txt && sync")
 
 	t.Run("service", func(t *testing.T) {
-		st, err := ac.StartService(ctx, agent.ServiceSpec{Name: "ticker", Argv: []string{"sh", "-c", "echo tick $(id -un); exec sleep 100000"}})
+		st, err := ac.StartService(ctx, agentwire.ServiceSpec{Name: "ticker", Argv: []string{"sh", "-c", "echo tick $(id -un); exec sleep 100000"}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.State != agent.ServiceRunning || st.Pid == 0 || st.Log != "/var/log/warren/ticker.log" {
+		if st.State != agentwire.ServiceRunning || st.Pid == 0 || st.Log != "/var/log/warren/ticker.log" {
 			t.Fatalf("started: %+v", st)
 		}
 		// The log is root's (0640).
-		ready := agent.ExecRequest{Argv: []string{"grep", "-q", "tick app", st.Log}, User: "root"}
+		ready := agentwire.ExecRequest{Argv: []string{"grep", "-q", "tick app", st.Log}, User: "root"}
 		if _, err := ac.PollExec(ctx, ready, time.Second); err != nil {
 			t.Fatal(err)
 		}
 		run("kill", "-9", fmt.Sprint(st.Pid))
-		var now agent.ServiceStatus
+		var now agentwire.ServiceStatus
 		for {
 			if now, err = ac.Service(ctx, "ticker"); err != nil {
 				t.Fatal(err)
 			}
-			if now.Starts >= 2 && now.State == agent.ServiceRunning || ctx.Err() != nil {
+			if now.Starts >= 2 && now.State == agentwire.ServiceRunning || ctx.Err() != nil {
 				break
 			}
 			time.Sleep(500 * time.Millisecond)
@@ -263,7 +263,7 @@ func TestImageRoot(t *testing.T) {
 		if now.Starts != 2 || now.Pid == st.Pid || now.LastExit == nil || now.LastExit.Signal != "SIGKILL" {
 			t.Errorf("after kill: %+v (last exit %+v)", now, now.LastExit)
 		}
-		twice := agent.ExecRequest{Argv: []string{"sh", "-c", `[ "$(grep -c 'tick app' ` + st.Log + `)" = 2 ]`}, User: "root"}
+		twice := agentwire.ExecRequest{Argv: []string{"sh", "-c", `[ "$(grep -c 'tick app' ` + st.Log + `)" = 2 ]`}, User: "root"}
 		if _, err := ac.PollExec(ctx, twice, time.Second); err != nil {
 			t.Error(err)
 		}

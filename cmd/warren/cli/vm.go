@@ -9,13 +9,14 @@ import (
 	"path/filepath"
 
 	"github.com/vishvananda/netns"
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/devices/virtio"
 	"github.com/warrenvm/warren/devices/virtio/blk"
 	vnet "github.com/warrenvm/warren/devices/virtio/net"
 	"github.com/warrenvm/warren/devices/virtio/rng"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
-	"github.com/warrenvm/warren/guestinit/agent"
 	"github.com/warrenvm/warren/hostd/egress"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
@@ -54,7 +55,7 @@ type vmOptions struct {
 	cid    uint64 // the guest's vsock CID
 	// identity, when set, is sent to the guest agent with every re-sync
 	// (a forked child's new hostname and machine id).
-	identity   *agent.Identity
+	identity   *agentwire.Identity
 	trackDirty bool // KVM dirty-page logging, for incremental snapshots
 
 	// restore, when set, makes the VM from this snapshot instead of the
@@ -107,7 +108,7 @@ type vmDevices struct {
 	profile hostprofile.Profile
 	// sync is the vsock re-sync service (nil without vsock): it tells the
 	// guest agent the time, entropy and, for a fork child, its identity.
-	sync *agent.SyncService
+	sync *agentclient.SyncService
 	// disks are the VM's disks in order; diskSet the same as snapshots,
 	// rollbacks and forks change them.
 	disks   []cow.Disk
@@ -196,13 +197,13 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 		add("rng", 1, d.rng)
 	}
 	if o.vsock != "" {
-		d.sync = &agent.SyncService{}
+		d.sync = &agentclient.SyncService{}
 		d.sync.SetIdentity(o.identity)
 		if d.egress != nil {
 			d.sync.SetEgress(d.egress.Guest())
 		}
 		dev := &vsock.Device{CID: o.cid, UDSPath: o.vsock,
-			Services: map[uint32]func(net.Conn){agent.SyncPort: d.sync.Serve}}
+			Services: map[uint32]func(net.Conn){agentwire.SyncPort: d.sync.Serve}}
 		if err := dev.Listen(); err != nil {
 			return nil, d, nil, fmt.Errorf("--vsock %s: %w", o.vsock, err)
 		}

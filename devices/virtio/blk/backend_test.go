@@ -126,32 +126,10 @@ func TestBackendRequests(t *testing.T) {
 	if e.dev.Features()&FeatureDiscard == 0 {
 		t.Error("writable disk does not offer discard")
 	}
-	data := make([]byte, 3*SectorSize)
-	for i := range data {
-		data[i] = byte(i*7 + 3)
-	}
 	// Write split over several buffers (through the bounce buffer), then
 	// read back split differently, and in one buffer (directly).
-	h := hdr(TypeOut, 5)
-	if used, st, _ := e.do(t, out(h[:5]), out(h[5:]), out(data[:100]), out(data[100:800]), out(data[800:]), in(1)); st != StatusOK || used != 1 {
-		t.Fatalf("write: status %d used %d", st, used)
-	}
-	img := b.snapshot()
-	if !bytes.Equal(img[5*SectorSize:8*SectorSize], data) || img[5*SectorSize-1] != 5 || img[8*SectorSize] != 9 {
-		t.Fatal("backend does not hold exactly the written data")
-	}
-	used, st, addrs := e.do(t, out(hdr(TypeIn, 5)), in(1), in(511), in(1000), in(24+1))
-	if st != StatusOK || used != uint32(len(data))+1 {
-		t.Fatalf("read: status %d used %d", st, used)
-	}
-	var got []byte
-	for i, n := range []int{1, 511, 1000, 24} {
-		got = append(got, e.mem[addrs[i+1]:addrs[i+1]+uint64(n)]...)
-	}
-	if !bytes.Equal(got, data) {
-		t.Fatal("split read differs from written data")
-	}
-	used, st, addrs = e.do(t, out(hdr(TypeIn, 5)), in(len(data)), in(1))
+	data := splitRoundTrip(t, e, b.snapshot)
+	used, st, addrs := e.do(t, out(hdr(TypeIn, 5)), in(len(data)), in(1))
 	if st != StatusOK || used != uint32(len(data))+1 || !bytes.Equal(e.mem[addrs[1]:addrs[1]+uint64(len(data))], data) {
 		t.Fatalf("single-buffer read: status %d used %d", st, used)
 	}
@@ -173,7 +151,7 @@ func TestBackendRequests(t *testing.T) {
 	if _, st, _ := e.do(t, out(hdr(TypeDiscard, 0)), out(seg(0, 8, 0)), out(seg(60, 8, 0)), in(1)); st != StatusIOErr {
 		t.Errorf("discard past the end: status %d", st)
 	}
-	img = b.snapshot()
+	img := b.snapshot()
 	want := [][2]int64{{8 * SectorSize, 8 * SectorSize}, {32 * SectorSize, 16 * SectorSize}}
 	if len(b.discards) != 2 || b.discards[0] != want[0] || b.discards[1] != want[1] {
 		t.Errorf("discards %v, want %v", b.discards, want)

@@ -102,28 +102,29 @@ func (e *env) healthy(t *testing.T) {
 	}
 }
 
-func TestReadWriteRoundTrip(t *testing.T) {
-	path := newImage(t, 64)
-	e := newEnv(t, path, Options{})
+// splitRoundTrip writes three sectors at sector 5 (the header split 5+11,
+// the data at unaligned points, the status alone), checks that image()
+// then holds them and its neighbouring sectors (each filled with its
+// number) are untouched, and reads them back with the status byte sharing
+// the last data buffer. It returns the data.
+func splitRoundTrip(t *testing.T, e *env, image func() []byte) []byte {
+	t.Helper()
 	data := make([]byte, 3*SectorSize)
 	for i := range data {
 		data[i] = byte(i*7 + 3)
 	}
-	// Header split 5+11, data split at unaligned points, status alone.
 	h := hdr(TypeOut, 5)
 	used, st, _ := e.do(t, out(h[:5]), out(h[5:]), out(data[:100]), out(data[100:800]), out(data[800:]), in(1))
 	if st != StatusOK || used != 1 {
 		t.Fatalf("write: status %d used %d", st, used)
 	}
-	img, _ := os.ReadFile(path)
+	img := image()
 	if !bytes.Equal(img[5*SectorSize:8*SectorSize], data) {
-		t.Fatal("image does not hold the written data")
+		t.Fatal("the image does not hold the written data")
 	}
 	if img[5*SectorSize-1] != 5 || img[8*SectorSize] != 9 {
 		t.Fatal("write spilled over neighbouring sectors")
 	}
-
-	// Read back with the status byte sharing the last data buffer.
 	used, st, addrs := e.do(t, out(hdr(TypeIn, 5)), in(1), in(511), in(1000), in(24+1))
 	if st != StatusOK || used != uint32(len(data))+1 {
 		t.Fatalf("read: status %d used %d", st, used)
@@ -133,8 +134,21 @@ func TestReadWriteRoundTrip(t *testing.T) {
 		got = append(got, e.mem[addrs[i+1]:addrs[i+1]+uint64(n)]...)
 	}
 	if !bytes.Equal(got, data) {
-		t.Fatal("read data differs from written data")
+		t.Fatal("split read differs from written data")
 	}
+	return data
+}
+
+func TestReadWriteRoundTrip(t *testing.T) {
+	path := newImage(t, 64)
+	e := newEnv(t, path, Options{})
+	data := splitRoundTrip(t, e, func() []byte {
+		img, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return img
+	})
 	if r, w := e.dev.Metrics.Reads.Load(), e.dev.Metrics.Writes.Load(); r != 1 || w != 1 {
 		t.Errorf("metrics reads %d writes %d", r, w)
 	}

@@ -10,19 +10,6 @@ import (
 	vt "github.com/warrenvm/warren/devices/virtio/virtiotest"
 )
 
-// quiet checks that the quiesced device uses nothing and raises no
-// interrupt for a while.
-func quiet(t *testing.T, d *vt.Driver, irq *vt.Signals) {
-	t.Helper()
-	time.Sleep(30 * time.Millisecond)
-	if u := d.Used(); len(u) != 0 {
-		t.Fatalf("quiesced device used %v", u)
-	}
-	if n := irq.Drain(); n != 0 {
-		t.Fatalf("quiesced device raised %d interrupts", n)
-	}
-}
-
 // newQuiesceEnv is newEnv with the interrupts at hand.
 func newQuiesceEnv(t *testing.T) (*env, *vt.Signals) {
 	t.Helper()
@@ -50,7 +37,7 @@ func TestQuiesceHoldsRequests(t *testing.T) {
 	}
 	head, addrs := e.drv.Offer(out(hdr(TypeIn, 2)), in(SectorSize), in(1))
 	e.tr.Notify(0)
-	quiet(t, e.drv, irq)
+	vt.Quiet(t, irq, e.drv)
 	if e.mem[addrs[2]] != 0xee {
 		t.Fatal("status byte written while quiesced")
 	}
@@ -84,27 +71,12 @@ func TestQuiesceWaitsForRequest(t *testing.T) {
 	e.tr.Notify(0)
 	<-entered
 
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	if err := e.tr.Quiesce(ctx); err == nil || e.tr.Quiesced() {
-		t.Fatalf("quiesce past its deadline: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- e.tr.Quiesce(context.Background()) }()
-	select {
-	case err := <-done:
-		t.Fatalf("Quiesce returned (%v) with a request in progress", err)
-	case <-time.After(30 * time.Millisecond):
-	}
-	release <- struct{}{}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	vt.QuiesceDuringPass(t, e.tr, release)
 	if u := e.drv.Used(); len(u) != 1 || u[0][0] != uint32(heads[0]) {
 		t.Fatalf("at the safe point: used %v, want head %d only", u, heads[0])
 	}
 	irq.Drain()
-	quiet(t, e.drv, irq)
+	vt.Quiet(t, irq, e.drv)
 	if w := e.dev.Metrics.Writes.Load(); w != 1 {
 		t.Fatalf("%d writes while quiesced, want 1", w)
 	}

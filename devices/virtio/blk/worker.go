@@ -1,49 +1,20 @@
 package blk
 
-import (
-	"fmt"
+import "github.com/warrenvm/warren/devices/virtio"
 
-	"github.com/warrenvm/warren/devices/virtio"
-)
-
-// Activate implements virtio.Device: it starts the worker.
+// Activate implements virtio.Device: it starts the worker, which owns
+// a.Queues[0] and the image I/O until Reset; each of its service passes
+// serves every available request (drain).
 func (d *Device) Activate(a *virtio.Activation) error {
-	if len(a.Queues) != 1 || !a.Queues[0].Ready {
-		return fmt.Errorf("%w: virtio-blk needs its request queue", virtio.ErrBroken)
-	}
-	return d.workers.Start(func(stop <-chan struct{}) { d.worker(a, stop) })
+	w := &scratch{dev: d}
+	return d.workers.ServeOne(a, "virtio-blk", &d.Metrics.Errors, func(q *virtio.Queue) error {
+		return d.drain(a, q, w)
+	})
 }
 
 // Reset implements virtio.Device: it stops the worker and waits for it
 // (an I/O in progress is finished first).
 func (d *Device) Reset() { d.workers.Stop() }
-
-// worker owns a.Queues[0] and the image I/O until stop is closed. It
-// serves every available request, in one service pass (a.Enter to
-// a.Leave), and sleeps until a kick.
-func (d *Device) worker(a *virtio.Activation, stop <-chan struct{}) {
-	w := &scratch{dev: d}
-	q := a.Queues[0]
-	for {
-		if !a.Enter(stop) {
-			return
-		}
-		err := d.drain(a, q, w)
-		if err != nil {
-			d.Metrics.Errors.Add(1)
-			a.Broken(err)
-		}
-		a.Leave()
-		if err != nil {
-			return
-		}
-		select {
-		case <-stop:
-			return
-		case <-a.Kicks[0]:
-		}
-	}
-}
 
 // drain serves requests until the ring is empty, or until the transport
 // is quiescing (the rest waits for Resume, which kicks the queue), then

@@ -1,6 +1,7 @@
 package vnet
 
 import (
+	"bytes"
 	"encoding/binary"
 	"net"
 	"os"
@@ -104,6 +105,19 @@ func frame(dst, src net.HardwareAddr, n int, seed byte) []byte {
 		f[i] = seed + byte(i)
 	}
 	return f
+}
+
+// wantFrames waits for one used entry per receive buffer at addrs and
+// checks that buffer i holds frame i of size bytes (frame(guestMAC,
+// hostMAC, size, i)): none lost, reordered or corrupted.
+func (r *rig) wantFrames(t *testing.T, addrs []uint64, size int) {
+	t.Helper()
+	waitUsed(t, r.rx, len(addrs))
+	for i, a := range addrs {
+		if !bytes.Equal(r.mem[a+HeaderLen:a+HeaderLen+uint64(size)], frame(guestMAC, hostMAC, size, byte(i))) {
+			t.Fatalf("frame %d lost, out of order or corrupted", i)
+		}
+	}
 }
 
 // withHeader prefixes f with a virtio-net header full of junk.

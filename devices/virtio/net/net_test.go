@@ -208,12 +208,7 @@ func TestReceiveBackpressure(t *testing.T) {
 		addrs = append(addrs, a[0])
 	}
 	r.tr.Notify(rxQueue)
-	waitUsed(t, r.rx, n)
-	for i, a := range addrs {
-		if !bytes.Equal(r.mem[a+HeaderLen:a+HeaderLen+100], frame(guestMAC, hostMAC, 100, byte(i))) {
-			t.Fatalf("frame %d out of order or corrupted", i)
-		}
-	}
+	r.wantFrames(t, addrs, 100)
 }
 
 // Without MRG_RXBUF a frame larger than the guest's buffer is dropped and

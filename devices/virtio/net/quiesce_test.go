@@ -11,19 +11,6 @@ import (
 	vt "github.com/warrenvm/warren/devices/virtio/virtiotest"
 )
 
-// quiet checks that the quiesced device uses nothing on either queue and
-// raises no interrupt for a while.
-func (r *rig) quiet(t *testing.T) {
-	t.Helper()
-	time.Sleep(30 * time.Millisecond)
-	if u, v := r.rx.Used(), r.tx.Used(); len(u)+len(v) != 0 {
-		t.Fatalf("quiesced device used rx %v tx %v", u, v)
-	}
-	if n := r.irq.Drain(); n != 0 {
-		t.Fatalf("quiesced device raised %d interrupts", n)
-	}
-}
-
 // noFrame checks that nothing reaches the backend's peer for a while.
 func noFrame(t *testing.T, peer *os.File) {
 	t.Helper()
@@ -68,7 +55,7 @@ func TestQuiesceReceive(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r.quiet(t)
+	vt.Quiet(t, r.irq, r.rx, r.tx)
 	// The read pending at Quiesce took the first frame; no other began.
 	if got := b.reads.Load(); got != before {
 		t.Fatalf("%d backend reads while quiesced, want none beyond the one pending", got-before)
@@ -76,12 +63,7 @@ func TestQuiesceReceive(t *testing.T) {
 	if err := r.tr.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	waitUsed(t, r.rx, n)
-	for i, a := range addrs {
-		if !bytes.Equal(r.mem[a+HeaderLen:a+HeaderLen+100], frame(guestMAC, hostMAC, 100, byte(i))) {
-			t.Fatalf("frame %d lost, out of order or corrupted", i)
-		}
-	}
+	r.wantFrames(t, addrs, 100)
 }
 
 // A frame with no receive buffer is held across a quiesce; buffers posted
@@ -99,7 +81,7 @@ func TestQuiesceReceiveWaitingForBuffers(t *testing.T) {
 	}
 	_, a := r.rx.Offer(vt.Buf{Len: 1526, Writable: true})
 	r.tr.Notify(rxQueue)
-	r.quiet(t)
+	vt.Quiet(t, r.irq, r.rx, r.tx)
 	if err := r.tr.Resume(); err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +100,7 @@ func TestQuiesceTransmit(t *testing.T) {
 	f := frame(hostMAC, guestMAC, 90, 4)
 	head, _ := r.tx.Offer(vt.Buf{Data: withHeader(f)})
 	r.tr.Notify(txQueue)
-	r.quiet(t)
+	vt.Quiet(t, r.irq, r.rx, r.tx)
 	noFrame(t, peer)
 	if err := r.tr.Resume(); err != nil {
 		t.Fatal(err)

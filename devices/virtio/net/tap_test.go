@@ -5,17 +5,17 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/warrenvm/warren/devices/virtio"
 	vt "github.com/warrenvm/warren/devices/virtio/virtiotest"
+	"github.com/warrenvm/warren/internal/netframe"
+	"github.com/warrenvm/warren/internal/nsenter"
 )
 
 // The tap tests run a real tap in a network namespace of their own; all
@@ -60,37 +60,11 @@ func newNetns(t *testing.T) string {
 	return ns
 }
 
-// inNetns runs fn on a thread switched into namespace ns. Descriptors fn
-// opens (taps, sockets) stay in ns. The thread is discarded if it cannot
-// be switched back.
+// inNetns runs fn in namespace ns (nsenter.Net), failing t on its error.
+// Descriptors fn opens (taps, sockets) stay in ns.
 func inNetns(t *testing.T, ns string, fn func() error) {
 	t.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		err = fn()
-		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	if err := <-errc; err != nil {
+	if err := nsenter.Net(ns, fn); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -164,57 +138,12 @@ func (r *tapRig) udpSocket(t *testing.T, port int) *net.UDPConn {
 	return c
 }
 
-func csum(sum uint32, b []byte) uint32 {
-	for len(b) >= 2 {
-		sum += uint32(binary.BigEndian.Uint16(b))
-		b = b[2:]
-	}
-	if len(b) == 1 {
-		sum += uint32(b[0]) << 8
-	}
-	return sum
-}
-
-func fold(sum uint32) uint16 {
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
-}
-
-// udpFrame builds an Ethernet/IPv4/UDP frame with valid checksums.
-func udpFrame(dst, src net.HardwareAddr, sip, dip net.IP, sport, dport int, payload []byte) []byte {
-	f := make([]byte, 14+20+8+len(payload))
-	copy(f, dst)
-	copy(f[6:], src)
-	binary.BigEndian.PutUint16(f[12:], 0x0800)
-	h := f[14:34]
-	h[0], h[8], h[9] = 0x45, 64, 17
-	binary.BigEndian.PutUint16(h[2:], uint16(20+8+len(payload)))
-	copy(h[12:], sip)
-	copy(h[16:], dip)
-	binary.BigEndian.PutUint16(h[10:], fold(csum(0, h)))
-	u := f[34:]
-	binary.BigEndian.PutUint16(u, uint16(sport))
-	binary.BigEndian.PutUint16(u[2:], uint16(dport))
-	binary.BigEndian.PutUint16(u[4:], uint16(8+len(payload)))
-	copy(u[8:], payload)
-	binary.BigEndian.PutUint16(u[6:], fold(udpPseudo(sip, dip, u)))
-	return f
-}
-
-func udpPseudo(sip, dip net.IP, u []byte) uint32 {
-	s := csum(0, sip)
-	s = csum(s, dip)
-	s += 17 + uint32(len(u))
-	return csum(s, u)
-}
-
 func TestTapGuestToHost(t *testing.T) {
 	r := newTapRig(t)
 	sock := r.udpSocket(t, 5555)
 	payload := []byte("hello from the guest")
-	f := udpFrame(r.hostMAC, guestMAC, guestIP, hostIP, 6666, 5555, payload)
+	f := netframe.AppendUDP(nil, netframe.UDPFlow{SrcMAC: guestMAC, DstMAC: r.hostMAC,
+		Src: netip.AddrFrom4([4]byte(guestIP)), Dst: netip.AddrFrom4([4]byte(hostIP)), SrcPort: 6666, DstPort: 5555}, 0, payload)
 	hdr := make([]byte, HeaderLen)
 	r.tx.Offer(vt.Buf{Data: hdr}, vt.Buf{Data: f})
 	r.tr.Notify(txQueue)
@@ -259,12 +188,13 @@ func TestTapHostToGuest(t *testing.T) {
 			if !bytes.Equal(f[:6], guestMAC) || !bytes.Equal(f[6:12], r.hostMAC) {
 				t.Fatalf("MACs %v -> %v", net.HardwareAddr(f[6:12]), net.HardwareAddr(f[:6]))
 			}
-			if !bytes.Equal(f[42:], payload) || binary.BigEndian.Uint16(f[36:]) != 6667 {
-				t.Fatalf("frame % x", f)
+			// No offloads: the kernel completed the checksums.
+			d, err := netframe.ParseUDP(f)
+			if err != nil {
+				t.Fatalf("frame % x: %v", f, err)
 			}
-			// No offloads: the kernel completed the checksum.
-			if fold(udpPseudo(f[26:30], f[30:34], f[34:])) != 0 {
-				t.Fatalf("UDP checksum not complete: % x", f[34:42])
+			if !bytes.Equal(d.Payload, payload) || d.Dst.Port() != 6667 {
+				t.Fatalf("frame % x", f)
 			}
 			return
 		}

@@ -3,7 +3,6 @@ package rng
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/warrenvm/warren/devices/virtio"
 	vt "github.com/warrenvm/warren/devices/virtio/virtiotest"
@@ -25,17 +24,6 @@ func newQuiesceRig(t *testing.T, read func([]byte) (int, error)) (*virtio.MMIO, 
 		t.Fatalf("status %#x", st)
 	}
 	return tr, drv, irq
-}
-
-func quiet(t *testing.T, d *vt.Driver, irq *vt.Signals) {
-	t.Helper()
-	time.Sleep(30 * time.Millisecond)
-	if u := d.Used(); len(u) != 0 {
-		t.Fatalf("quiesced device used %v", u)
-	}
-	if n := irq.Drain(); n != 0 {
-		t.Fatalf("quiesced device raised %d interrupts", n)
-	}
 }
 
 func fill(p []byte) (int, error) {
@@ -63,7 +51,7 @@ func TestQuiesce(t *testing.T) {
 	}
 	head, addrs := drv.Offer(vt.Buf{Len: 16, Writable: true})
 	tr.Notify(0)
-	quiet(t, drv, irq)
+	vt.Quiet(t, irq, drv)
 	if drv.Mem[addrs[0]] != 0 {
 		t.Fatal("buffer filled while quiesced")
 	}
@@ -81,22 +69,12 @@ func TestQuiesce(t *testing.T) {
 	drv.Offer(vt.Buf{Len: 16, Writable: true})
 	tr.Notify(0)
 	<-entered
-	done := make(chan error, 1)
-	go func() { done <- tr.Quiesce(ctx) }()
-	select {
-	case err := <-done:
-		t.Fatalf("Quiesce returned (%v) with a request in progress", err)
-	case <-time.After(30 * time.Millisecond):
-	}
-	release <- struct{}{}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	vt.QuiesceDuringPass(t, tr, release)
 	if u := drv.Used(); len(u) != 1 {
 		t.Fatalf("at the safe point: used %v", u)
 	}
 	irq.Drain()
-	quiet(t, drv, irq)
+	vt.Quiet(t, irq, drv)
 	release <- struct{}{}
 	if err := tr.Resume(); err != nil {
 		t.Fatal(err)

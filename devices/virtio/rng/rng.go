@@ -58,41 +58,17 @@ func (d *Device) ReadConfig(off uint64, data []byte) {}
 // WriteConfig implements virtio.Device.
 func (d *Device) WriteConfig(off uint64, data []byte) {}
 
-// Activate implements virtio.Device.
+// Activate implements virtio.Device: it starts the worker, which owns the
+// queue until Reset; each of its service passes serves every available
+// request (drain).
 func (d *Device) Activate(a *virtio.Activation) error {
-	if len(a.Queues) != 1 || !a.Queues[0].Ready {
-		return fmt.Errorf("%w: virtio-rng needs its request queue", virtio.ErrBroken)
-	}
-	return d.workers.Start(func(stop <-chan struct{}) { d.worker(a, stop) })
+	return d.workers.ServeOne(a, "virtio-rng", &d.Metrics.Errors, func(q *virtio.Queue) error {
+		return d.drain(a, q)
+	})
 }
 
 // Reset implements virtio.Device.
 func (d *Device) Reset() { d.workers.Stop() }
-
-// worker owns the queue until stop is closed: it serves every available
-// request in one service pass (a.Enter to a.Leave) and sleeps until a kick.
-func (d *Device) worker(a *virtio.Activation, stop <-chan struct{}) {
-	q := a.Queues[0]
-	for {
-		if !a.Enter(stop) {
-			return
-		}
-		err := d.drain(a, q)
-		if err != nil {
-			d.Metrics.Errors.Add(1)
-			a.Broken(err)
-		}
-		a.Leave()
-		if err != nil {
-			return
-		}
-		select {
-		case <-stop:
-			return
-		case <-a.Kicks[0]:
-		}
-	}
-}
 
 // drain serves every available request, or stops early when the transport
 // is quiescing (Resume kicks the queue for the rest). Each request is

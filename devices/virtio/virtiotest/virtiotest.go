@@ -4,8 +4,10 @@
 package virtiotest
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -252,6 +254,48 @@ func WaitUsed(t testing.TB, d *Driver, n int) [][2]uint32 {
 		t.Fatalf("%d used entries, want %d", len(got), n)
 	}
 	return got
+}
+
+// Quiet checks that a quiesced device uses nothing on any of drivers'
+// queues and raises no interrupt on irq (when given) for a while.
+func Quiet(t testing.TB, irq *Signals, drivers ...*Driver) {
+	t.Helper()
+	time.Sleep(30 * time.Millisecond)
+	for i, d := range drivers {
+		if u := d.Used(); len(u) != 0 {
+			t.Fatalf("quiesced device used %v on queue %d", u, i)
+		}
+	}
+	if irq == nil {
+		return
+	}
+	if n := irq.Drain(); n != 0 {
+		t.Fatalf("quiesced device raised %d interrupts", n)
+	}
+}
+
+// QuiesceDuringPass checks Quiesce on tr while one of its device's service
+// passes is in progress, held until a value is sent on release: a Quiesce
+// whose context ends first fails and leaves the device running; one
+// without a deadline returns nil, and not before the pass ends.
+func QuiesceDuringPass(t testing.TB, tr *virtio.MMIO, release chan<- struct{}) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := tr.Quiesce(ctx); !errors.Is(err, context.DeadlineExceeded) || tr.Quiesced() {
+		t.Fatalf("quiesce past its deadline: %v, quiesced %v", err, tr.Quiesced())
+	}
+	done := make(chan error, 1)
+	go func() { done <- tr.Quiesce(context.Background()) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Quiesce returned (%v) with a request in progress", err)
+	case <-time.After(30 * time.Millisecond):
+	}
+	release <- struct{}{}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }
 
 // HostileOpSize is the most bytes Hostile takes for one operation.

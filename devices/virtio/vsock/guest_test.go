@@ -116,13 +116,19 @@ func newGuest(t *testing.T, dev *Device, rxLen int, postEvent bool) *fakeGuest {
 		g.postEventBuf()
 	}
 	tr.Notify(queueRx)
+	g.run()
+	return g
+}
+
+// run starts the guest's loop; at the end of the test it stops it and
+// shuts the transport down.
+func (g *fakeGuest) run() {
 	go g.loop()
-	t.Cleanup(func() {
+	g.t.Cleanup(func() {
 		close(g.stop)
 		<-g.done
-		tr.Shutdown()
+		g.tr.Shutdown()
 	})
-	return g
 }
 
 func (g *fakeGuest) postRxBuf(i uint16) {

@@ -26,10 +26,7 @@ func TestQuiesceHoldsPackets(t *testing.T) {
 	h.Encode(b)
 	r.tx.Offer(vt.Buf{Data: b})
 	r.tr.Notify(queueTx)
-	time.Sleep(30 * time.Millisecond)
-	if u, v := r.tx.Used(), r.rx.Used(); len(u)+len(v) != 0 {
-		t.Fatalf("quiesced device used tx %v rx %v", u, v)
-	}
+	vt.Quiet(t, nil, r.tx, r.rx)
 	if err := r.tr.Resume(); err != nil {
 		t.Fatal(err)
 	}
@@ -128,12 +125,7 @@ func restoreGuest(t *testing.T, dev *Device, s guestSnap) *fakeGuest {
 	if err := tr.Restore(s.st); err != nil {
 		t.Fatal(err)
 	}
-	go g.loop()
-	t.Cleanup(func() {
-		close(g.stop)
-		<-g.done
-		tr.Shutdown()
-	})
+	g.run()
 	return g
 }
 

@@ -1,8 +1,7 @@
-package agent
+package agentwire
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -25,8 +24,8 @@ const (
 )
 
 // Vsock ports. The agent listens on Port in the guest; the host serves
-// the clock and RNG re-sync protocol (see ServeSync) on SyncPort, which
-// the guest dials at the host's CID (2).
+// the clock and RNG re-sync protocol (see SyncMessage; agentclient has the
+// host's side) on SyncPort, which the guest dials at the host's CID (2).
 const (
 	// Port is the agent's vsock listen port in the guest.
 	Port uint32 = 1024
@@ -48,7 +47,7 @@ const PidHeader = "X-Warren-Pid"
 // AgentTimeHeader is the response header of GET /health holding the
 // handler's own time in the guest, in decimal nanoseconds: from the
 // handler's start to the response body ready to write. Benchmarks subtract
-// it from a round trip to see the transport's share (see
+// it from a round trip to see the transport's share (see agentclient's
 // Client.HealthTimed).
 const AgentTimeHeader = "X-Warren-Agent-Ns"
 
@@ -77,8 +76,8 @@ type ExecRequest struct {
 	// process's standard input; otherwise stdin is /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
 
-	// Input is the client-side source of standard input; the client sets
-	// Stdin when it is non-nil. It is not sent as JSON.
+	// Input is the client-side source of standard input; the client
+	// (agentclient) sets Stdin when it is non-nil. It is not sent as JSON.
 	Input io.Reader `json:"-"`
 	// OnStart, when non-nil, is called by the client with the process's
 	// pid once the agent has started it, before any output is copied.
@@ -98,7 +97,7 @@ type ExitStatus struct {
 	// AgentNs is the agent's own time for the request in the guest, in
 	// nanoseconds: from the request line decoded to this status ready
 	// (looking up the program, fork and exec, the wait, draining its
-	// output). Benchmarks subtract it from a round trip (see
+	// output). Benchmarks subtract it from a round trip (see agentclient's
 	// Client.ExecStatus); 0 from an agent that does not measure it.
 	AgentNs int64 `json:"agent_ns,omitempty"`
 }
@@ -182,6 +181,10 @@ const (
 	ServiceStopGrace = 10 * time.Second
 )
 
+// DefaultLogDir is the guest directory where the agent keeps services'
+// logs unless PID 1 tells it another (ServiceStatus.Log names the file).
+const DefaultLogDir = "/var/log/warren"
+
 // ServiceStatus is a supervised service's state (GET /services).
 type ServiceStatus struct {
 	// Name and Argv are the service's, as given.
@@ -250,7 +253,8 @@ const (
 )
 
 // Error is the agent's structured error: the JSON body of every failed
-// request and the payload of FrameError. The client returns it as *Error.
+// request and the payload of FrameError. The client (agentclient)
+// returns it as *Error.
 type Error struct {
 	// Message is a human-readable description.
 	Message string `json:"error"`
@@ -281,10 +285,6 @@ func (e *Error) Is(target error) bool {
 	}
 	return false
 }
-
-// ErrTimedOut is returned (wrapped) by Client.Exec when the agent killed
-// the process at its timeout.
-var ErrTimedOut = errors.New("agent: exec timed out")
 
 // WriteFrame writes one frame.
 func WriteFrame(w io.Writer, typ byte, payload []byte) error {

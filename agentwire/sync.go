@@ -1,4 +1,4 @@
-package agent
+package agentwire
 
 import (
 	"bytes"
@@ -8,10 +8,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strings"
-	"sync/atomic"
 	"time"
 )
 
@@ -32,7 +30,8 @@ import (
 // TRANSPORT_RESET event); the guest sees its connection fail, reconnects,
 // and gets a fresh line. That is how the guest learns it was restored.
 
-// SyncEntropyBytes is how much entropy ServeSync sends.
+// SyncEntropyBytes is how much entropy NewSyncMessage draws: what the
+// host's re-sync service (agentclient) sends.
 const SyncEntropyBytes = 64
 
 // MaxSyncEntropy bounds the entropy a guest accepts in one message.
@@ -73,7 +72,8 @@ const (
 // placeholders the host proxy replaces with real credentials.
 type Egress struct {
 	// TrustPEM is PEM "CERTIFICATE" blocks the agent adds to the guest's
-	// trust store (TrustStorePath), replacing those an earlier sync added.
+	// trust store (guestinit/agent's TrustStorePath), replacing those an
+	// earlier sync added.
 	TrustPEM string `json:"trust_pem,omitempty"`
 	// Env is environment variables for every process the agent starts
 	// from now on (a request's own variables still win): the credential
@@ -226,45 +226,4 @@ func ParseSyncMessage(line []byte) (SyncMessage, error) {
 		}
 	}
 	return m, nil
-}
-
-// SyncService is the host side of the re-sync protocol for one VM whose
-// identity may change (a forked child's is set before its guest runs).
-// Serve is safe for concurrent use; SetIdentity may be called any time.
-type SyncService struct {
-	identity atomic.Pointer[Identity]
-	egress   atomic.Pointer[Egress]
-}
-
-// SetEgress makes every later sync line carry e (nil: none).
-func (s *SyncService) SetEgress(e *Egress) { s.egress.Store(e) }
-
-// SetIdentity makes every later sync line carry id (nil: none).
-func (s *SyncService) SetIdentity(id *Identity) { s.identity.Store(id) }
-
-// Identity is the identity sync lines carry now, or nil.
-func (s *SyncService) Identity() *Identity { return s.identity.Load() }
-
-// Serve is ServeSync with the service's identity in the line.
-func (s *SyncService) Serve(c net.Conn) {
-	defer c.Close()
-	m := NewSyncMessage(time.Now())
-	m.Identity = s.identity.Load()
-	m.Egress = s.egress.Load()
-	if _, err := c.Write(m.MarshalLine()); err != nil {
-		return
-	}
-	_, _ = io.Copy(io.Discard, c)
-}
-
-// ServeSync is the host side of one re-sync connection: it writes the line
-// for time.Now() with fresh entropy, then reads (and discards) until the
-// guest closes the connection or it fails, and closes it. The VMM runs it
-// on its own goroutine for each guest connection to SyncPort.
-func ServeSync(c net.Conn) {
-	defer c.Close()
-	if _, err := c.Write(NewSyncMessage(time.Now()).MarshalLine()); err != nil {
-		return
-	}
-	_, _ = io.Copy(io.Discard, c)
 }

@@ -1,4 +1,4 @@
-package agent
+package agentclient
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/warrenvm/warren/agentwire"
 )
 
 // limitedWriter counts what the client passes on of an exec's output.
@@ -26,7 +28,7 @@ func (w *limitedWriter) Write(p []byte) (int, error) { w.n += len(p); return len
 func FuzzClientReplies(f *testing.F) {
 	var body atomic.Pointer[[]byte]
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set(PidHeader, "42")
+		w.Header().Set(agentwire.PidHeader, "42")
 		w.WriteHeader(http.StatusOK)
 		w.Write(*body.Load())
 	}))
@@ -38,7 +40,7 @@ func FuzzClientReplies(f *testing.F) {
 	srv.Listener = l
 	srv.Start()
 	f.Cleanup(srv.Close)
-	c := NewClientLimits(func(ctx context.Context) (net.Conn, error) {
+	c := NewDialLimits(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
 	}, Limits{Reply: 4 << 10, ReplyTimeout: 2 * time.Second})
@@ -47,7 +49,7 @@ func FuzzClientReplies(f *testing.F) {
 	frames := func(parts ...[]byte) []byte {
 		var b bytes.Buffer
 		for i := 0; i+1 < len(parts); i += 2 {
-			WriteFrame(&b, parts[i][0], parts[i+1])
+			agentwire.WriteFrame(&b, parts[i][0], parts[i+1])
 		}
 		return b.Bytes()
 	}
@@ -55,9 +57,9 @@ func FuzzClientReplies(f *testing.F) {
 	f.Add(byte(1), []byte(`{"path":"/x","size":3,"mode":420}`))
 	f.Add(byte(2), []byte(`[{"path":"/a"},{"path":"/b"}]`))
 	f.Add(byte(3), []byte(`[{"name":"s","running":true}]`))
-	f.Add(byte(4), frames([]byte{FrameStdout}, []byte("out"), []byte{FrameStderr}, []byte("err"), []byte{FrameExit}, []byte(`{"code":3}`)))
-	f.Add(byte(4), frames([]byte{FrameError}, []byte(`{"code":"not_found","message":"x"}`)))
-	f.Add(byte(4), []byte{FrameStdout, 0xff, 0xff, 0xff, 0xff})
+	f.Add(byte(4), frames([]byte{agentwire.FrameStdout}, []byte("out"), []byte{agentwire.FrameStderr}, []byte("err"), []byte{agentwire.FrameExit}, []byte(`{"code":3}`)))
+	f.Add(byte(4), frames([]byte{agentwire.FrameError}, []byte(`{"code":"not_found","message":"x"}`)))
+	f.Add(byte(4), []byte{agentwire.FrameStdout, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, op byte, data []byte) {
 		body.Store(&data)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -74,7 +76,7 @@ func FuzzClientReplies(f *testing.F) {
 			c.Services(ctx)
 		case 4:
 			var out, errOut limitedWriter
-			c.ExecStatus(ctx, ExecRequest{Argv: []string{"true"}}, &out, &errOut)
+			c.ExecStatus(ctx, agentwire.ExecRequest{Argv: []string{"true"}}, &out, &errOut)
 			if out.n+errOut.n > len(data) {
 				t.Fatalf("%d bytes of output from a %d-byte stream", out.n+errOut.n, len(data))
 			}

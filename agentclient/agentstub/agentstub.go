@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/agentwire"
 )
 
 // Mode is how a Stub answers.
@@ -52,8 +52,8 @@ func Start(t testing.TB, m Mode) *Stub {
 	var s *Stub
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
-		w.Header().Set(agent.ModeHeader, "644")
-		w.Header().Set(agent.PidHeader, "1")
+		w.Header().Set(agentwire.ModeHeader, "644")
+		w.Header().Set(agentwire.PidHeader, "1")
 		w.WriteHeader(200)
 		fl := w.(http.Flusher)
 		chunk := []byte(strings.Repeat("1,", 16<<10))

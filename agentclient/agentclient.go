@@ -1,10 +1,3 @@
-// Package agentclient reaches a VM's guest agent from the host: through
-// the VMM's vsock unix socket (Firecracker's hybrid model: CONNECT to the
-// agent's guest port), with the agent package's HTTP client on top.
-//
-// A VM is addressed by the path of its vsock unix socket (`warren run
-// --vsock PATH`); the host daemon will later address VMs by name and use
-// this package underneath.
 package agentclient
 
 import (
@@ -13,21 +6,21 @@ import (
 	"net"
 	"strings"
 
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
-	"github.com/warrenvm/warren/guestinit/agent"
 )
 
 // New returns a client of the agent of the VM whose vsock unix socket is
-// at udsPath. Each HTTP connection is one vsock stream to agent.Port.
-// The guest is not trusted: every reply is read within
-// agent.DefaultLimits (size and time; see agent.Client).
-func New(udsPath string) *agent.Client { return NewLimits(udsPath, agent.Limits{}) }
+// at udsPath. Each HTTP connection is one vsock stream to agentwire.Port.
+// The guest is not trusted: every reply is read within DefaultLimits
+// (size and time; see Client).
+func New(udsPath string) *Client { return NewLimits(udsPath, Limits{}) }
 
 // NewLimits is New with limits on what the client reads from the guest
-// (zero fields: agent.DefaultLimits').
-func NewLimits(udsPath string, limits agent.Limits) *agent.Client {
-	return agent.NewClientLimits(func(ctx context.Context) (net.Conn, error) {
-		return vsock.Dial(ctx, udsPath, agent.Port)
+// (zero fields: DefaultLimits').
+func NewLimits(udsPath string, limits Limits) *Client {
+	return NewDialLimits(func(ctx context.Context) (net.Conn, error) {
+		return vsock.Dial(ctx, udsPath, agentwire.Port)
 	}, limits)
 }
 

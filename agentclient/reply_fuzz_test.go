@@ -1,9 +1,11 @@
-package agent
+package agentclient
 
 import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/warrenvm/warren/agentwire"
 )
 
 // countingReader counts the bytes read from it.
@@ -29,7 +31,7 @@ func FuzzDecodeReply(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte, lim uint16) {
 		limit := int64(lim%4096) + 1
 		cr := &countingReader{r: bytes.NewReader(b)}
-		var fi FileInfo
+		var fi agentwire.FileInfo
 		err := decodeReply(cr, limit, &fi)
 		if int64(cr.n) > limit+1 {
 			t.Fatalf("read %d bytes with a limit of %d", cr.n, limit)

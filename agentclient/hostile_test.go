@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warrenvm/warren/guestinit/agent"
-	"github.com/warrenvm/warren/hostd/agentclient/agentstub"
+	"github.com/warrenvm/warren/agentclient/agentstub"
+	"github.com/warrenvm/warren/agentwire"
 )
 
 // TestHostileAgent is a guest agent that answers every request with an
@@ -21,7 +21,7 @@ import (
 // memory must not grow with what the guest sends.
 func TestHostileAgent(t *testing.T) {
 	stub := agentstub.Start(t, agentstub.Endless)
-	c := NewLimits(stub.Path, agent.Limits{Reply: 1 << 20, File: 8 << 20, ReplyTimeout: 3 * time.Second})
+	c := NewLimits(stub.Path, Limits{Reply: 1 << 20, File: 8 << 20, ReplyTimeout: 3 * time.Second})
 	defer c.Close()
 
 	var before runtime.MemStats
@@ -37,7 +37,7 @@ func TestHostileAgent(t *testing.T) {
 		{"services", func(ctx context.Context) error { _, err := c.Services(ctx); return err }},
 		{"service", func(ctx context.Context) error { _, err := c.Service(ctx, "x"); return err }},
 		{"start-service", func(ctx context.Context) error {
-			_, err := c.StartService(ctx, agent.ServiceSpec{Name: "x", Argv: []string{"true"}})
+			_, err := c.StartService(ctx, agentwire.ServiceSpec{Name: "x", Argv: []string{"true"}})
 			return err
 		}},
 		{"stop-service", func(ctx context.Context) error { _, err := c.StopService(ctx, "x"); return err }},
@@ -55,7 +55,7 @@ func TestHostileAgent(t *testing.T) {
 			go func() { errc <- tc.call(context.Background()) }()
 			select {
 			case err := <-errc:
-				if !errors.Is(err, agent.ErrReplyTooLarge) {
+				if !errors.Is(err, ErrReplyTooLarge) {
 					t.Fatalf("err = %v, want ErrReplyTooLarge", err)
 				}
 				t.Logf("%v after %v", err, time.Since(start).Round(time.Millisecond))
@@ -80,7 +80,7 @@ func TestHostileAgent(t *testing.T) {
 // the client's ReplyTimeout.
 func TestTricklingAgent(t *testing.T) {
 	stub := agentstub.Start(t, agentstub.Trickle)
-	c := NewLimits(stub.Path, agent.Limits{ReplyTimeout: 2 * time.Second})
+	c := NewLimits(stub.Path, Limits{ReplyTimeout: 2 * time.Second})
 	defer c.Close()
 	for name, call := range map[string]func() error{
 		"health": func() error { _, err := c.Health(context.Background()); return err },
@@ -109,13 +109,13 @@ func TestHonestAgentWithinLimits(t *testing.T) {
 		case "/health":
 			io.WriteString(w, `{"ok":true}`+"\n")
 		case "/files":
-			w.Header().Set(agent.ModeHeader, "644")
+			w.Header().Set(agentwire.ModeHeader, "644")
 			w.Write(bytes.Repeat([]byte("a"), 1000))
 		default:
 			http.NotFound(w, r)
 		}
 	}))
-	c := NewLimits(stub.Path, agent.Limits{Reply: 64, File: 1000})
+	c := NewLimits(stub.Path, Limits{Reply: 64, File: 1000})
 	defer c.Close()
 	if _, err := c.Health(context.Background()); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package agent
+package agentclient
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/warrenvm/warren/agentwire"
 )
 
 // DialFunc opens a connection to the agent (a vsock connection through the
@@ -54,7 +56,7 @@ type Limits struct {
 	Header int64
 }
 
-// DefaultLimits are a Client's limits when NewClient is given none:
+// DefaultLimits are a Client's limits when none are given (New, NewDial):
 // 4 MiB replies (a directory of some ten thousand entries), 64 GiB files,
 // 2 minutes per JSON reply, 64 KiB headers.
 var DefaultLimits = Limits{Reply: 4 << 20, File: 64 << 30, ReplyTimeout: 2 * time.Minute, Header: 64 << 10}
@@ -63,12 +65,16 @@ var DefaultLimits = Limits{Reply: 4 << 20, File: 64 << 30, ReplyTimeout: 2 * tim
 // file ReadFile copies, exceeds the client's Limits.
 var ErrReplyTooLarge = errors.New("agent: reply too large")
 
-// NewClient returns a client that reaches the agent through dial, with
-// DefaultLimits.
-func NewClient(dial DialFunc) *Client { return NewClientLimits(dial, Limits{}) }
+// ErrTimedOut is returned (wrapped) by Client.Exec when the agent killed
+// the process at its timeout.
+var ErrTimedOut = errors.New("agent: exec timed out")
 
-// NewClientLimits is NewClient with limits (zero fields: DefaultLimits').
-func NewClientLimits(dial DialFunc, limits Limits) *Client {
+// NewDial returns a client that reaches the agent through dial, with
+// DefaultLimits.
+func NewDial(dial DialFunc) *Client { return NewDialLimits(dial, Limits{}) }
+
+// NewDialLimits is NewDial with limits (zero fields: DefaultLimits').
+func NewDialLimits(dial DialFunc, limits Limits) *Client {
 	if limits.Reply <= 0 {
 		limits.Reply = DefaultLimits.Reply
 	}
@@ -152,9 +158,9 @@ func (c *Client) do(ctx context.Context, method, u string, body io.Reader) (*htt
 
 func decodeError(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	e := &Error{Status: resp.StatusCode}
+	e := &agentwire.Error{Status: resp.StatusCode}
 	if json.Unmarshal(b, e) != nil || e.Code == "" {
-		e.Message, e.Code = fmt.Sprintf("unexpected response %q", bytes.TrimSpace(b)), CodeInternal
+		e.Message, e.Code = fmt.Sprintf("unexpected response %q", bytes.TrimSpace(b)), agentwire.CodeInternal
 	}
 	return e
 }
@@ -193,16 +199,16 @@ func (c *Client) callJSON(ctx context.Context, method, u string, body io.Reader,
 // disconnects, which makes the agent kill the process group. If
 // req.OnStart is non-nil it is called with the process's pid (for Kill)
 // before any output is copied.
-func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Writer) (exitCode int, err error) {
+func (c *Client) Exec(ctx context.Context, req agentwire.ExecRequest, stdout, stderr io.Writer) (exitCode int, err error) {
 	st, err := c.ExecStatus(ctx, req, stdout, stderr)
 	return st.Code, err
 }
 
-// ExecStatus is Exec returning the whole ExitStatus, with the agent's own
-// time for the request (AgentNs). On a failure before the process exited
-// (no FrameExit) its Code is -1.
-func (c *Client) ExecStatus(ctx context.Context, req ExecRequest, stdout, stderr io.Writer) (ExitStatus, error) {
-	fail := ExitStatus{Code: -1}
+// ExecStatus is Exec returning the whole agentwire.ExitStatus, with the
+// agent's own time for the request (AgentNs). On a failure before the
+// process exited (no agentwire.FrameExit) its Code is -1.
+func (c *Client) ExecStatus(ctx context.Context, req agentwire.ExecRequest, stdout, stderr io.Writer) (agentwire.ExitStatus, error) {
+	fail := agentwire.ExitStatus{Code: -1}
 	if req.Input != nil {
 		req.Stdin = true
 	}
@@ -221,15 +227,15 @@ func (c *Client) ExecStatus(ctx context.Context, req ExecRequest, stdout, stderr
 	}
 	defer resp.Body.Close()
 	if req.OnStart != nil {
-		pid, err := strconv.Atoi(resp.Header.Get(PidHeader))
+		pid, err := strconv.Atoi(resp.Header.Get(agentwire.PidHeader))
 		if err != nil {
-			return fail, fmt.Errorf("agent: bad %s header: %w", PidHeader, err)
+			return fail, fmt.Errorf("agent: bad %s header: %w", agentwire.PidHeader, err)
 		}
 		req.OnStart(pid)
 	}
 	buf := make([]byte, 32<<10)
 	for {
-		typ, payload, err := ReadFrame(resp.Body, buf)
+		typ, payload, err := agentwire.ReadFrame(resp.Body, buf)
 		if err != nil {
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
@@ -239,13 +245,13 @@ func (c *Client) ExecStatus(ctx context.Context, req ExecRequest, stdout, stderr
 		if cap(payload) > cap(buf) {
 			buf = payload
 		}
-		if (typ == FrameExit || typ == FrameError) && int64(len(payload)) > c.small() {
+		if (typ == agentwire.FrameExit || typ == agentwire.FrameError) && int64(len(payload)) > c.small() {
 			return fail, fmt.Errorf("agent: exec stream: %w: a %d-byte status frame", ErrReplyTooLarge, len(payload))
 		}
 		switch typ {
-		case FrameStdout, FrameStderr:
+		case agentwire.FrameStdout, agentwire.FrameStderr:
 			w := stdout
-			if typ == FrameStderr {
+			if typ == agentwire.FrameStderr {
 				w = stderr
 			}
 			if w == nil {
@@ -254,8 +260,8 @@ func (c *Client) ExecStatus(ctx context.Context, req ExecRequest, stdout, stderr
 			if _, err := w.Write(payload); err != nil {
 				return fail, err
 			}
-		case FrameExit:
-			var st ExitStatus
+		case agentwire.FrameExit:
+			var st agentwire.ExitStatus
 			if err := json.Unmarshal(payload, &st); err != nil {
 				return fail, fmt.Errorf("agent: decode exit status: %w", err)
 			}
@@ -266,8 +272,8 @@ func (c *Client) ExecStatus(ctx context.Context, req ExecRequest, stdout, stderr
 				return st, fmt.Errorf("%w (killed by %s)", ErrTimedOut, st.Signal)
 			}
 			return st, nil
-		case FrameError:
-			e := &Error{}
+		case agentwire.FrameError:
+			e := &agentwire.Error{}
 			if err := json.Unmarshal(payload, e); err != nil {
 				return fail, fmt.Errorf("agent: decode error frame: %w", err)
 			}
@@ -281,7 +287,7 @@ func (c *Client) ExecStatus(ctx context.Context, req ExecRequest, stdout, stderr
 // Kill sends signal (a name such as "TERM", "KILL", "INT", "HUP", with or
 // without "SIG", or a number) to the process group of pid, a process
 // started by Exec on this agent that has not been reaped yet. Any other
-// pid gives an *Error with Code CodeNotFound.
+// pid gives an *agentwire.Error with Code agentwire.CodeNotFound.
 func (c *Client) Kill(ctx context.Context, pid int, signal string) error {
 	q := url.Values{"pid": {strconv.Itoa(pid)}, "signal": {signal}}
 	resp, err := c.do(ctx, http.MethodPost, endpoint("/kill", q), nil)
@@ -293,7 +299,7 @@ func (c *Client) Kill(ctx context.Context, pid int, signal string) error {
 }
 
 // Health returns the guest's health.
-func (c *Client) Health(ctx context.Context) (Health, error) {
+func (c *Client) Health(ctx context.Context) (agentwire.Health, error) {
 	h, _, err := c.HealthTimed(ctx)
 	return h, err
 }
@@ -302,7 +308,7 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 // or just restored may not yet listen), every 200 ms, each call bounded by
 // attempt, until deadline passes or ctx is done; it then returns the last
 // error.
-func (c *Client) WaitHealth(ctx context.Context, deadline time.Time, attempt time.Duration) (Health, error) {
+func (c *Client) WaitHealth(ctx context.Context, deadline time.Time, attempt time.Duration) (agentwire.Health, error) {
 	for {
 		actx, cancel := context.WithTimeout(ctx, attempt)
 		h, err := c.Health(actx)
@@ -315,10 +321,10 @@ func (c *Client) WaitHealth(ctx context.Context, deadline time.Time, attempt tim
 }
 
 // HealthTimed is Health also returning the agent's own time for the
-// request in the guest (AgentTimeHeader); 0 from an agent that does not
+// request in the guest (agentwire.AgentTimeHeader); 0 from an agent that does not
 // report it.
-func (c *Client) HealthTimed(ctx context.Context) (Health, time.Duration, error) {
-	var h Health
+func (c *Client) HealthTimed(ctx context.Context) (agentwire.Health, time.Duration, error) {
+	var h agentwire.Health
 	ctx, cancel := c.replyCtx(ctx)
 	defer cancel()
 	resp, err := c.do(ctx, http.MethodGet, endpoint("/health", nil), nil)
@@ -332,10 +338,10 @@ func (c *Client) HealthTimed(ctx context.Context) (Health, time.Duration, error)
 	return h, AgentTime(resp.Header), nil
 }
 
-// AgentTime reads AgentTimeHeader from a response's header; 0 when it is
+// AgentTime reads agentwire.AgentTimeHeader from a response's header; 0 when it is
 // absent or malformed.
 func AgentTime(h http.Header) time.Duration {
-	ns, err := strconv.ParseInt(h.Get(AgentTimeHeader), 10, 64)
+	ns, err := strconv.ParseInt(h.Get(agentwire.AgentTimeHeader), 10, 64)
 	if err != nil || ns < 0 {
 		return 0
 	}
@@ -351,9 +357,9 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (fs.Fil
 		return 0, err
 	}
 	defer resp.Body.Close()
-	mode, err := strconv.ParseUint(resp.Header.Get(ModeHeader), 8, 32)
+	mode, err := strconv.ParseUint(resp.Header.Get(agentwire.ModeHeader), 8, 32)
 	if err != nil {
-		return 0, fmt.Errorf("agent: bad %s header: %w", ModeHeader, err)
+		return 0, fmt.Errorf("agent: bad %s header: %w", agentwire.ModeHeader, err)
 	}
 	n, err := io.Copy(w, io.LimitReader(resp.Body, c.limits.File+1))
 	if err != nil {
@@ -366,8 +372,9 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (fs.Fil
 }
 
 // WriteFile replaces the guest file at path (absolute) with r's contents
-// and mode's permission bits, and returns the new file's FileInfo.
-func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (FileInfo, error) {
+// and mode's permission bits, and returns the new file's
+// agentwire.FileInfo.
+func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (agentwire.FileInfo, error) {
 	m := uint64(mode.Perm())
 	if mode&fs.ModeSetuid != 0 {
 		m |= 0o4000
@@ -385,42 +392,42 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode f
 	defer cancel()
 	resp, err := c.do(ctx, http.MethodPut, endpoint("/files", q), r)
 	if err != nil {
-		return FileInfo{}, err
+		return agentwire.FileInfo{}, err
 	}
 	defer resp.Body.Close()
 	t := time.AfterFunc(c.limits.ReplyTimeout, cancel)
 	defer t.Stop()
-	var fi FileInfo
+	var fi agentwire.FileInfo
 	if err := decodeReply(resp.Body, c.small(), &fi); err != nil {
 		if !t.Stop() && ctx.Err() != nil {
-			return FileInfo{}, fmt.Errorf("agent: write %s: reply not read in %v: %w", path, c.limits.ReplyTimeout, context.DeadlineExceeded)
+			return agentwire.FileInfo{}, fmt.Errorf("agent: write %s: reply not read in %v: %w", path, c.limits.ReplyTimeout, context.DeadlineExceeded)
 		}
-		return FileInfo{}, err
+		return agentwire.FileInfo{}, err
 	}
 	return fi, nil
 }
 
-// Stat returns the guest file's FileInfo, not following a final symlink.
-func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
-	var fi FileInfo
+// Stat returns the guest file's agentwire.FileInfo, not following a final symlink.
+func (c *Client) Stat(ctx context.Context, path string) (agentwire.FileInfo, error) {
+	var fi agentwire.FileInfo
 	err := c.getJSON(ctx, endpoint("/stat", url.Values{"path": {path}}), c.small(), &fi)
 	return fi, err
 }
 
 // List returns the entries of the guest directory at path, sorted by name.
-func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
-	var l []FileInfo
+func (c *Client) List(ctx context.Context, path string) ([]agentwire.FileInfo, error) {
+	var l []agentwire.FileInfo
 	err := c.getJSON(ctx, endpoint("/list", url.Values{"path": {path}}), c.limits.Reply, &l)
 	return l, err
 }
 
 // StartService asks the agent to run spec as a supervised service (see
-// ServiceSpec) and returns its status once its first process has started.
-// A name in use is an *Error with Code CodeExists; a first start that
-// fails (no such program, no such user) is an *Error, and nothing is left
-// running.
-func (c *Client) StartService(ctx context.Context, spec ServiceSpec) (ServiceStatus, error) {
-	var st ServiceStatus
+// agentwire.ServiceSpec) and returns its status once its first process
+// has started. A name in use is an *agentwire.Error with Code
+// agentwire.CodeExists; a first start that fails (no such program, no
+// such user) is an *agentwire.Error, and nothing is left running.
+func (c *Client) StartService(ctx context.Context, spec agentwire.ServiceSpec) (agentwire.ServiceStatus, error) {
+	var st agentwire.ServiceStatus
 	b, err := json.Marshal(spec)
 	if err != nil {
 		return st, err
@@ -430,25 +437,25 @@ func (c *Client) StartService(ctx context.Context, spec ServiceSpec) (ServiceSta
 }
 
 // Services returns the status of every supervised service, sorted by name.
-func (c *Client) Services(ctx context.Context) ([]ServiceStatus, error) {
-	var l []ServiceStatus
+func (c *Client) Services(ctx context.Context) ([]agentwire.ServiceStatus, error) {
+	var l []agentwire.ServiceStatus
 	err := c.getJSON(ctx, endpoint("/services", nil), c.limits.Reply, &l)
 	return l, err
 }
 
 // Service returns the status of the service name; an unknown name is an
-// *Error with Code CodeNotFound.
-func (c *Client) Service(ctx context.Context, name string) (ServiceStatus, error) {
-	var st ServiceStatus
+// *agentwire.Error with Code agentwire.CodeNotFound.
+func (c *Client) Service(ctx context.Context, name string) (agentwire.ServiceStatus, error) {
+	var st agentwire.ServiceStatus
 	err := c.getJSON(ctx, endpoint("/services", url.Values{"name": {name}}), c.small(), &st)
 	return st, err
 }
 
 // StopService stops the service name (SIGTERM to its process group,
-// SIGKILL after ServiceStopGrace; no more restarts) and returns its final
-// status once its process has been reaped.
-func (c *Client) StopService(ctx context.Context, name string) (ServiceStatus, error) {
-	var st ServiceStatus
+// SIGKILL after agentwire.ServiceStopGrace; no more restarts) and returns
+// its final status once its process has been reaped.
+func (c *Client) StopService(ctx context.Context, name string) (agentwire.ServiceStatus, error) {
+	var st agentwire.ServiceStatus
 	err := c.callJSON(ctx, http.MethodDelete, endpoint("/services", url.Values{"name": {name}}), nil, c.small(), &st)
 	return st, err
 }
@@ -465,7 +472,7 @@ const maxPollOutput = 4 << 10
 // itself (it cannot be reached, the program does not exist) is retried
 // too, since a guest still starting may not answer yet; it is in the final
 // error. Set req.TimeoutMS to bound each attempt.
-func (c *Client) PollExec(ctx context.Context, req ExecRequest, every time.Duration) (attempts int, err error) {
+func (c *Client) PollExec(ctx context.Context, req agentwire.ExecRequest, every time.Duration) (attempts int, err error) {
 	last := "no attempt finished"
 	for {
 		attempts++
