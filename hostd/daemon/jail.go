@@ -486,6 +486,21 @@ func (d *Daemon) forkGrants(parent *store.Sandbox, ids, dirs []string) (plan *fo
 	return plan, nil
 }
 
+// snapshotsDir makes sure sb's snapshots directory is there, and its
+// VMM's when that is confined (a fork child's, whose directory the daemon
+// made for its uid, has none until its first snapshot).
+func (d *Daemon) snapshotsDir(sb *store.Sandbox) error {
+	dir := d.store.SandboxDir(sb.Tenant, sb.ID)
+	snaps := filepath.Join(dir, "snapshots")
+	if err := os.MkdirAll(snaps, 0o700); err != nil {
+		return err
+	}
+	if u := dirOwner(dir); d.cfg.VMMUIDs != nil && d.cfg.VMMUIDs.has(u) && dirOwner(snaps) != u {
+		return os.Chown(snaps, u, u)
+	}
+	return nil
+}
+
 // forkSecrets writes the secrets file of each of network parent's fork
 // children (ids, planned: their directories are their uids') and returns
 // their paths: a child's credential proxy reads its own, as its uid, not

@@ -713,7 +713,9 @@ func (d *Daemon) takeSnapshot(ctx context.Context, s *sbState, name, kind string
 		kind = "full"
 	}
 	path := filepath.Join(d.store.SandboxDir(sb.Tenant, sb.ID), "snapshots", name)
-	os.MkdirAll(filepath.Dir(path), 0o700)
+	if err := d.snapshotsDir(sb); err != nil {
+		return store.Snapshot{}, err
+	}
 	start := time.Now()
 	var rep vmmctl.SnapshotReply
 	err := vmmCall(ctx, sb.API, http.MethodPost, "snapshot", vmmctl.SnapshotRequest{Path: path, Kind: vmsnap.Kind(kind)}, &rep)
