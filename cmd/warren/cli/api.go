@@ -15,10 +15,10 @@ import (
 
 	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/cow"
-	"github.com/warrenvm/warren/hostd/egress"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmmctl"
+	"github.com/warrenvm/warren/vmmproc/egress"
 )
 
 // The control API of a running VM (`warren run --api PATH`): JSON over

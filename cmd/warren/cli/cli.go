@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/hostd/cgroup"
-	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/vmm"
+	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
 const usage = `VM-level commands (warren [vm] <command> [flags]):
@@ -77,7 +77,7 @@ func vmMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		// pid 1 of a jailed VMM's pid namespace (warren-hostd --jail)
 		return jailInitCmd(args[1:], stderr)
 	case jail.SpawnVerb:
-		// a fork child on its way from jail-init's helper (hostd/jail.Spawner)
+		// a fork child on its way from jail-init's helper (vmmproc/jail.Spawner)
 		return jail.RunSpawn(args[1:], stderr)
 	case "flatten":
 		return flattenCmd(args[1:], stdout, stderr)
@@ -119,7 +119,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	api := fs.String("api", "", "serve the VM's control API (pause, resume, snapshot) on this unix socket; turns on dirty-page tracking")
 	nf := addNetFlags(fs)
 	privateNet := fs.Bool("private-net", false, "with --tap: put the tap and its egress services in a network namespace of this VMM's own (upstream traffic of the resolver and proxy still leaves through the host's); recorded in snapshots, so restores and forks get their own too")
-	jailFlag := fs.String("jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see hostd/jail); vmm when --api may fork")
+	jailFlag := fs.String("jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see vmmproc/jail); vmm when --api may fork")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -271,7 +271,7 @@ func runForeground(vm *vmm.VM, stdin io.Reader, fail func(string, ...any) int) i
 
 // jailInitCmd is `warren jail-init [--report-fd N] [--pass-fds N]
 // [--cgroup DIR]... [--net-helper] [--spawn [--cgroup-root DIR]...] --
-// COMMAND...`: hostd/jail.RunInit with the family's helper
+// COMMAND...`: vmmproc/jail.RunInit with the family's helper
 // (familyhelper.go).
 func jailInitCmd(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("warren "+jail.InitVerb, flag.ContinueOnError)
@@ -279,7 +279,7 @@ func jailInitCmd(args []string, stderr io.Writer) int {
 	fd := fs.Int("report-fd", -1, "unix socket to report the command's pid on (SCM_CREDENTIALS)")
 	pass := fs.Int("pass-fds", 0, "pass descriptors 4 to 3+N on to the command at the same numbers (the daemon's files for the VMM)")
 	netHelper := fs.Bool("net-helper", false, "serve the VMM family's private networks (a network VMM that leaves root asks for them: nethelper.go)")
-	spawn := fs.Bool("spawn", false, "start the VMM family's fork children under warren-hostd's grants (hostd/jail.Spawner), whose key comes first on the report socket")
+	spawn := fs.Bool("spawn", false, "start the VMM family's fork children under warren-hostd's grants (vmmproc/jail.Spawner), whose key comes first on the report socket")
 	var cgroups, cgroupRoots stringsFlag
 	fs.Var(&cgroups, "cgroup", "join this cgroup directory before starting the command, which is then born in it (repeatable: one per v1 hierarchy)")
 	fs.Var(&cgroupRoots, "cgroup-root", "with --spawn: the directory fork children's cgroups are under (repeatable: one per v1 hierarchy)")

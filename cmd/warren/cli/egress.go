@@ -13,9 +13,9 @@ import (
 
 	"github.com/warrenvm/warren/ebpf/filter"
 	"github.com/warrenvm/warren/ebpf/policy"
-	"github.com/warrenvm/warren/hostd/credproxy"
-	"github.com/warrenvm/warren/hostd/egress"
 	"github.com/warrenvm/warren/vmmctl"
+	"github.com/warrenvm/warren/vmmproc/credproxy"
+	"github.com/warrenvm/warren/vmmproc/egress"
 )
 
 // egressOptions are a VM's egress settings (runOptions.Egress): recorded

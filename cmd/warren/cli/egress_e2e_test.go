@@ -25,12 +25,12 @@ import (
 
 	"github.com/warrenvm/warren/ebpf/audit"
 	"github.com/warrenvm/warren/ebpf/policy"
-	"github.com/warrenvm/warren/hostd/egress"
 	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/internal/testtls"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm/hostprofile"
 	"github.com/warrenvm/warren/vmmctl"
+	"github.com/warrenvm/warren/vmmproc/egress"
 )
 
 // TestEgressEndToEnd boots a guest whose tap carries an egress policy and

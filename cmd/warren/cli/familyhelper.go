@@ -8,17 +8,17 @@ import (
 	"os"
 	"time"
 
-	"github.com/warrenvm/warren/hostd/jail"
+	"github.com/warrenvm/warren/vmmproc/jail"
 	"golang.org/x/sys/unix"
 )
 
-// The family's helper (hostd/jail's helper, served by jail-init, which
+// The family's helper (vmmproc/jail's helper, served by jail-init, which
 // stays root): a VMM family asks it for what needs privilege after the
 // VMM gave its own up. Two kinds of request, one JSON object each:
 //
 //	{"net": ...}    a private network (nethelper.go), with --net-helper
 //	{"spawn": ...}  start a fork child under warren-hostd's grant
-//	                (hostd/jail.Spawner), with --spawn
+//	                (vmmproc/jail.Spawner), with --spawn
 //
 // A kind jail-init was not started for is refused.
 

@@ -24,11 +24,11 @@ import (
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/ebpf/policy"
-	"github.com/warrenvm/warren/hostd/egress"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
 	"github.com/warrenvm/warren/vmmctl"
+	"github.com/warrenvm/warren/vmmproc/egress"
 	"golang.org/x/sys/unix"
 )
 

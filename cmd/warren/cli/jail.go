@@ -9,8 +9,8 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/vmm/guestmem"
+	"github.com/warrenvm/warren/vmmproc/jail"
 	"golang.org/x/sys/unix"
 )
 
@@ -18,7 +18,7 @@ import (
 // `warren restore`; a fork child inherits its parent's): once the VM is
 // built, its devices, disks, tap and egress attached and its sockets
 // listening, and right before the vCPUs run, the VMM hardens itself with
-// hostd/jail.Enter: private mounts (only in a mount namespace of its own,
+// vmmproc/jail.Enter: private mounts (only in a mount namespace of its own,
 // as the daemon starts it), every capability dropped but those its fork
 // children need (CAP_NET_ADMIN and CAP_SYS_ADMIN with a tap, under
 // ProfileVMM, unless the family's helper makes their networks:

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warrenvm/warren/hostd/jail"
+	"github.com/warrenvm/warren/vmmproc/jail"
 	"golang.org/x/sys/unix"
 )
 

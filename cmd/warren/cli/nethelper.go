@@ -13,15 +13,15 @@ import (
 	"github.com/vishvananda/netns"
 	vnet "github.com/warrenvm/warren/devices/virtio/net"
 	"github.com/warrenvm/warren/ebpf/filter"
-	"github.com/warrenvm/warren/hostd/egress"
-	"github.com/warrenvm/warren/hostd/jail"
+	"github.com/warrenvm/warren/vmmproc/egress"
+	"github.com/warrenvm/warren/vmmproc/jail"
 	"golang.org/x/sys/unix"
 )
 
 // A private network made by the VMM family's helper: a jailed VMM that
 // warren-hostd starts (under `jail-init --net-helper`) leaves root and
 // keeps no capability to make networks, so it asks jail-init, which stays
-// root for the family's life (hostd/jail's helper), for its private
+// root for the family's life (vmmproc/jail's helper), for its private
 // network: a new network namespace holding the tap and, with egress, the
 // tap's host address, the filter loaded and attached, and the resolver's
 // and proxy's listening sockets (egress.Prepare), all handed over as

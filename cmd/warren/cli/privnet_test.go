@@ -21,8 +21,8 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/warrenvm/warren/ebpf/policy"
-	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/internal/testtls"
+	"github.com/warrenvm/warren/vmmproc/jail"
 	"golang.org/x/sys/unix"
 )
 

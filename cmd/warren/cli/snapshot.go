@@ -390,7 +390,7 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	kvmPath := fs.String("kvm", "/dev/kvm", "KVM device")
 	verbose := fs.Bool("v", false, "log VMM diagnostics to stderr")
 	timing := fs.String("timing", "", "write the wall-clock time of the first KVM_RUN (Unix ns, one decimal line) to FILE, for benchmarks")
-	jailFlag := fs.String("jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see hostd/jail); vmm when --api may fork")
+	jailFlag := fs.String("jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see vmmproc/jail); vmm when --api may fork")
 	var eo egressOverrides
 	eo.policy = fs.String("egress", "", "for a snapshot with egress: the policy in force from the start instead of the snapshot's (JSON; the resolver starts with no allowed addresses)")
 	eo.secrets = fs.String("secrets", "", "for a snapshot with egress: the credential proxy's secrets file (JSON name to value, mode 0600) instead of the snapshot's")

@@ -17,11 +17,11 @@ import (
 	vnet "github.com/warrenvm/warren/devices/virtio/net"
 	"github.com/warrenvm/warren/devices/virtio/rng"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
-	"github.com/warrenvm/warren/hostd/egress"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
 	"github.com/warrenvm/warren/vmm/hostprofile"
+	"github.com/warrenvm/warren/vmmproc/egress"
 )
 
 // vmOptions is what `warren run` and `warren restore` build a VM from,

@@ -13,7 +13,7 @@ import (
 
 // The privileged part of a sandbox's egress services, apart from the rest
 // so that a helper with privileges (a VMM family's jail-init) can make it
-// and hand it to a VMM without any (hostd/jail's helper): the tap's host
+// and hand it to a VMM without any (vmmproc/jail's helper): the tap's host
 // address and MAC, the filter loaded and attached, and the listening
 // sockets of the resolver (port 53, UDP and TCP) and of the proxy (80,
 // 443) on the host address. Every one is bound to the network namespace

@@ -45,7 +45,7 @@ func syscallTable(p Profile, opts Options, pid int) []sc {
 	// socket(2) domains. AF_UNIX: the control API, vsock device backends
 	// (devices/virtio/vsock dials and listens on unix sockets), fork
 	// hand-offs. AF_INET/AF_INET6: the egress resolver and credential
-	// proxy (hostd/egress) live in the VMM process. AF_NETLINK: only the
+	// proxy (vmmproc/egress) live in the VMM process. AF_NETLINK: only the
 	// fork child (tap in a new netns, egress attach) and the egress clsact
 	// teardown; not ProfileStrict. AF_VSOCK: the VMM never opens host vsock
 	// sockets (its vsock device is built on unix sockets), so refused.
@@ -260,7 +260,7 @@ func syscallTable(p Profile, opts Options, pid int) []sc {
 		allow(ProfileVMM, "setgroups", unix.SYS_SETGROUPS),
 	}
 
-	// bpf(2): map operations of the egress filter (hostd/egress SetPolicy,
+	// bpf(2): map operations of the egress filter (vmmproc/egress SetPolicy,
 	// Stats) and link detach at Close; with NetworkFork also what loading
 	// and attaching a fork child's own filter takes (cilium/ebpf's feature
 	// probes, BTF, frozen read-only maps, tcx links).

@@ -1,6 +1,6 @@
 // Package egress runs one sandbox's egress services on the host: the eBPF
 // filter on its tap (ebpf/filter), its resolver (ebpf/dnsgate), its
-// credential proxy (hostd/credproxy) and its audit log (ebpf/audit), kept
+// credential proxy (vmmproc/credproxy) and its audit log (ebpf/audit), kept
 // consistent with one policy that can change while the sandbox runs.
 //
 // The tap's host address is the guest's gateway, resolver (port 53) and
@@ -33,7 +33,7 @@ import (
 	"github.com/warrenvm/warren/ebpf/dnsgate"
 	"github.com/warrenvm/warren/ebpf/filter"
 	"github.com/warrenvm/warren/ebpf/policy"
-	"github.com/warrenvm/warren/hostd/credproxy"
+	"github.com/warrenvm/warren/vmmproc/credproxy"
 )
 
 // Proxy ports on the tap's host address: plain HTTP and HTTPS.
