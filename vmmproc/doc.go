@@ -1,12 +1,20 @@
-// Package vmmproc is the VMM process's side of Warren: the code that runs
+// Package vmmproc is the VMM process as a library: the code that runs
 // inside one `warren run`, `warren restore` or `warren fork-child` process
 // (and its jail-init), as opposed to the daemon (hostd) or the guest
-// (guestinit). Its pieces: vmmproc/jail (the VMM's hardening: namespaces,
+// (guestinit). The package itself builds a VM with its devices (vm.go),
+// serves its control API (api.go, the vmmctl contract), snapshots and
+// restores it (snapshot.go: runOptions, the settings a snapshot records),
+// forks it (fork.go), runs its egress services (egress.go) and enters
+// its jail (jail.go); for jail-init it is the family's helper
+// (familyhelper.go, nethelper.go). Its entry points are Run, Restore,
+// ForkChild and JailInit (process.go); the warren command
+// (cmd/warren/cli) parses their flags and prints what they return.
+//
+// Its sub-packages: vmmproc/jail (the VMM's hardening: namespaces,
 // pivot_root, uid, capabilities, seccomp; jail-init and its privileged
 // helper), vmmproc/egress (one sandbox's egress services: filter,
 // resolver, proxy, audit) and vmmproc/credproxy (the credential-injecting
-// proxy those services run). The process itself (building the VM, its
-// control API, snapshots, forks) is still in cmd/warren/cli (issue 17).
+// proxy those services run).
 //
 // The name says which process the code runs in: "vmm" is already the
 // virtual machine monitor's core (vCPUs, memory, buses), a library with no

@@ -117,7 +117,7 @@ type Confinement struct {
 	// NetHelper starts the VMM's jail-init with --net-helper: a network
 	// VMM's private network, and its fork children's, are made by
 	// jail-init, which stays root, and handed over as descriptors
-	// (cmd/warren/cli's nethelper.go), so the VMM needs no privilege.
+	// (vmmproc's nethelper.go), so the VMM needs no privilege.
 	NetHelper bool
 	// GrantKey, when set, has the VMM's jail-init start the family's
 	// fork children (`jail-init --spawn`, vmmproc/jail.Spawner) under grants

@@ -4,10 +4,9 @@
 // package is missing from README.md's layout table, or when a top-level
 // folder's doc.go does not say what it may import.
 //
-// The direction: hostd (the daemon) → the VMM process (vmmproc: its
-// jail and its egress services, the process itself still inside
-// cmd/warren/cli: issue 17; its control contract in vmmctl; the host's
-// end of the guest agent in agentclient) → cow, memsnap, ebpf, image →
+// The direction: hostd (the daemon) → the VMM process (vmmproc: the
+// process itself, its jail and its egress services; its control
+// contract in vmmctl; the host's end of the guest agent in agentclient) → cow, memsnap, ebpf, image →
 // vmm, devices → vmm/kvm; internal is
 // importable by all and imports none of the others; guest code
 // (guestinit) imports no host code. A contract both sides of the guest

@@ -80,7 +80,7 @@
 // Options.NetworkFork under ProfileVMM, for a VMM with a private network
 // and egress whose fork children make their own: unshare(CLONE_NEWNET)
 // exactly, and bpf(2) map creation, program and BTF loads, map freezes,
-// links and program attach/query. Such a VMM (cmd/warren/cli's jail.go)
+// links and program attach/query. Such a VMM (vmmproc's jail.go)
 // also keeps CAP_NET_BIND_SERVICE: its children's resolver and proxy bind
 // ports 53, 80 and 443.
 //
@@ -128,7 +128,7 @@
 // # Use by warren and warren-hostd
 //
 // `warren run` and `warren restore` take --jail strict|vmm[,log|,kill]
-// (cmd/warren/cli/jail.go): Enter runs once the VM is built, its devices,
+// (vmmproc/jail.go): Enter runs once the VM is built, its devices,
 // disks and egress attached and its control and vsock sockets listening,
 // right before the vCPUs run; a `warren fork-child` inherits its parent's
 // setting and enters the same jail after its own setup (without
@@ -197,7 +197,7 @@
 // stays root for the family's life and serves requests on a unix socket
 // the VMM inherits ($HelperEnv) and hands to its fork children: it makes
 // the network and hands it over as descriptors (helper.go;
-// cmd/warren/cli's nethelper.go says what it accepts: a new namespace
+// vmmproc's nethelper.go says what it accepts: a new namespace
 // always, never the host's, a tap of a plain name, bounded and
 // rate-limited). The VMM adopts them (egress.PreparedFromFiles,
 // filter.FromFiles) and runs as its own uid with no capability, in the

@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"encoding/json"
@@ -158,7 +158,7 @@ func makePrivateNet(devNet int, req netRequest) (*privateNet, error) {
 		}
 		n.tap = tap
 		if e := req.Egress; e != nil {
-			mode, err := parseAttach(e.Attach)
+			mode, err := ParseAttach(e.Attach)
 			if err == nil {
 				n.prep, err = egress.Prepare(egress.PrepareConfig{Tap: req.Tap, HostAddr: e.HostAddr,
 					GuestAddr: e.GuestAddr, IPv6: e.IPv6, Attach: mode})

@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"github.com/warrenvm/warren/internal/kvmtest"
@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 	// So are the VMMs of tests that need one per process
 	// (cliProcess).
 	if len(os.Args) > 1 && (os.Args[1] == "fork-child" || os.Getenv(cliProcessEnv) == "1") {
-		os.Exit(Main(os.Args[1:], nil, os.Stdout, os.Stderr))
+		os.Exit(cliMain(os.Args[1:], nil, os.Stdout, os.Stderr))
 	}
 	code := m.Run()
 	if template.dir != "" {
@@ -61,7 +61,7 @@ func linuxTemplate(t *testing.T) string {
 			cmdline: "warren.hostname=template", disks: []diskSpec{{path: data}}}
 		g := bootGuest(t, o)
 		defer g.vm.Stop(nil)
-		stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), "", "")
+		stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, NewLogger(os.Stderr, false), "", "")
 		if err != nil {
 			template.err = err
 			return
@@ -121,7 +121,7 @@ func templateWithAPI(t *testing.T) (g *guest, dir, sock, api string) {
 	g = restoreTemplate(t, sock)
 	o := g.opts
 	o.restore = nil
-	stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), g.snapLayer, g.snapName)
+	stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, NewLogger(os.Stderr, false), g.snapLayer, g.snapName)
 	if err != nil {
 		t.Fatal(err)
 	}

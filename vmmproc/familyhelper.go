@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"bytes"
@@ -32,7 +32,7 @@ type helperRequest struct {
 // spawnRequest asks for a fork child (`warren fork-child`) under Grant,
 // signed by warren-hostd for that child. Its descriptors: the child's
 // log (its standard output and error), then its descriptors 3, 4, ...
-// (forkChildCmd's: the spec, the ready pipe, the memory files, the
+// (ForkChild's: the spec, the ready pipe, the memory files, the
 // helper socket).
 type spawnRequest struct {
 	Grant string `json:"grant"`

@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"bytes"
@@ -72,15 +72,6 @@ func dumpGuest(t *testing.T, g *guest) {
 func dumpStacks(t *testing.T) {
 	buf := make([]byte, 4<<20)
 	t.Logf("goroutines:\n%s", buf[:runtime.Stack(buf, true)])
-}
-
-// cli runs the warren command as a user would (in-process) and returns its
-// exit code and output.
-func cli(t *testing.T, stdin io.Reader, args ...string) (code int, stdout, stderr string) {
-	t.Helper()
-	var o, e bytes.Buffer
-	code = Main(args, stdin, &o, &e)
-	return code, o.String(), e.String()
 }
 
 // blockingWriter accepts one write and then blocks until released: a host

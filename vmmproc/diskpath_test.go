@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"os"
@@ -73,7 +73,7 @@ func TestReplaceDisksRecorded(t *testing.T) {
 	if err := applyOptions(&o, raw); err != nil {
 		t.Fatal(err)
 	}
-	if err := replaceDisks(o.disks, diskPaths{0: ov}); err != nil {
+	if err := replaceDisks(o.disks, DiskPaths{0: ov}); err != nil {
 		t.Fatal(err)
 	}
 	if raw, err = recordOptions(o); err != nil {
@@ -90,7 +90,7 @@ func TestReplaceDisksRecorded(t *testing.T) {
 }
 
 func TestDiskPathsFlag(t *testing.T) {
-	d := diskPaths{}
+	d := DiskPaths{}
 	for _, v := range []string{"0=/a", "2=/b=c"} {
 		if err := d.Set(v); err != nil {
 			t.Errorf("Set(%q): %v", v, err)
@@ -152,7 +152,7 @@ func TestRestoreDisks(t *testing.T) {
 
 	// --disk-path: the caller's image is used, its chain checked at open.
 	o = opts()
-	if _, err := restoreDisks(&o, &vmsnap.Snapshot{Meta: vmsnap.Meta{Version: 2}, Disks: []vmsnap.DiskLayer{l0}}, diskPaths{0: "/given.wcow"}); err != nil ||
+	if _, err := restoreDisks(&o, &vmsnap.Snapshot{Meta: vmsnap.Meta{Version: 2}, Disks: []vmsnap.DiskLayer{l0}}, DiskPaths{0: "/given.wcow"}); err != nil ||
 		o.disks[0].path != "/old/disk0.overlay" || !reflect.DeepEqual(o.diskChains[0], l0.Chain) {
 		t.Errorf("--disk-path: %v, %+v %v", err, o.disks[0], o.diskChains)
 	}

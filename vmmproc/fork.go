@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"bufio"
@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -23,7 +22,6 @@ import (
 	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/cow/disk"
-	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
@@ -233,7 +231,7 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 			ch.Vsock, ch.CID = o.Vsock, o.CID
 		}
 		if o.Tap != "" {
-			mac, err := parseMAC("")
+			mac, err := ParseMAC("")
 			if err != nil {
 				return nil, err
 			}
@@ -502,9 +500,11 @@ func readReady(f *os.File, timeout time.Duration) (string, error) {
 	return "", fmt.Errorf("unexpected ready line %q", line)
 }
 
-// forkChildCmd is the hidden `warren fork-child`, run by a forking parent
-// with the files described above.
-func forkChildCmd(args []string, stdout, stderr io.Writer) int {
+// ForkChild is the hidden `warren fork-child ARGS...` (args: none), run
+// by a forking parent with the files described above; it returns the
+// process's exit status. Its input is the forkSpec on fd 3, which only
+// this package writes, so it parses no flags of its own.
+func ForkChild(args []string, stdout, stderr io.Writer) int {
 	ready := os.NewFile(4, "ready")
 	fail := func(format string, a ...any) int {
 		msg := fmt.Sprintf(format, a...)
@@ -541,7 +541,7 @@ func forkChildCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		setHelperConn(os.NewFile(uintptr(spec.NetHelper), "helper"))
 	}
-	js, err := parseJail(spec.Jail)
+	js, err := ParseJail(spec.Jail)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -567,8 +567,8 @@ func forkChildCmd(args []string, stdout, stderr io.Writer) int {
 		mem.Close()
 		return fail("%v", err)
 	}
-	log := newLogger(stderr, spec.Verbose)
-	out, closeOut, err := openConsole(spec.Console, stdout)
+	log := NewLogger(stderr, spec.Verbose)
+	out, closeOut, err := OpenConsole(spec.Console, stdout)
 	if err != nil {
 		mem.Close()
 		return fail("%v", err)
@@ -626,68 +626,9 @@ func forkChildCmd(args []string, stdout, stderr io.Writer) int {
 	if err := enterJail(js, &o, log); err != nil {
 		return fail("%v", err)
 	}
-	return runForeground(b2.vm, nil, func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "warren fork-child: "+format+"\n", a...)
+	if err := runForeground(b2.vm, nil); err != nil {
+		fmt.Fprintf(stderr, "warren fork-child: %v\n", err)
 		return 1
-	})
-}
-
-// forkCmd is `warren fork [-n N] [--prefix PATH] API`.
-func forkCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("warren fork", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: warren fork [-n N] [--prefix PATH] [--netns] [--json] API\n\n"+
-			"makes N running copy-on-write children of the running VM whose control socket\n"+
-			"is API. Child K serves its control API on PREFIX-K.api and its agent on\n"+
-			"PREFIX-K.vsock (with vsock), and has its own CID, hostname and machine id.\n\n")
-		fs.PrintDefaults()
-	}
-	n := fs.Int("n", 1, "number of children")
-	prefix := fs.String("prefix", "", "path prefix of the children's sockets and files (default: beside API)")
-	asJSON := fs.Bool("json", false, "print the answer as JSON")
-	netns := fs.Bool("netns", false, "start each child in a new network namespace, with its tap there (needs a VM with a tap)")
-	egressFile := fs.String("egress", "", "the children's egress policy (JSON), narrowing the parent's (default: the parent's)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	var childPolicy *policy.Policy
-	if *egressFile != "" {
-		// (The parent VM checks it with its operator's allowances.)
-		p, err := policy.LoadWith(*egressFile, policy.Options{WildcardCredentials: true})
-		if err != nil {
-			fmt.Fprintf(stderr, "warren fork: %v\n", err)
-			return 2
-		}
-		childPolicy = &p
-	}
-	if fs.NArg() != 1 || *n < 1 || *n > vmmctl.MaxForkChildren {
-		fs.Usage()
-		return 2
-	}
-	if *prefix != "" {
-		p, err := filepath.Abs(*prefix)
-		if err != nil {
-			fmt.Fprintf(stderr, "warren fork: %v\n", err)
-			return 2
-		}
-		*prefix = p
-	}
-	ctx, stop := interruptContext()
-	defer stop()
-	var r vmmctl.ForkReply
-	if err := apiCall(ctx, fs.Arg(0), "fork", vmmctl.ForkRequest{N: *n, Prefix: *prefix, NetNS: *netns, Egress: childPolicy}, &r); err != nil {
-		fmt.Fprintf(stderr, "warren fork: %v\n", err)
-		return 1
-	}
-	if *asJSON {
-		json.NewEncoder(stdout).Encode(r)
-		return 0
-	}
-	fmt.Fprintf(stdout, "forked %d children: parent paused %.1f ms, total %.1f ms, memory in %d layers\n", len(r.Children), r.PauseMS, r.TotalMS, r.Layers)
-	for _, c := range r.Children {
-		fmt.Fprintf(stdout, "child %d: pid %d api %s vsock %s cid %d hostname %s running after %.1f ms\n",
-			c.Index, c.PID, c.API, c.Vsock, c.CID, c.Hostname, c.ReadyMS)
 	}
 	return 0
 }

@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"bufio"
@@ -88,7 +88,7 @@ func TestPrivateNet(t *testing.T) {
 
 	open := func(name string) vmDevices {
 		t.Helper()
-		eg := &egressOptions{HostAddr: netip.MustParsePrefix("10.205.0.1/24"), GuestAddr: netip.MustParseAddr("10.205.0.2"),
+		eg := &EgressOptions{HostAddr: netip.MustParsePrefix("10.205.0.1/24"), GuestAddr: netip.MustParseAddr("10.205.0.2"),
 			Audit: filepath.Join(dir, name+".jsonl"), Secrets: secrets, Hosts: hosts, Sandbox: name,
 			UpstreamCA: upCA, UpstreamAllow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}
 		eg.State.Policy = p
@@ -239,8 +239,7 @@ func TestEgressOverrides(t *testing.T) {
 	os.WriteFile(sec, []byte(`{"K": "v"}`), 0o600)
 	loose := filepath.Join(dir, "loose.json")
 	os.WriteFile(loose, []byte(`{"K": "v"}`), 0o644)
-	str := func(s string) *string { return &s }
-	ov := func(p, s, a string) egressOverrides { return egressOverrides{str(p), str(s), str(a)} }
+	ov := func(p, s, a string) EgressOverrides { return EgressOverrides{Policy: p, Secrets: s, Audit: a} }
 
 	if err := ov("", "", "").apply(nil); err != nil {
 		t.Fatalf("no flags: %v", err)
@@ -248,7 +247,7 @@ func TestEgressOverrides(t *testing.T) {
 	if err := ov(pol, "", "").apply(nil); err == nil || !strings.Contains(err.Error(), "need a snapshot of a VM with egress") {
 		t.Fatalf("no egress: %v", err)
 	}
-	e := &egressOptions{Audit: "/old.jsonl", Secrets: "/old.json"}
+	e := &EgressOptions{Audit: "/old.jsonl", Secrets: "/old.json"}
 	e.State.DNS = []byte(`{"x": 1}`)
 	if err := ov(pol, sec, filepath.Join(dir, "a.jsonl")).apply(e); err != nil {
 		t.Fatal(err)

@@ -1,12 +1,16 @@
-package cli
+package vmmproc
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	"github.com/vishvananda/netns"
 	"github.com/warrenvm/warren/agentclient"
@@ -50,7 +54,7 @@ type vmOptions struct {
 	privateNet bool
 	// egress, when set, starts the tap's egress services (filter,
 	// resolver, credential proxy, audit log) before the guest runs.
-	egress *egressOptions
+	egress *EgressOptions
 	vsock  string // virtio-vsock with its host unix socket here, when set
 	cid    uint64 // the guest's vsock CID
 	// identity, when set, is sent to the guest agent with every re-sync
@@ -336,4 +340,35 @@ func openNetWith(conn *os.File, o vmOptions, d *vmDevices, closers *[]func() err
 	d.netns = h
 	*closers = append(*closers, func() error { return h.Close() })
 	return dev, nil
+}
+
+// runForeground feeds stdin to the guest's console and runs vm until it
+// powers off (nil), fails or is interrupted (an error "interrupted").
+func runForeground(vm *vmm.VM, stdin io.Reader) error {
+	// The console's input: what arrives on stdin goes to the guest's COM1
+	// (as with QEMU's -serial stdio). A terminal stays in its normal mode,
+	// so lines are sent on Enter and Ctrl-C still stops warren.
+	if stdin != nil {
+		go func() {
+			buf := make([]byte, 4096)
+			for {
+				n, err := stdin.Read(buf)
+				if n > 0 {
+					vm.SerialInput(buf[:n])
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := vm.Run(ctx); err != nil {
+		if errors.Is(err, context.Canceled) {
+			return errors.New("interrupted")
+		}
+		return err
+	}
+	return nil
 }

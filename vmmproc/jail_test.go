@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"fmt"
@@ -27,14 +27,14 @@ func TestParseJail(t *testing.T) {
 		{"vmm,log", "vmm,log", false}, {"strict,kill", "strict,kill", false}, {"strict,errno", "strict", false},
 		{"loose", "", true}, {"vmm,shout", "", true}, {",log", "", true},
 	} {
-		j, err := parseJail(c.in)
+		j, err := ParseJail(c.in)
 		if (err != nil) != c.err || (err == nil && j.String() != c.want) {
-			t.Errorf("parseJail(%q) = %q, %v", c.in, j.String(), err)
+			t.Errorf("ParseJail(%q) = %q, %v", c.in, j.String(), err)
 		}
 	}
 	// A VMM with a tap keeps what its fork children need under vmm only.
-	vmm, _ := parseJail("vmm")
-	strict, _ := parseJail("strict")
+	vmm, _ := ParseJail("vmm")
+	strict, _ := ParseJail("strict")
 	if cfg := jailConfig(vmm, &vmOptions{tap: "t0"}); len(cfg.KeepCaps) != 2 {
 		t.Errorf("vmm with a tap keeps %v", cfg.KeepCaps)
 	}
@@ -125,7 +125,7 @@ func TestJailHelper(t *testing.T) {
 		forkChildProcess = true
 		prof = strings.TrimSuffix(prof, "-child")
 	}
-	js, err := parseJail(prof)
+	js, err := ParseJail(prof)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func errnoOf(err error) error {
 // unclean binds, binds without a root, unknown devices) refused; a fork
 // child's spec carries the profile and mode only.
 func TestParseJailConfinement(t *testing.T) {
-	j, err := parseJail("vmm,log,root=/s/jail,user=200001:200001,bind=/s/sb:rw,bind=/bin/warren:exec,dev=kvm,dev=null")
+	j, err := ParseJail("vmm,log,root=/s/jail,user=200001:200001,bind=/s/sb:rw,bind=/bin/warren:exec,dev=kvm,dev=null")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,10 +264,10 @@ func TestParseJailConfinement(t *testing.T) {
 		len(j.root.Devices) != 2 || j.root.Owner != j.user {
 		t.Fatalf("parsed %+v root %+v", j, j.root)
 	}
-	if _, err := parseJail("vmm,user=200001:200001"); err != nil {
+	if _, err := ParseJail("vmm,user=200001:200001"); err != nil {
 		t.Errorf("user without root: %v", err)
 	}
-	if g, err := parseJail("vmm,user=200002:200002,groups=200001:200000"); err != nil || !slices.Equal(g.user.Groups, []int{200001, 200000}) {
+	if g, err := ParseJail("vmm,user=200002:200002,groups=200001:200000"); err != nil || !slices.Equal(g.user.Groups, []int{200001, 200000}) {
 		t.Errorf("a fork child's groups: %+v, %v", g.user, err)
 	}
 	for _, bad := range []string{
@@ -278,8 +278,8 @@ func TestParseJailConfinement(t *testing.T) {
 		"off,root=/j", "vmm,root=/j,log",
 		"vmm,groups=5", "vmm,user=5:5,groups=0", "vmm,user=5:5,groups=a", "vmm,user=5:5,groups=6,groups=7",
 	} {
-		if j, err := parseJail(bad); err == nil {
-			t.Errorf("parseJail(%q) accepted: %+v", bad, j)
+		if j, err := ParseJail(bad); err == nil {
+			t.Errorf("ParseJail(%q) accepted: %+v", bad, j)
 		}
 	}
 	// With a user, a tap's fork capabilities are not kept (they could not
@@ -301,7 +301,7 @@ func TestJailSpawned(t *testing.T) {
 	defer w.Close()
 	saved := netHelper.file
 	defer func() { netHelper.file = saved }()
-	j := jailSpec{profile: jail.ProfileVMM, mode: jail.ModeErrno}
+	j := JailSpec{profile: jail.ProfileVMM, mode: jail.ModeErrno}
 	for _, c := range []struct {
 		helper *os.File
 		env    string

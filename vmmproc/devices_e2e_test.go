@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"bytes"
@@ -143,7 +143,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 	// its own tap and MAC, and the parent moves to an overlay of its own.
 	t.Run("fork", func(t *testing.T) {
 		api := filepath.Join(dir, "api.sock")
-		stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), "", "")
+		stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, NewLogger(os.Stderr, false), "", "")
 		if err != nil {
 			t.Fatal(err)
 		}

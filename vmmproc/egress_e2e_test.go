@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"bufio"
@@ -102,7 +102,7 @@ func TestEgressEndToEnd(t *testing.T) {
 	}
 	auditPath := filepath.Join(dir, "audit.jsonl")
 	sock, api := filepath.Join(dir, "vm.sock"), filepath.Join(dir, "api.sock")
-	eg := &egressOptions{HostAddr: netip.MustParsePrefix("10.204.0.1/24"), GuestAddr: netip.MustParseAddr("10.204.0.2"),
+	eg := &EgressOptions{HostAddr: netip.MustParsePrefix("10.204.0.1/24"), GuestAddr: netip.MustParseAddr("10.204.0.2"),
 		Audit: auditPath, Secrets: secrets, Hosts: hosts, UpstreamCA: upCA, Sandbox: "e2e",
 		// The upstream is on loopback: the operator's explicit allowance.
 		UpstreamAllow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}
@@ -134,7 +134,7 @@ func TestEgressEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, newLogger(os.Stderr, false), "", "")
+	stopAPI, err := startAPI(api, &built{vm: g.vm, devs: g.dev}, o, NewLogger(os.Stderr, false), "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +334,7 @@ func TestEgressEndToEnd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stop2, err := startAPI(api2, &built{vm: g2.vm, devs: g2.dev}, o2, newLogger(os.Stderr, false), snap.Layer(), snap.Name())
+		stop2, err := startAPI(api2, &built{vm: g2.vm, devs: g2.dev}, o2, NewLogger(os.Stderr, false), snap.Layer(), snap.Name())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"context"
@@ -212,10 +212,4 @@ func (a *apiServer) rollback(w http.ResponseWriter, r *http.Request) {
 	reply(w, http.StatusOK, vmmctl.RollbackReply{Path: rep.Path, PauseMS: ms(rep.Pause), TotalMS: ms(time.Since(start)), LoadMS: ms(load),
 		Written: rep.Written, Cleared: rep.Cleared, Disks: a.disks.Live(),
 		Line: fmt.Sprintf("%s (load %.1f ms)", rep.String(), ms(load))})
-}
-
-// apiCall POSTs req to /v1/VERB of the control API at sock and decodes
-// the answer into resp.
-func apiCall(ctx context.Context, sock, verb string, req, resp any) error {
-	return vmmctl.Client{Socket: sock}.Call(ctx, verb, req, resp)
 }

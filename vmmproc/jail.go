@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"fmt"
@@ -50,18 +50,18 @@ import (
 // grant and installs the filter itself): the spec it is given carries the
 // profile and mode only.
 
-// jailSpec is a parsed --jail value; the zero value is no jail.
-type jailSpec struct {
+// JailSpec is a parsed --jail value; the zero value is no jail.
+type JailSpec struct {
 	profile jail.Profile
 	mode    jail.Mode
 	root    *jail.RootOptions
 	user    *jail.User
 }
 
-func (j jailSpec) on() bool { return j.profile != 0 }
+func (j JailSpec) on() bool { return j.profile != 0 }
 
 // String gives the flag's value back (for a fork child's spec).
-func (j jailSpec) String() string {
+func (j JailSpec) String() string {
 	if !j.on() {
 		return ""
 	}
@@ -72,9 +72,9 @@ func (j jailSpec) String() string {
 	return s
 }
 
-// parseJail parses "" / "off", "strict" or "vmm", optionally followed by
+// ParseJail parses "" / "off", "strict" or "vmm", optionally followed by
 // ",errno", ",log" or ",kill", then by the confinement options above.
-func parseJail(v string) (jailSpec, error) {
+func ParseJail(v string) (JailSpec, error) {
 	prof, rest, _ := strings.Cut(strings.TrimSpace(v), ",")
 	mode, opts := "", []string(nil)
 	if rest != "" {
@@ -84,7 +84,7 @@ func parseJail(v string) (jailSpec, error) {
 			} else if mode == "" && len(opts) == 0 {
 				mode = item
 			} else {
-				return jailSpec{}, fmt.Errorf("--jail %q: unexpected %q", v, item)
+				return JailSpec{}, fmt.Errorf("--jail %q: unexpected %q", v, item)
 			}
 		}
 	}
@@ -165,8 +165,8 @@ func parseJail(v string) (jailSpec, error) {
 }
 
 // parseJailProfile parses the profile and mode of the --jail value v.
-func parseJailProfile(v, prof, mode string) (jailSpec, error) {
-	var j jailSpec
+func parseJailProfile(v, prof, mode string) (JailSpec, error) {
+	var j JailSpec
 	switch prof {
 	case "", "off", "none":
 		if mode != "" {
@@ -198,7 +198,7 @@ func parseJailProfile(v, prof, mode string) (jailSpec, error) {
 // way after their own setup).
 var activeJail struct {
 	sync.Mutex
-	spec jailSpec
+	spec JailSpec
 }
 
 func currentJail() string {
@@ -208,7 +208,7 @@ func currentJail() string {
 }
 
 // jailConfig is the jail.Config for the VM of o under j.
-func jailConfig(j jailSpec, o *vmOptions) jail.Config {
+func jailConfig(j JailSpec, o *vmOptions) jail.Config {
 	cfg := jail.Config{Profile: j.profile, Seccomp: jail.Options{Mode: j.mode}, Root: j.root, User: j.user}
 	if o != nil && o.egress != nil {
 		cfg.Seccomp.BPFMaps = true
@@ -268,14 +268,14 @@ func ownMountNS() bool {
 	return err1 == nil && err2 == nil && self != parent
 }
 
-// isForkChild is set by forkChildCmd.
+// isForkChild is set by ForkChild.
 var forkChildProcess bool
 
 func isForkChild() bool { return forkChildProcess }
 
 // enterJail hardens this VMM process (see above); a no-op for the zero
 // spec. It is called after the VM's setup, right before runForeground.
-func enterJail(j jailSpec, o *vmOptions, log *slog.Logger) error {
+func enterJail(j JailSpec, o *vmOptions, log *slog.Logger) error {
 	if !j.on() {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package cli
+package vmmproc
 
 import (
 	"bytes"
@@ -149,6 +149,6 @@ func TestRestoreProcess(t *testing.T) {
 	if err := json.Unmarshal([]byte(args), &argv); err != nil {
 		t.Fatal(err)
 	}
-	code := Main(argv, nil, os.Stdout, os.Stderr)
+	code := cliMain(argv, nil, os.Stdout, os.Stderr)
 	t.Fatalf("warren restore exited %d", code)
 }
