@@ -18,7 +18,7 @@ GUEST_SRC := vmm/testdata/guests
 PROGRAM_SRC := vmm/testdata/programs
 PROGRAM_FLAGS := -O1 -static -nostdlib -ffreestanding -mno-red-zone -fno-stack-protector -fno-pie -no-pie
 # Packages whose tests need /dev/kvm.
-KVM_PKGS := vmm/kvm vmm memsnap/vmsnap cow cmd/warren/cli hostd/daemon
+KVM_PKGS := vmm/kvm vmm memsnap/vmsnap cow vmmproc cmd/warren/cli hostd/daemon
 HAVE_KVM := $(shell test -c /dev/kvm && echo yes)
 # Where `make run`, `make boot` and `make test` run their VMs: "direct" on
 # this machine's /dev/kvm, or "nested" in the nested KVM host. Measured per

@@ -45,7 +45,7 @@ if [ "${1:-}" = --inner ]; then
 		# guests, far longer than the other packages.
 		case $p in
 		hostd/daemon) timeout=1500s ;;
-		cmd/warren/cli) timeout=900s ;;
+		vmmproc) timeout=900s ;;
 		*) timeout=400s ;;
 		esac
 		while :; do

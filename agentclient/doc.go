@@ -14,8 +14,8 @@
 //
 // Why a group of its own, at the VMM process's rank (with vmmctl, below
 // hostd): the client is called by the daemon, the CLI and the benchmarks,
-// and the re-sync service is served by the VMM process itself (today in
-// cmd/warren/cli, a package of that rank once issue 17 moves it), so it
+// and the re-sync service is served by the VMM process itself (vmmproc,
+// of the same rank), so it
 // sits below all of them; it needs nothing but agentwire and
 // devices/virtio/vsock.
 //

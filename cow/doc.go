@@ -18,7 +18,7 @@
 // of them wrote; each keeps only its own written pages, as anonymous
 // memory.
 //
-// `warren fork` (cmd/warren/cli) runs each child as its own process,
+// `warren fork` (vmmproc) runs each child as its own process,
 // passing it the base's file descriptors: a child outlives its parent, and
 // a parent outlives a killed child. The base's files are memfds or the
 // lazily restored snapshot image; the kernel frees them when the last

@@ -3,7 +3,7 @@
 // child): the request and reply bodies of POST /v1/pause, /v1/resume,
 // /v1/snapshot, /v1/rollback and /v1/fork, GET /v1/disks, and GET and PUT
 // /v1/egress, and the typed Client that warren-hostd, the warren CLI and
-// the benchmarks call it with. The VMM process (cmd/warren/cli's api.go)
+// the benchmarks call it with. The VMM process (vmmproc's api.go)
 // serves exactly these types.
 //
 // Errors: a refusal is an answer with a non-200 status and an ErrorReply

@@ -111,9 +111,9 @@ type ForkRequest struct {
 	// written by the daemon for a child's uid), instead of the parent's.
 	Secrets []string `json:"secrets,omitempty"`
 	// Grants, one per child, are warren-hostd's signed grants
-	// (hostd/jail.Grant: the child's uid and cgroup) under which the
+	// (vmmproc/jail.Grant: the child's uid and cgroup) under which the
 	// VMM's jail-init starts the children, when it does (a VMM told so
-	// by hostd/jail.SpawnEnv takes no fork without them, any other VMM
+	// by vmmproc/jail.SpawnEnv takes no fork without them, any other VMM
 	// none with them). The VMM passes them on unread.
 	Grants []string `json:"grants,omitempty"`
 }
@@ -156,7 +156,7 @@ type ForkReply struct {
 }
 
 // EgressReply is the answer of GET and PUT /v1/egress: the policy in
-// force, the filter's, resolver's and proxy's counters (hostd/egress
+// force, the filter's, resolver's and proxy's counters (vmmproc/egress
 // Stats) and the path of the audit log.
 type EgressReply struct {
 	Policy json.RawMessage `json:"policy"`

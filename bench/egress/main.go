@@ -1,6 +1,6 @@
 // Command egress measures what a sandbox's egress controls add to its
 // traffic: the latency and host CPU per packet of the eBPF egress filter
-// (ebpf/filter) and per request of the credential proxy (hostd/credproxy),
+// (ebpf/filter) and per request of the credential proxy (vmmproc/credproxy),
 // each against the same traffic without it, side by side. It starts no VM
 // and needs no /dev/kvm.
 //

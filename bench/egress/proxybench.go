@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenvm/warren/ebpf/policy"
-	"github.com/warrenvm/warren/hostd/credproxy"
+	"github.com/warrenvm/warren/vmmproc/credproxy"
 )
 
 const (

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/warrenvm/warren/hostd/jail"
+	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
 // TestConfinementSpecs checks what the daemon asks of each VMM it starts

@@ -16,8 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenvm/warren/hostd/crypt"
-	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
 // repoRoot walks up from the package directory to go.mod.
@@ -344,7 +344,7 @@ func checkConfined(t *testing.T, r *UIDRange, pid int, own, secret string) strin
 // process: jail.SpawnEnv), as a uid of its own (not the parent's, in the
 // parent's group, for its disk layers), and, with cgroups, that it is in
 // a cgroup of its own, the one its record names (it was born there:
-// hostd/jail's TestSpawn).
+// vmmproc/jail's TestSpawn).
 func checkSpawned(t *testing.T, parent, k store.Sandbox) string {
 	t.Helper()
 	ppid := func(pid int) string { return procStatus(t, pid)["PPid"] }
@@ -373,7 +373,7 @@ func checkSpawned(t *testing.T, parent, k store.Sandbox) string {
 
 // checkNetConfined checks a network VMM (pid) the way checkConfined
 // checks the others: a uid of the range, no capability (but CAP_BPF where
-// hostd/jail.BPFNeedsCap: its filter's maps need it there), no_new_privs,
+// vmmproc/jail.BPFNeedsCap: its filter's maps need it there), no_new_privs,
 // the filter, its jail root; and no /dev/net/tun there (its jail-init
 // made its network).
 func checkNetConfined(t *testing.T, r *UIDRange, pid int, own, secret string) string {

@@ -16,13 +16,13 @@ import (
 	"syscall"
 
 	"github.com/warrenvm/warren/hostd/cgroup"
-	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/internal/atomicfile"
+	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
 // JailPrepare returns an ExecLauncher.Prepare that jails every VMM the
-// daemon starts (hostd/jail): `--jail PROFILE` on its command line, so
+// daemon starts (vmmproc/jail): `--jail PROFILE` on its command line, so
 // that the VMM hardens itself once its setup is done (seccomp allowlist,
 // capabilities dropped, no_new_privs; its fork children inherit it), and
 // new mount, ipc and uts namespaces, and a new, empty network namespace
@@ -107,7 +107,7 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 // done (LaunchSpec.Confine): JailPrepare passes it on `--jail` (root=,
 // user=, bind=, dev=), and the VMM pivot_roots into Root, a tmpfs holding
 // only Binds at their own paths and its device nodes, and leaves root for
-// UID/GID with no capability left (hostd/jail.PivotRoot, Enter).
+// UID/GID with no capability left (vmmproc/jail.PivotRoot, Enter).
 type Confinement struct {
 	// UID and GID are the VMM's own, from the daemon's --vmm-uid-range;
 	// Groups are its fork ancestors' gids (familyGroups: their disk
@@ -117,11 +117,11 @@ type Confinement struct {
 	// NetHelper starts the VMM's jail-init with --net-helper: a network
 	// VMM's private network, and its fork children's, are made by
 	// jail-init, which stays root, and handed over as descriptors
-	// (cmd/warren/cli's nethelper.go), so the VMM needs no privilege.
+	// (vmmproc's nethelper.go), so the VMM needs no privilege.
 	NetHelper bool
 	// GrantKey, when set, has the VMM's jail-init start the family's
-	// fork children (`jail-init --spawn`, hostd/jail.Spawner) under grants
-	// signed with it (the family's key, hostd/jail.FamilyKey), into
+	// fork children (`jail-init --spawn`, vmmproc/jail.Spawner) under grants
+	// signed with it (the family's key, vmmproc/jail.FamilyKey), into
 	// cgroups under CgroupRoots: the VMM itself then makes no process.
 	GrantKey    []byte
 	CgroupRoots []string
@@ -369,7 +369,7 @@ func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
 }
 
 // grantFile holds the daemon's secret its families' grant keys derive
-// from (hostd/jail.FamilyKey), under the state directory.
+// from (vmmproc/jail.FamilyKey), under the state directory.
 const grantFile = "grant.key"
 
 // loadGrantSecret returns the secret in the state directory's grantFile,
@@ -566,7 +566,7 @@ func removeGroups(gs []*cgroup.Group) {
 //
 // A network VMM is jailed like any other, as its own uid with no
 // capability (CAP_BPF alone on kernels before 6.5, for its filter's maps:
-// hostd/jail.BPFNeedsCap): its private network, and its fork children's,
+// vmmproc/jail.BPFNeedsCap): its private network, and its fork children's,
 // come from its jail-init (Confinement.NetHelper).
 func (d *Daemon) networkBinds() []jail.Bind {
 	var paths []string

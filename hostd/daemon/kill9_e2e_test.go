@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/hostd/cgroup"
-	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
 // roleEnv makes the test binary play another program (see TestMain):

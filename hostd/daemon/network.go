@@ -50,7 +50,7 @@ const (
 const MaxSecretBytes = 64 << 10
 
 // maxSandboxSecrets bounds the secrets file of one sandbox: the credential
-// proxy (hostd/credproxy.FileStore) reads at most 1 MiB.
+// proxy (vmmproc/credproxy.FileStore) reads at most 1 MiB.
 const maxSandboxSecrets = 1 << 20
 
 var secretNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)

@@ -16,12 +16,12 @@ import (
 
 	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/hostd/cgroup"
-	"github.com/warrenvm/warren/hostd/jail"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
 	"github.com/warrenvm/warren/image"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmmctl"
+	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
 // apiError is an error with its HTTP status.

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/warrenvm/warren/hostd/jail"
+	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
 // LaunchSpec is one VMM process to start: `warren ARGS...`.
@@ -75,7 +75,7 @@ type ExecLauncher struct {
 	// Warren is the path of the warren binary.
 	Warren string
 	// Prepare, when set, is called with the command just before it starts:
-	// the place where the VMM jail (hostd/jail: seccomp, namespaces,
+	// the place where the VMM jail (vmmproc/jail: seccomp, namespaces,
 	// credentials) wraps the process.
 	Prepare func(cmd *exec.Cmd, spec LaunchSpec) error
 }

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenvm/warren/hostd/cgroup"
-	"github.com/warrenvm/warren/hostd/jail"
+	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
 // TestExecLauncher: the VMM runs in a session of its own (a kill of the

@@ -205,7 +205,7 @@ type Sandbox struct {
 	// Parent is the sandbox this one was forked from.
 	Parent string `json:"parent,omitempty"`
 	// Spawner says its VMM's jail-init starts the VMM's fork children
-	// (`jail-init --spawn`): its forks carry grants (hostd/jail.Grant).
+	// (`jail-init --spawn`): its forks carry grants (vmmproc/jail.Grant).
 	Spawner bool `json:"spawner,omitempty"`
 	// Family is the sandbox whose VMM's start made the jail-init its VMM
 	// runs under (itself, unless it is a fork child still in its parent's

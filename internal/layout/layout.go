@@ -4,10 +4,10 @@
 // package is missing from README.md's layout table, or when a top-level
 // folder's doc.go does not say what it may import.
 //
-// The direction: hostd (the daemon) → the VMM process (its control
-// contract in vmmctl and the host's end of the guest agent in
-// agentclient; the process itself still inside cmd/warren/cli: issue 17)
-// → cow, memsnap, ebpf, image → vmm, devices → vmm/kvm; internal is
+// The direction: hostd (the daemon) → the VMM process (vmmproc: the
+// process itself, its jail and its egress services; its control
+// contract in vmmctl; the host's end of the guest agent in agentclient) → cow, memsnap, ebpf, image →
+// vmm, devices → vmm/kvm; internal is
 // importable by all and imports none of the others; guest code
 // (guestinit) imports no host code. A contract both sides of the guest
 // boundary read (Contracts: agentwire) is importable by host and guest
@@ -23,15 +23,16 @@ const Module = "github.com/warrenvm/warren"
 
 // ranks orders the host groups: a package may import its own group, a
 // group of a lower rank, or one of the same rank (cow and memsnap use each
-// other's types). agentclient ranks with vmmctl, in the VMM process's
-// layer: the VMM process serves the guest's re-sync connections with it,
+// other's types). vmmproc (the code that runs in the VMM process) ranks
+// with vmmctl, its control contract, so that hostd may import it and it
+// never hostd. agentclient ranks with them, in the VMM process's layer: the VMM process serves the guest's re-sync connections with it,
 // and the daemon, the CLI and the benchmarks above call the agent through
 // it. cmd and bench drive everything; nothing imports them.
 var ranks = map[string]int{
 	"vmm/kvm": 0,
 	"vmm":     1, "devices": 1,
 	"cow": 2, "memsnap": 2, "ebpf": 2, "image": 2,
-	"vmmctl": 3, "agentclient": 3,
+	"vmmctl": 3, "agentclient": 3, "vmmproc": 3,
 	"hostd": 4,
 	"cmd":   5, "bench": 5,
 }

@@ -2,17 +2,16 @@ package cli
 
 import (
 	"bytes"
-	"github.com/warrenvm/warren/internal/kvmtest"
+	"io"
 	"os"
 	"path/filepath"
-	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/warrenvm/warren/vmm/testguest"
 )
 
+// runCLI runs the warren command in-process with no input.
 func runCLI(args ...string) (int, string, string) {
 	var out, errb bytes.Buffer
 	rc := Main(args, nil, &out, &errb)
@@ -57,69 +56,22 @@ func TestRunBadInput(t *testing.T) {
 	}
 }
 
-// artifact returns build/NAME at the repository root (or $ENV), failing the
-// test when it is missing on a host that has KVM.
-func artifact(t *testing.T, env, name string) string {
+// cli runs the warren command as a user would (in-process) and returns its
+// exit code and output.
+func cli(t *testing.T, stdin io.Reader, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	if p := os.Getenv(env); p != "" {
-		return p
-	}
-	_, file, _, _ := runtime.Caller(0)
-	p := filepath.Join(filepath.Dir(file), "..", "..", "..", "build", name)
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("%s is missing: run `make kernel initramfs` first (or set %s)", p, env)
-	}
-	return p
+	var o, e bytes.Buffer
+	code = Main(args, stdin, &o, &e)
+	return code, o.String(), e.String()
 }
 
-var readyLine = regexp.MustCompile(`(?m)^warren-init: ready uptime=\d+\.\d+\r?$`)
-
-// TestBootLinux boots the project's kernel and initramfs to the init's
-// ready line and a clean power-off, through the CLI as a user runs it.
-func TestBootLinux(t *testing.T) {
-	kvmtest.Require(t)
-	if testing.Short() {
-		t.Skip("skipped in -short mode: a full Linux boot")
+// mustRun runs the warren command in-process and fails the test unless
+// it exits 0; it returns its output.
+func mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	code, out, errOut := cli(t, nil, args...)
+	if code != 0 {
+		t.Fatalf("warren %s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
 	}
-	kernel := artifact(t, "WARREN_KERNEL", "vmlinux")
-	initramfs := artifact(t, "WARREN_INITRAMFS", "initramfs.cpio")
-	cases := []struct {
-		name   string
-		kernel string
-		cpus   string
-	}{
-		{"pvh-1cpu", kernel, "1"},
-		{"pvh-2cpu", kernel, "2"},
-	}
-	if bz := os.Getenv("WARREN_BZIMAGE"); bz != "" {
-		cases = append(cases, struct{ name, kernel, cpus string }{"bzimage-1cpu", bz, "1"})
-	} else if p := filepath.Join(filepath.Dir(kernel), "bzImage"); fileExists(p) {
-		cases = append(cases, struct{ name, kernel, cpus string }{"bzimage-1cpu", p, "1"})
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			console := filepath.Join(t.TempDir(), "console.log")
-			rc, _, stderr := runCLI("run", "--kernel", c.kernel, "--initramfs", initramfs, "--mem", "256",
-				"--cpus", c.cpus, "--cmdline", "warren.poweroff=1 warren.hostname=e2e", "--console", console)
-			log, _ := os.ReadFile(console)
-			if rc != 0 {
-				t.Fatalf("warren run exited %d: %s\nconsole:\n%s", rc, stderr, tail(log))
-			}
-			if n := len(readyLine.FindAll(log, -1)); n != 1 {
-				t.Fatalf("%d ready lines, want exactly 1; console:\n%s", n, tail(log))
-			}
-			if c.cpus == "2" && !bytes.Contains(log, []byte("2 CPUs")) && !bytes.Contains(log, []byte("Brought up 1 node, 2 CPUs")) {
-				t.Errorf("second vCPU did not come up; console:\n%s", tail(log))
-			}
-		})
-	}
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
-
-func tail(b []byte) string {
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
+	return out
 }

@@ -1,0 +1,215 @@
+package vmmproc
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/warrenvm/warren/agentclient"
+	"github.com/warrenvm/warren/cow"
+	"github.com/warrenvm/warren/memsnap/vmsnap"
+	"github.com/warrenvm/warren/vmm"
+	"github.com/warrenvm/warren/vmmctl"
+	"github.com/warrenvm/warren/vmmproc/egress"
+)
+
+// The control API of a running VM (`warren run --api PATH`): JSON over
+// HTTP/1.1 on the unix socket PATH.
+//
+//	POST /v1/pause     {}                                   -> {"paused": true}
+//	POST /v1/resume    {}                                   -> {"paused": false}
+//	POST /v1/snapshot  {"path": "/abs/DIR/NAME", "kind": "full"|"incremental"}
+//	                                                        -> vmmctl.SnapshotReply
+//	POST /v1/rollback  {"path": "/abs/DIR/NAME"}            -> vmmctl.RollbackReply
+//	POST /v1/fork      {"n": N, "prefix": "/abs/PREFIX", "disk_dirs": [...]}
+//	                                                        -> vmmctl.ForkReply
+//	GET  /v1/disks                                          -> vmmctl.DisksReply
+//
+// Errors are answered with a 4xx or 5xx status and {"error": "..."}.
+//
+// Disks: every snapshot freezes the writable disks at its instant (its
+// answer names, per disk, the layer it records, that layer's chain and the
+// VM's new live top: cow.DiskFiles); a rollback puts them back on new
+// overlays over the snapshot's layers (its answer names the new tops); a
+// fork answers the parent's new tops and each child's. GET /v1/disks
+// answers the live tops and their chains, so that whoever keeps the files
+// knows exactly which ones the running VM references.
+
+// apiServer serves the control API of one VM.
+type apiServer struct {
+	vm   *vmm.VM
+	snap *vmsnap.Snapshotter
+	log  *slog.Logger
+	// host is the fingerprint source snapshots are checked against.
+	host vmsnap.FingerprintSource
+	// disks are the VM's disks (the snapshotter's and the forker's).
+	disks *cow.DiskSet
+	// apiPath is the socket served; opts the VM's device options and
+	// kvmPath its KVM device, which fork children inherit.
+	apiPath string
+	opts    runOptions
+	kvmPath string
+	// forker forks the VM; forkMu serialises forks.
+	forker *cow.Forker
+	forkMu sync.Mutex
+	// egress is the VM's egress services (nil without --egress); sync its
+	// agent re-sync service, which tells the guest the egress settings.
+	egress *egress.Sandbox
+	sync   *agentclient.SyncService
+}
+
+// serveAPI listens on the unix socket path (replacing a stale socket file)
+// and serves the control API until the returned function is called.
+func serveAPI(path string, a *apiServer) (func(), error) {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		if c, err := net.Dial("unix", path); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("--api %s: another VM serves there", path)
+		}
+		os.Remove(path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("--api %s: %w", path, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/pause", a.pause)
+	mux.HandleFunc("POST /v1/resume", a.resume)
+	mux.HandleFunc("POST /v1/snapshot", a.snapshot)
+	mux.HandleFunc("POST /v1/rollback", a.rollback)
+	mux.HandleFunc("POST /v1/fork", a.fork)
+	mux.HandleFunc("GET /v1/disks", a.getDisks)
+	mux.HandleFunc("GET /v1/egress", a.getEgress)
+	mux.HandleFunc("PUT /v1/egress", a.putEgress)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	return func() { srv.Close(); os.Remove(path) }, nil
+}
+
+func reply(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func replyErr(w http.ResponseWriter, status int, err error) {
+	reply(w, status, vmmctl.ErrorReply{Error: err.Error()})
+}
+
+// decodeRequest decodes r's JSON body (at most 64 KiB, no unknown fields)
+// into req and checks that the snapshot path path returns is absolute; it
+// answers 400 and returns false otherwise.
+func decodeRequest(w http.ResponseWriter, r *http.Request, req any, path func() string) bool {
+	d := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
+	d.DisallowUnknownFields()
+	if err := d.Decode(req); err != nil {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("bad request: %w", err))
+		return false
+	}
+	if p := path(); !filepath.IsAbs(p) {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("snapshot path %q is not absolute", p))
+		return false
+	}
+	return true
+}
+
+func (a *apiServer) pause(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	if err := a.vm.Pause(ctx); err != nil {
+		replyErr(w, http.StatusConflict, err)
+		return
+	}
+	reply(w, http.StatusOK, vmmctl.PauseReply{Paused: true})
+}
+
+func (a *apiServer) resume(w http.ResponseWriter, r *http.Request) {
+	if err := a.vm.Resume(); err != nil {
+		replyErr(w, http.StatusConflict, err)
+		return
+	}
+	reply(w, http.StatusOK, vmmctl.PauseReply{Paused: false})
+}
+
+func (a *apiServer) snapshot(w http.ResponseWriter, r *http.Request) {
+	var req vmmctl.SnapshotRequest
+	if !decodeRequest(w, r, &req, func() string { return req.Path }) {
+		return
+	}
+	rep, err := a.snap.Take(r.Context(), req.Path, req.Kind)
+	if err != nil {
+		replyErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	a.log.Debug("snapshot", "report", rep.String())
+	if rep.DiskWarning != "" {
+		a.log.Warn("snapshot: disks", "path", rep.Path, "warning", rep.DiskWarning)
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	reply(w, http.StatusOK, vmmctl.SnapshotReply{Path: rep.Path, Kind: string(rep.Kind), PauseMS: ms(rep.Pause), TotalMS: ms(rep.Total),
+		Pages: rep.Pages, LayerBytes: rep.LayerBytes, StateBytes: rep.StateBytes, Layer: rep.LayerPath,
+		Disks: withTops(rep.Disks, a.disks.Live()), Line: rep.String()})
+}
+
+// withTops names, for each of a snapshot's disk layers, the disk's live
+// top from live.
+func withTops(layers []vmsnap.DiskLayer, live []cow.DiskFiles) []cow.DiskFiles {
+	out := []cow.DiskFiles{}
+	for _, l := range layers {
+		df := cow.DiskFiles{Index: l.Index, Layer: l.Layer, Chain: l.Chain}
+		for _, d := range live {
+			if d.Index == l.Index {
+				df.Top = d.Top
+			}
+		}
+		out = append(out, df)
+	}
+	return out
+}
+
+func (a *apiServer) getDisks(w http.ResponseWriter, r *http.Request) {
+	reply(w, http.StatusOK, vmmctl.DisksReply{Disks: a.disks.Live()})
+}
+
+func (a *apiServer) rollback(w http.ResponseWriter, r *http.Request) {
+	var req vmmctl.RollbackRequest
+	if !decodeRequest(w, r, &req, func() string { return req.Path }) {
+		return
+	}
+	start := time.Now()
+	// The snapshot is checked whole before the VM is touched.
+	snap, err := vmsnap.Load(req.Path, a.host)
+	if err != nil {
+		replyErr(w, http.StatusBadRequest, err)
+		return
+	}
+	defer snap.Close()
+	load := time.Since(start)
+	if err := a.disks.CanRollback(snap); err != nil {
+		// Refused before the VM is touched: a snapshot without disk
+		// state for a VM with writable disks, or another VM's disks.
+		replyErr(w, http.StatusConflict, fmt.Errorf("rollback: %w", err))
+		return
+	}
+	rep, err := a.snap.Rollback(r.Context(), snap)
+	if err != nil {
+		replyErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	a.log.Debug("rollback", "report", rep.String())
+	if rep.DiskWarning != "" {
+		a.log.Warn("rollback: disks", "path", rep.Path, "warning", rep.DiskWarning)
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	reply(w, http.StatusOK, vmmctl.RollbackReply{Path: rep.Path, PauseMS: ms(rep.Pause), TotalMS: ms(time.Since(start)), LoadMS: ms(load),
+		Written: rep.Written, Cleared: rep.Cleared, Disks: a.disks.Live(),
+		Line: fmt.Sprintf("%s (load %.1f ms)", rep.String(), ms(load))})
+}

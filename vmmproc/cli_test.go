@@ -1,0 +1,109 @@
+package vmmproc
+
+import (
+	"bytes"
+	"github.com/warrenvm/warren/internal/kvmtest"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"testing"
+)
+
+// cliMain is the warren command's cli.Main, set by cliMainHook
+// (climain_test.go, an external test package, since cmd/warren/cli
+// imports this package): the end-to-end tests drive the VMM as a user
+// does, through the command, and the test binary runs as `warren` for
+// the processes a VMM starts (fork children).
+var cliMain func(args []string, stdin io.Reader, stdout, stderr io.Writer) int
+
+// cli runs the warren command as a user would (in-process) and returns its
+// exit code and output.
+func cli(t *testing.T, stdin io.Reader, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = cliMain(args, stdin, &o, &e)
+	return code, o.String(), e.String()
+}
+
+// warren exec's exit statuses for a program the agent killed at
+// --timeout and for no such program (cmd/warren/cli's agent.go).
+const (
+	exitTimedOut = 124
+	exitNotFound = 127
+)
+
+// runCLI runs the warren command in-process with no input.
+func runCLI(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	rc := cliMain(args, nil, &out, &errb)
+	return rc, out.String(), errb.String()
+}
+
+// artifact returns build/NAME at the repository root (or $ENV), failing the
+// test when it is missing on a host that has KVM.
+func artifact(t *testing.T, env, name string) string {
+	t.Helper()
+	if p := os.Getenv(env); p != "" {
+		return p
+	}
+	_, file, _, _ := runtime.Caller(0)
+	p := filepath.Join(filepath.Dir(file), "..", "..", "..", "build", name)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("%s is missing: run `make kernel initramfs` first (or set %s)", p, env)
+	}
+	return p
+}
+
+var readyLine = regexp.MustCompile(`(?m)^warren-init: ready uptime=\d+\.\d+\r?$`)
+
+// TestBootLinux boots the project's kernel and initramfs to the init's
+// ready line and a clean power-off, through the CLI as a user runs it.
+func TestBootLinux(t *testing.T) {
+	kvmtest.Require(t)
+	if testing.Short() {
+		t.Skip("skipped in -short mode: a full Linux boot")
+	}
+	kernel := artifact(t, "WARREN_KERNEL", "vmlinux")
+	initramfs := artifact(t, "WARREN_INITRAMFS", "initramfs.cpio")
+	cases := []struct {
+		name   string
+		kernel string
+		cpus   string
+	}{
+		{"pvh-1cpu", kernel, "1"},
+		{"pvh-2cpu", kernel, "2"},
+	}
+	if bz := os.Getenv("WARREN_BZIMAGE"); bz != "" {
+		cases = append(cases, struct{ name, kernel, cpus string }{"bzimage-1cpu", bz, "1"})
+	} else if p := filepath.Join(filepath.Dir(kernel), "bzImage"); fileExists(p) {
+		cases = append(cases, struct{ name, kernel, cpus string }{"bzimage-1cpu", p, "1"})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			console := filepath.Join(t.TempDir(), "console.log")
+			rc, _, stderr := runCLI("run", "--kernel", c.kernel, "--initramfs", initramfs, "--mem", "256",
+				"--cpus", c.cpus, "--cmdline", "warren.poweroff=1 warren.hostname=e2e", "--console", console)
+			log, _ := os.ReadFile(console)
+			if rc != 0 {
+				t.Fatalf("warren run exited %d: %s\nconsole:\n%s", rc, stderr, tail(log))
+			}
+			if n := len(readyLine.FindAll(log, -1)); n != 1 {
+				t.Fatalf("%d ready lines, want exactly 1; console:\n%s", n, tail(log))
+			}
+			if c.cpus == "2" && !bytes.Contains(log, []byte("2 CPUs")) && !bytes.Contains(log, []byte("Brought up 1 node, 2 CPUs")) {
+				t.Errorf("second vCPU did not come up; console:\n%s", tail(log))
+			}
+		})
+	}
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+func tail(b []byte) string {
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
