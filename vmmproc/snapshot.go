@@ -1,6 +1,7 @@
 package vmmproc
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,21 +23,35 @@ import (
 
 // runOptions are the `warren run` options a snapshot records (opaquely, as
 // vmsnap Meta.Options) so that `warren restore` rebuilds the same devices.
+//
+// They are versioned (Version, runOptionsVersion): a snapshot's are read
+// strictly (an unknown field is refused, not dropped), those of a newer
+// version are refused with a message naming both versions, and those
+// written before versions (no "version": version 1, the same fields) are
+// read as that warren read them, ignoring fields it no longer knew
+// (TestRunOptionsVersions, on options recorded by that warren).
 type runOptions struct {
-	MemMiB int          `json:"mem_mib"`
-	CPUs   int          `json:"cpus"`
-	Disks  []diskOption `json:"disks,omitempty"`
-	Tap    string       `json:"tap,omitempty"`
-	MAC    string       `json:"mac,omitempty"`
-	RNG    bool         `json:"rng"`
-	Vsock  string       `json:"vsock,omitempty"`
-	CID    uint64       `json:"cid,omitempty"`
+	// Version is the options' format (runOptionsVersion when written).
+	Version int          `json:"version,omitempty"`
+	MemMiB  int          `json:"mem_mib"`
+	CPUs    int          `json:"cpus"`
+	Disks   []diskOption `json:"disks,omitempty"`
+	Tap     string       `json:"tap,omitempty"`
+	MAC     string       `json:"mac,omitempty"`
+	RNG     bool         `json:"rng"`
+	Vsock   string       `json:"vsock,omitempty"`
+	CID     uint64       `json:"cid,omitempty"`
 	// Egress is the VM's egress settings, when it has an egress policy.
 	Egress *EgressOptions `json:"egress,omitempty"`
 	// PrivateNet: the tap and its egress services live in a network
 	// namespace of the VMM's own (warren run --private-net).
 	PrivateNet bool `json:"private_net,omitempty"`
 }
+
+// runOptionsVersion is the version of the runOptions this warren writes;
+// it reads every version up to it. Version 1 (written without a
+// "version" field, before 2026-12-04) has the same fields as 2.
+const runOptionsVersion = 2
 
 // diskOption is one --disk in runOptions (an absolute path).
 type diskOption struct {
@@ -49,7 +64,7 @@ type diskOption struct {
 
 // recordOptions returns o's device options as runOptions JSON.
 func recordOptions(o vmOptions) (json.RawMessage, error) {
-	r := runOptions{MemMiB: o.memMiB, CPUs: o.cpus, Tap: o.tap, RNG: o.rng, Vsock: o.vsock, Egress: o.egress, PrivateNet: o.privateNet}
+	r := runOptions{Version: runOptionsVersion, MemMiB: o.memMiB, CPUs: o.cpus, Tap: o.tap, RNG: o.rng, Vsock: o.vsock, Egress: o.egress, PrivateNet: o.privateNet}
 	if o.vsock != "" {
 		r.CID = o.cid
 	}
@@ -75,9 +90,24 @@ func recordOptions(o vmOptions) (json.RawMessage, error) {
 
 // applyOptions fills o's device options from a snapshot's runOptions.
 func applyOptions(o *vmOptions, raw json.RawMessage) error {
-	var r runOptions
-	if err := json.Unmarshal(raw, &r); err != nil {
+	var v struct {
+		Version int `json:"version"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
 		return fmt.Errorf("the snapshot's run options: %w", err)
+	}
+	if v.Version > runOptionsVersion || v.Version < 0 {
+		return fmt.Errorf("the snapshot's run options are version %d; this warren reads versions 1 to %d: restore it with the warren that took it, or a newer one", v.Version, runOptionsVersion)
+	}
+	var r runOptions
+	d := json.NewDecoder(bytes.NewReader(raw))
+	if v.Version >= 2 {
+		// (Version 1 is read as the warren that wrote it read it,
+		// ignoring what it did not know: fields since dropped.)
+		d.DisallowUnknownFields()
+	}
+	if err := d.Decode(&r); err != nil {
+		return fmt.Errorf("the snapshot's run options (version %d): %w", max(v.Version, 1), err)
 	}
 	o.memMiB, o.cpus, o.tap, o.rng, o.vsock, o.cid, o.egress = r.MemMiB, r.CPUs, r.Tap, r.RNG, r.Vsock, r.CID, r.Egress
 	o.privateNet = r.PrivateNet
