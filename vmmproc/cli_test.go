@@ -49,7 +49,7 @@ func artifact(t *testing.T, env, name string) string {
 		return p
 	}
 	_, file, _, _ := runtime.Caller(0)
-	p := filepath.Join(filepath.Dir(file), "..", "..", "..", "build", name)
+	p := filepath.Join(filepath.Dir(file), "..", "build", name)
 	if _, err := os.Stat(p); err != nil {
 		t.Fatalf("%s is missing: run `make kernel initramfs` first (or set %s)", p, env)
 	}

@@ -40,7 +40,7 @@ func testDiskAt(t *testing.T, dst string) string {
 	if src == "" {
 		_, file, _, _ := runtime.Caller(0)
 		src = filepath.Join(t.TempDir(), "template.img")
-		script := filepath.Join(filepath.Dir(file), "..", "..", "..", "guestinit", "mkdisk.sh")
+		script := filepath.Join(filepath.Dir(file), "..", "guestinit", "mkdisk.sh")
 		if out, err := exec.Command("bash", script, src, "16").CombinedOutput(); err != nil {
 			t.Fatalf("mkdisk.sh: %v\n%s", err, out)
 		}
