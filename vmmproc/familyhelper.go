@@ -49,13 +49,14 @@ type spawnReply struct {
 // devNet (a descriptor of /dev/net, openDevNet; -1: none served) and fork
 // children through sp (nil: none served).
 func newFamilyHelper(devNet int, sp *jail.Spawner) jail.HelperFunc {
-	return func(b []byte, in []*os.File) ([]byte, []*os.File, error) {
-		return serveFamilyRequest(devNet, sp, b, in)
+	return func(b []byte, in []*os.File, pid int) ([]byte, []*os.File, error) {
+		return serveFamilyRequest(devNet, sp, b, in, pid)
 	}
 }
 
-// serveFamilyRequest serves one request b, with its descriptors in.
-func serveFamilyRequest(devNet int, sp *jail.Spawner, b []byte, in []*os.File) ([]byte, []*os.File, error) {
+// serveFamilyRequest serves one request b, with its descriptors in, from
+// the family member pid.
+func serveFamilyRequest(devNet int, sp *jail.Spawner, b []byte, in []*os.File, pid int) ([]byte, []*os.File, error) {
 	var req helperRequest
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
@@ -75,11 +76,11 @@ func serveFamilyRequest(devNet int, sp *jail.Spawner, b []byte, in []*os.File) (
 		if sp == nil {
 			return nil, nil, errors.New("this family's helper starts no fork children")
 		}
-		pid, pidfd, err := sp.Spawn(req.Spawn.Grant, []string{"fork-child"}, in)
+		child, pidfd, err := sp.Spawn(req.Spawn.Grant, []string{"fork-child"}, in, pid)
 		if err != nil {
 			return nil, nil, err
 		}
-		out, _ := json.Marshal(spawnReply{PID: pid})
+		out, _ := json.Marshal(spawnReply{PID: child})
 		var files []*os.File
 		if pidfd != nil {
 			files = []*os.File{pidfd}

@@ -36,7 +36,7 @@ func TestNetHelperRefuses(t *testing.T) {
 		{`{}`, "exactly one", devNet, nil},
 		{`not json`, "bad request", devNet, nil},
 	} {
-		out, files, err := serveFamilyRequest(c.devNet, nil, []byte(c.req), c.in)
+		out, files, err := serveFamilyRequest(c.devNet, nil, []byte(c.req), c.in, os.Getpid())
 		if err == nil || !strings.Contains(err.Error(), c.want) || out != nil || files != nil {
 			t.Errorf("%s: %q, %d files, %v; want refused (%s)", c.req, out, len(files), err, c.want)
 		}

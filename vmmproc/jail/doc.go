@@ -228,9 +228,12 @@
 // the environment or a file), valid for minutes and once. `warren
 // jail-spawn` (RunSpawn), run by jail-init as root, joins the grant's
 // cgroup (opened beneath the cgroup roots jail-init opened before the
-// VMM's pivot_root, with RESOLVE_BENEATH), leaves root for the grant's
-// ids and execs `warren fork-child`: the child runs nothing of its own
-// outside its cgroup or as root. The VMM's filter then has no execve, no
+// VMM's pivot_root, with RESOLVE_BENEATH), chroots into the requesting
+// VMM's root (/proc/PID/root, PID from the kernel's SCM_CREDENTIALS on
+// the helper socket: where the jail could only chroot, on an initramfs,
+// jail-init's own root is still the host's), leaves root for the
+// grant's ids and execs `warren fork-child`: the child runs nothing of
+// its own outside its cgroup, its family's jail or as root. The VMM's filter then has no execve, no
 // process-making clone, no waits and no foreign signals (Options.Spawned;
 // a failed fork's children it kills through the pidfds jail-init hands
 // back). A child, born unfiltered, hardens itself after its setup the

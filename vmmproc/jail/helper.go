@@ -51,17 +51,25 @@ const (
 )
 
 // HelperFunc serves one request with the descriptors that came with it
-// (closed by the caller once it returns: what it keeps, it dups): it
-// returns the reply payload and the files to hand over (closed by the
-// caller once sent), or an error that the requester is told.
-type HelperFunc func(req []byte, in []*os.File) (reply []byte, files []*os.File, err error)
+// (closed by the caller once it returns: what it keeps, it dups) from the
+// process pid (the kernel's word, SCM_CREDENTIALS, in the helper's pid
+// namespace; 0 where it gave none): it returns the reply payload and the
+// files to hand over (closed by the caller once sent), or an error that
+// the requester is told.
+type HelperFunc func(req []byte, in []*os.File, pid int) (reply []byte, files []*os.File, err error)
 
 // helperPair makes the helper's socket pair: ours (kept by RunInit) and
 // the VMM's (inherited). Both close on exec; the VMM's is passed on
-// explicitly.
+// explicitly. Ours has SO_PASSCRED: each request comes with its sender's
+// pid, filled in by the kernel.
 func helperPair() (ours, theirs *os.File, err error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
+		return nil, nil, fmt.Errorf("jail: helper socket: %w", err)
+	}
+	if err := unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
 		return nil, nil, fmt.Errorf("jail: helper socket: %w", err)
 	}
 	return os.NewFile(uintptr(fds[0]), "helper"), os.NewFile(uintptr(fds[1]), "helper-vmm"), nil
@@ -72,7 +80,7 @@ func helperPair() (ours, theirs *os.File, err error) {
 func ServeHelper(conn *os.File, handle HelperFunc) {
 	sem := make(chan struct{}, helperWorkers)
 	buf := make([]byte, MaxHelperRequest+1)
-	oob := make([]byte, unix.CmsgSpace((1+MaxHelperRequestFiles)*4))
+	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred)+unix.CmsgSpace((1+MaxHelperRequestFiles)*4))
 	for {
 		n, oobn, flags, _, err := unix.Recvmsg(int(conn.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 		if errors.Is(err, unix.EINTR) {
@@ -89,6 +97,7 @@ func ServeHelper(conn *os.File, handle HelperFunc) {
 			continue // malformed: no reply socket to answer on, or too big
 		}
 		req := append([]byte(nil), buf[:n]...)
+		pid := senderOf(oob[:oobn])
 		replyFD := fds[0]
 		in := make([]*os.File, len(fds)-1)
 		for i, fd := range fds[1:] {
@@ -98,7 +107,7 @@ func ServeHelper(conn *os.File, handle HelperFunc) {
 		go func() {
 			defer func() { <-sem }()
 			defer unix.Close(replyFD)
-			out, files, err := handle(req, in)
+			out, files, err := handle(req, in, pid)
 			closeAll(in)
 			defer closeAll(files)
 			msg, rights := []byte{0}, []int(nil)
@@ -131,6 +140,20 @@ func closeAll(files []*os.File) {
 			f.Close()
 		}
 	}
+}
+
+// senderOf returns the pid of the SCM_CREDENTIALS message in oob, or 0.
+func senderOf(oob []byte) int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0
+	}
+	for i := range msgs {
+		if c, err := unix.ParseUnixCredentials(&msgs[i]); err == nil {
+			return int(c.Pid)
+		}
+	}
+	return 0
 }
 
 // rightsOf returns the descriptors of the SCM_RIGHTS messages in oob.

@@ -41,10 +41,14 @@ func startHelper(t *testing.T, handle HelperFunc) *os.File {
 }
 
 // TestHelperHandsOverFiles: a request gets the handler's reply and its
-// descriptors, working ones, from many callers at once; a refusal comes
-// back as an error naming why.
+// descriptors, working ones, from many callers at once, and the handler
+// learns the sender's pid from the kernel; a refusal comes back as an
+// error naming why.
 func TestHelperHandsOverFiles(t *testing.T) {
-	conn := startHelper(t, func(req []byte, in []*os.File) ([]byte, []*os.File, error) {
+	conn := startHelper(t, func(req []byte, in []*os.File, pid int) ([]byte, []*os.File, error) {
+		if pid != os.Getpid() { // the sender, as the kernel says
+			return nil, nil, fmt.Errorf("the request came from pid %d, want %d", pid, os.Getpid())
+		}
 		if string(req) == "no" {
 			return nil, nil, errors.New("not allowed")
 		}
@@ -115,7 +119,7 @@ func TestHelperHandsOverFiles(t *testing.T) {
 func TestHelperDropsMalformed(t *testing.T) {
 	calls := 0
 	var mu sync.Mutex
-	conn := startHelper(t, func(req []byte, _ []*os.File) ([]byte, []*os.File, error) {
+	conn := startHelper(t, func(req []byte, _ []*os.File, _ int) ([]byte, []*os.File, error) {
 		mu.Lock()
 		calls++
 		mu.Unlock()

@@ -82,14 +82,20 @@ func (s *Spawner) Close() {
 	}
 }
 
-// Spawn starts `warren ARGS...` as the grant signed allows (Grant): files[0]
-// is its standard output and error, files[1:] its descriptors 3, 4, ... It
-// returns the child's pid in the caller's pid namespace, and a pidfd of it
-// (nil where the kernel has none). The child is the caller's: RunInit
+// Spawn starts `warren ARGS...` for the family member requester (a pid
+// of the caller's pid namespace) as the grant signed allows (Grant), with
+// the requester's root (its jail: jail-init's own root is the host's
+// where the jail could only chroot, on an initramfs): files[0] is its
+// standard output and error, files[1:] its descriptors 3, 4, ... It
+// returns the child's pid in the caller's pid namespace, and a pidfd of
+// it (nil where the kernel has none). The child is the caller's: RunInit
 // reaps it.
-func (s *Spawner) Spawn(signed string, args []string, files []*os.File) (int, *os.File, error) {
+func (s *Spawner) Spawn(signed string, args []string, files []*os.File, requester int) (int, *os.File, error) {
 	if len(files) < 1 || len(files) > maxSpawnFiles {
 		return 0, nil, fmt.Errorf("spawn: %d descriptors, want 1 to %d", len(files), maxSpawnFiles)
+	}
+	if requester <= 0 {
+		return 0, nil, errors.New("spawn: the requester's pid is unknown (no SCM_CREDENTIALS)")
 	}
 	g, err := s.book.Use(signed, time.Now())
 	if err != nil {
@@ -111,7 +117,8 @@ func (s *Spawner) Spawn(signed string, args []string, files []*os.File) (int, *o
 			procs = append(procs, os.NewFile(uintptr(fd), g.Cgroup))
 		}
 	}
-	argv := []string{s.exe, SpawnVerb, "--uid", strconv.Itoa(g.UID), "--gid", strconv.Itoa(g.GID)}
+	argv := []string{s.exe, SpawnVerb, "--root", fmt.Sprintf("/proc/%d/root", requester),
+		"--uid", strconv.Itoa(g.UID), "--gid", strconv.Itoa(g.GID)}
 	if len(g.Groups) > 0 {
 		gs := make([]string, len(g.Groups))
 		for i, gr := range g.Groups {
@@ -150,11 +157,13 @@ func spawnEnv() []string {
 	return append(initChildEnv(), SpawnEnv+"=1")
 }
 
-// RunSpawn is `warren jail-spawn --uid U --gid G [--groups G1,G2] [--bpf]
-// [--cgroup-fd N]... -- PROGRAM ARGS...`, run as root by Spawner: it moves
-// itself into each cgroup whose cgroup.procs it inherited open at N,
-// leaves root for U and G (keeping CAP_BPF alone, ambient, with --bpf),
-// and execs PROGRAM, which inherits its other descriptors.
+// RunSpawn is `warren jail-spawn [--root DIR] --uid U --gid G [--groups
+// G1,G2] [--bpf] [--cgroup-fd N]... -- PROGRAM ARGS...`, run as root by
+// Spawner: it moves itself into each cgroup whose cgroup.procs it
+// inherited open at N, chroots into DIR (the requesting VMM's root,
+// /proc/PID/root), leaves root for U and G (keeping CAP_BPF alone,
+// ambient, with --bpf), and execs PROGRAM (by its path in DIR), which
+// inherits its other descriptors.
 func RunSpawn(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("warren "+SpawnVerb, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -162,6 +171,7 @@ func RunSpawn(args []string, stderr io.Writer) int {
 	gid := fs.Int("gid", 0, "the gid to run as (not 0)")
 	groups := fs.String("groups", "", "supplementary groups, comma-separated")
 	bpf := fs.Bool("bpf", false, "keep CAP_BPF (ambient)")
+	root := fs.String("root", "", "chroot into this directory first")
 	var cgroups []int
 	fs.Func("cgroup-fd", "an inherited cgroup.procs to join (repeatable)", func(v string) error {
 		fd, err := strconv.Atoi(v)
@@ -197,6 +207,14 @@ func RunSpawn(args []string, stderr io.Writer) int {
 		unix.Close(fd)
 		if err != nil {
 			return fail(fmt.Errorf("join cgroup (descriptor %d): %w", fd, err))
+		}
+	}
+	if *root != "" {
+		if err := unix.Chroot(*root); err != nil {
+			return fail(fmt.Errorf("chroot %s: %w", *root, err))
+		}
+		if err := unix.Chdir("/"); err != nil {
+			return fail(err)
 		}
 	}
 	var keep []uintptr

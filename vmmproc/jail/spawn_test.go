@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,6 +35,11 @@ func spawnedReport() int {
 	fmt.Printf("sid-is-self: %v\n", unix.Getpid() == mustSid())
 	fmt.Printf("fd3: %s\n", in)
 	fmt.Printf("env: %s\n", os.Getenv(SpawnEnv))
+	_, err := os.Stat("/etc")
+	fmt.Printf("etc: %v\n", err == nil)
+	if os.Getenv("SPAWN_TEST_WAIT") != "" {
+		io.Copy(io.Discard, os.Stdin) // a requester: there until the test closes stdin
+	}
 	fmt.Print(string(cg))
 	return 0
 }
@@ -107,7 +114,7 @@ func TestSpawn(t *testing.T) {
 		inR, inW, _ := os.Pipe()
 		fmt.Fprint(inW, "hello child")
 		inW.Close()
-		pid, pidfd, err := s.Spawn(signed, []string{spawnedVerb}, []*os.File{outW, inR})
+		pid, pidfd, err := s.Spawn(signed, []string{spawnedVerb}, []*os.File{outW, inR}, os.Getpid())
 		outW.Close()
 		inR.Close()
 		if err != nil {
@@ -135,12 +142,90 @@ func TestSpawn(t *testing.T) {
 		if ws.ExitStatus() != 0 {
 			t.Errorf("the child exited %v", ws)
 		}
-		if _, _, err := s.Spawn(signed, []string{spawnedVerb}, []*os.File{os.Stderr}); err == nil || !strings.Contains(err.Error(), "already used") {
+		if _, _, err := s.Spawn(signed, []string{spawnedVerb}, []*os.File{os.Stderr}, os.Getpid()); err == nil || !strings.Contains(err.Error(), "already used") {
 			t.Errorf("a second child under the same grant: %v", err)
 		}
 	}
 	other, _ := NewGrant(key, Grant{UID: 5, GID: 5, Cgroup: "no-such-group"})
-	if _, _, err := s.Spawn(other, []string{spawnedVerb}, []*os.File{os.Stderr}); err == nil {
+	if _, _, err := s.Spawn(other, []string{spawnedVerb}, []*os.File{os.Stderr}, os.Getpid()); err == nil {
 		t.Error("a child was started for a cgroup that does not exist")
+	}
+	fresh, _ := NewGrant(key, Grant{UID: 5, GID: 5})
+	if _, _, err := s.Spawn(fresh, []string{spawnedVerb}, []*os.File{os.Stderr}, 0); err == nil {
+		t.Error("a child was started for a requester of unknown pid (whose root it takes)")
+	}
+}
+
+// TestSpawnTakesRequestersRoot: a child takes the root of the family
+// member that asked for it, not jail-init's (which stays the host's where
+// the jail could only chroot, on an initramfs, as in the nested KVM
+// host): spawned for a requester chrooted into a directory, it sees that
+// directory's tree, not the host's.
+func TestSpawnTakesRequestersRoot(t *testing.T) {
+	needRoot(t)
+	exe := worldExe(t)
+	jailDir := t.TempDir()
+	os.Chmod(jailDir, 0o755)
+	// The jail holds the binary at its own path (the daemon binds it so)
+	// and a /proc, as a VMM's jail does.
+	inJail := filepath.Join(jailDir, exe)
+	if err := os.MkdirAll(filepath.Dir(inJail), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(inJail, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	proc := filepath.Join(jailDir, "proc")
+	os.Mkdir(proc, 0o555)
+	if err := unix.Mount("proc", proc, "proc", 0, ""); err != nil {
+		t.Skipf("mount /proc in the test jail: %v", err)
+	}
+	defer unix.Unmount(proc, unix.MNT_DETACH)
+	// The requester: a process chrooted into jailDir (this binary,
+	// waiting on its stdin).
+	req := exec.Command(exe, spawnedVerb)
+	req.SysProcAttr = &syscall.SysProcAttr{Chroot: jailDir}
+	stdin, err := req.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Env = append(os.Environ(), "SPAWN_TEST_WAIT=1")
+	var reqOut bytes.Buffer
+	req.Stdout = &reqOut
+	if err := req.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); req.Wait() }()
+
+	key := FamilyKey([]byte("secret"), t.Name())
+	s, err := NewSpawner(key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.exe = exe
+	signed, _ := NewGrant(key, Grant{UID: 54321, GID: 54321})
+	outR, outW, _ := os.Pipe()
+	inR, inW, _ := os.Pipe()
+	inW.Close()
+	pid, pidfd, err := s.Spawn(signed, []string{spawnedVerb}, []*os.File{outW, inR}, req.Process.Pid)
+	outW.Close()
+	inR.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pidfd != nil {
+		pidfd.Close()
+	}
+	var out bytes.Buffer
+	io.Copy(&out, outR)
+	var ws unix.WaitStatus
+	unix.Wait4(pid, &ws, 0, nil)
+	if !strings.Contains(out.String(), "etc: false") || !strings.Contains(out.String(), "Uid: 54321") {
+		t.Errorf("the child spawned for a requester chrooted in %s sees the host's /etc, or did not run:\n%s", jailDir, out.String())
 	}
 }
