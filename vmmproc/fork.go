@@ -343,6 +343,12 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 			children[k].ReadyMS = float64(time.Unix(0, ns).Sub(resumed).Microseconds()) / 1000
 		}
 	}
+	// A requester that went away (warren-hostd killed during the fork)
+	// would never learn of the children: nobody would supervise, record
+	// or stop them, and they would keep their family's jail-init alive.
+	if err := ctx.Err(); err != nil {
+		return fail(fmt.Errorf("fork: the request was given up (%w): its children are stopped", err))
+	}
 	// The children run on in their own sessions; reap them when they end
 	// so they do not linger as zombies of this process (jail-init reaps
 	// those it started).
