@@ -547,15 +547,6 @@ func (d *Daemon) familyGroups(sb *store.Sandbox) []int {
 	return gs
 }
 
-// removeGroups removes the cgroups of gs that are not nil.
-func removeGroups(gs []*cgroup.Group) {
-	for _, g := range gs {
-		if g != nil {
-			g.Remove()
-		}
-	}
-}
-
 // networkBinds are the host files a network VMM and its fork children
 // read after the jail (read-only): the resolver's upstream
 // (/etc/resolv.conf, unless --dns-upstream names one), the operator's
