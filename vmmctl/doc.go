@@ -6,6 +6,12 @@
 // the benchmarks call it with. The VMM process (vmmproc's api.go)
 // serves exactly these types.
 //
+// It is also the contract of a VMM process's start: Launch (launch.go)
+// is what warren-hostd asks a VMM to be (`warren run` for a template's
+// build, `warren restore` for a sandbox), and Launch.Args its one
+// encoder into the warren binary's command line, which the binary
+// decodes with vmmproc.ParseRunArgs and ParseRestoreArgs.
+//
 // Errors: a refusal is an answer with a non-200 status and an ErrorReply
 // body; the Client returns it as an *Error carrying the status (409: the
 // VM refuses in its current state).

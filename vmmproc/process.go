@@ -27,14 +27,6 @@ func (e *UsageError) Error() string { return e.Err.Error() }
 // Unwrap returns the wrapped error.
 func (e *UsageError) Unwrap() error { return e.Err }
 
-// Disk is one --disk of a Spec.
-type Disk struct {
-	// Path is the disk's image (a raw image or a cow/disk overlay).
-	Path string
-	// ReadOnly attaches it read-only (and not through cow/disk).
-	ReadOnly bool
-}
-
 // Spec is what Run boots: the VM, its devices and the process's
 // settings, as `warren run`'s flags give them. Console and Log are the
 // caller's (Run does not close them).

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
@@ -275,7 +274,7 @@ func TestKeysAPI(t *testing.T) {
 	lazy := func() bool {
 		fl.mu.Lock()
 		defer fl.mu.Unlock()
-		return slices.Contains(fl.lastArgs, "--lazy")
+		return fl.lastRestoreSpec.Lazy
 	}
 	sb := a.create(tp.ID)
 	tplCopy := filepath.Dir(fl.restored())

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -258,14 +257,14 @@ func lockWithin(ctx context.Context, mu *sync.Mutex, timeout time.Duration) bool
 }
 
 // snapshotOverlays makes, in the sandbox directory dir, a new overlay over
-// each of snap's disk layers, and returns the `warren restore` arguments
-// that attach them (--disk-path I=OVERLAY) and the files made; none for a
+// each of snap's disk layers, and returns the restore's disk paths that
+// attach them (vmmctl.Restore.DiskPaths: I to OVERLAY) and the files made; none for a
 // snapshot without disk layers (from before snapshots held disks: its
 // disks reopen as it recorded them). A resume so gets the files exactly as
 // at the snapshot, on an overlay of its own; the layer is never written.
 // The caller has the layers unsealed (acquireDisks). On an error the
 // overlays made are removed.
-func snapshotOverlays(dir string, snap store.Snapshot) (args, made []string, err error) {
+func snapshotOverlays(dir string, snap store.Snapshot) (paths map[int]string, made []string, err error) {
 	defer func() {
 		if err != nil {
 			for _, p := range made {
@@ -283,7 +282,10 @@ func snapshotOverlays(dir string, snap store.Snapshot) (args, made []string, err
 			return nil, nil, err
 		}
 		made = append(made, p)
-		args = append(args, "--disk-path", strconv.Itoa(dl.Index)+"="+p)
+		if paths == nil {
+			paths = map[int]string{}
+		}
+		paths[dl.Index] = p
 	}
-	return args, made, nil
+	return paths, made, nil
 }

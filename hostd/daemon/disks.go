@@ -244,11 +244,13 @@ func openBase(path string) (disk.Backing, func() error, error) {
 }
 
 // createOverlays makes, in the sandbox directory dir, an overlay over each
-// of the template's disk bases, and returns the `warren restore`
-// arguments that attach them (--disk-path I=OVERLAY); none for a template
-// without writable disks. On an error the overlays made are removed.
-func createOverlays(dir string, bases []string) (_ []string, err error) {
-	var args, made []string
+// of the template's disk bases, and returns the restore's disk paths that
+// attach them (vmmctl.Restore.DiskPaths: I to OVERLAY); none for a
+// template without writable disks. On an error the overlays made are
+// removed.
+func createOverlays(dir string, bases []string) (_ map[int]string, err error) {
+	var made []string
+	var paths map[int]string
 	defer func() {
 		if err != nil {
 			for _, p := range made {
@@ -274,9 +276,12 @@ func createOverlays(dir string, bases []string) (_ []string, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("disk %d: %w", i, err)
 		}
-		args = append(args, "--disk-path", strconv.Itoa(i)+"="+p)
+		if paths == nil {
+			paths = map[int]string{}
+		}
+		paths[i] = p
 	}
-	return args, nil
+	return paths, nil
 }
 
 // copyImageFile makes dst (which must not exist) an independent copy of
@@ -329,11 +334,11 @@ func (d *Daemon) resumeFrom(o *op, s *sbState, snap store.Snapshot) error {
 		return cryptStatus(fmt.Errorf("disks: %w", err))
 	}
 	defer release()
-	args, made, err := snapshotOverlays(d.store.SandboxDir(s.rec.Tenant, s.rec.ID), snap)
+	paths, made, err := snapshotOverlays(d.store.SandboxDir(s.rec.Tenant, s.rec.ID), snap)
 	if err != nil {
 		return fmt.Errorf("disks: %w", err)
 	}
-	if err := d.startVMM(o, s, snap.Path, args...); err != nil {
+	if err := d.startVMM(o, s, snap.Path, paths); err != nil {
 		for _, p := range made {
 			os.Remove(p)
 		}

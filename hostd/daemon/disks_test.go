@@ -5,12 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // TestTemplateWritableDisks: a template's writable disk is cloned into its
@@ -40,17 +40,11 @@ func TestTemplateWritableDisks(t *testing.T) {
 		t.Fatalf("disk bases %q, want [%s \"\"]", tp.DiskBases, base)
 	}
 	f.mu.Lock()
-	run := f.lastRunArgs
+	run := f.lastRun
 	f.mu.Unlock()
-	var disks []string
-	for i := range run {
-		if run[i] == "--disk" && i+1 < len(run) {
-			disks = append(disks, run[i+1])
-		}
-	}
 	roCopy := filepath.Join(tdir, "disk1.ro")
-	if want := []string{base, roCopy + ",ro"}; !reflect.DeepEqual(disks, want) {
-		t.Errorf("build disks %q, want %q (in %q)", disks, want, run)
+	if want := []vmmctl.Disk{{Path: base}, {Path: roCopy, ReadOnly: true}}; !reflect.DeepEqual(run.Disks, want) {
+		t.Errorf("build disks %+v, want %+v", run.Disks, want)
 	}
 	if b, err := os.ReadFile(roCopy); err != nil || !bytes.Equal(b, data) {
 		t.Errorf("the read-only disk's copy: %v", err)
@@ -72,10 +66,10 @@ func TestTemplateWritableDisks(t *testing.T) {
 	sb := c.create(tp.ID)
 	sdir := filepath.Join(state, "tenants", "alice", "sandboxes", sb.ID)
 	ov := filepath.Join(sdir, "disk0.overlay")
-	want := []string{"restore", "--lazy", "--api", sb.API, "--vsock", sb.Vsock, "--console", sb.Console,
-		"--disk-path", "0=" + ov, tp.Snapshot}
-	if !reflect.DeepEqual(f.lastArgs, want) {
-		t.Errorf("create's restore\n got %q\nwant %q", f.lastArgs, want)
+	want := vmmctl.Restore{Snapshot: tp.Snapshot, Lazy: true, API: sb.API, Vsock: sb.Vsock, Console: sb.Console,
+		DiskPaths: map[int]string{0: ov}}
+	if got := f.lastRestoreSpec; !reflect.DeepEqual(got, want) {
+		t.Errorf("create's restore\n got %+v\nwant %+v", got, want)
 	}
 	if ok, err := disk.IsOverlay(ov); !ok || err != nil {
 		t.Fatalf("%s: overlay %v, %v", ov, ok, err)
@@ -109,8 +103,8 @@ func TestTemplateWritableDisks(t *testing.T) {
 	// A resume from disk restores the sandbox's own snapshot: no --disk-path.
 	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/pause?to_disk=true", nil, nil)
 	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/resume", nil, nil)
-	if f.lastArgs[len(f.lastArgs)-1] == tp.Snapshot || slices.Contains(f.lastArgs, "--disk-path") {
-		t.Errorf("resume from disk: %q", f.lastArgs)
+	if got := f.lastRestoreSpec; got.Snapshot == tp.Snapshot || got.DiskPaths != nil {
+		t.Errorf("resume from disk: %+v", got)
 	}
 
 	c.ok(200, "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
@@ -125,9 +119,9 @@ func TestTemplateWritableDisks(t *testing.T) {
 		t.Fatalf("template %+v", rot)
 	}
 	sb2 := c.create(rot.ID)
-	want = []string{"restore", "--lazy", "--api", sb2.API, "--vsock", sb2.Vsock, "--console", sb2.Console, rot.Snapshot}
-	if !reflect.DeepEqual(f.lastArgs, want) {
-		t.Errorf("create of a read-only-disk template\n got %q\nwant %q", f.lastArgs, want)
+	want = vmmctl.Restore{Snapshot: rot.Snapshot, Lazy: true, API: sb2.API, Vsock: sb2.Vsock, Console: sb2.Console}
+	if got := f.lastRestoreSpec; !reflect.DeepEqual(got, want) {
+		t.Errorf("create of a read-only-disk template\n got %+v\nwant %+v", got, want)
 	}
 
 	// A bad disk option is refused before anything is built.

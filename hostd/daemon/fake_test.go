@@ -21,6 +21,7 @@ import (
 	"github.com/warrenvm/warren/agentclient/agentstub"
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // fakeLauncher stands in for the warren binary: each "VMM" is a real
@@ -40,16 +41,16 @@ type fakeLauncher struct {
 	// muteForkChildren starts fork children whose agent never answers
 	// (it listens elsewhere than the vsock path the fork reply names).
 	muteForkChildren atomic.Bool
-	// duringRun, when set, is called with a `run`'s arguments as it
-	// starts: what the build's guest does (to its disks, say).
-	duringRun func(args []string)
-	// lastRestore is the snapshot path of the last `restore`, lastArgs
-	// its arguments.
-	lastRestore string
-	lastArgs    []string
-	// lastRunArgs are the arguments of the last `run` (a template build),
-	// lastRunFiles what its LaunchSpec.ExtraFiles held when it started.
-	lastRunArgs  []string
+	// duringRun, when set, is called with a `run`'s spec as it starts:
+	// what the build's guest does (to its disks, say).
+	duringRun func(run vmmctl.Run)
+	// lastRestore is the snapshot path of the last `restore`,
+	// lastRestoreSpec all of it.
+	lastRestore     string
+	lastRestoreSpec vmmctl.Restore
+	// lastRun is the last `run` (a template build), lastRunFiles what its
+	// LaunchSpec.ExtraFiles held when it started.
+	lastRun      vmmctl.Run
 	lastRunFiles []fakeFile
 	// confined are the Confine of every LaunchSpec started, by sandbox or
 	// template id (the last one's), with the owner of the VMM's directory
@@ -105,48 +106,52 @@ func newFakeLauncher(t testing.TB) *fakeLauncher {
 }
 
 func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
-	var api, vs string
+	// What the real launcher would refuse to encode, the fake refuses.
+	if _, err := spec.Launch.Args(); err != nil {
+		return Proc{}, fmt.Errorf("fake: %w", err)
+	}
+	var api, vs, console, policyFile string
 	var egress json.RawMessage
-	for i := 0; i+1 < len(spec.Args); i++ {
-		switch spec.Args[i] {
-		case "--api":
-			api = spec.Args[i+1]
-		case "--vsock":
-			vs = spec.Args[i+1]
-		case "--secrets", "--private-net":
-			if egress == nil {
-				egress = json.RawMessage("{}")
-			}
-		case "--egress":
-			b, err := os.ReadFile(spec.Args[i+1])
-			if err != nil {
-				return Proc{}, fmt.Errorf("fake: %w", err)
-			}
-			egress = b
+	if r := spec.Launch.Run; r != nil {
+		api, vs, console, policyFile = r.API, r.Vsock, r.Console, r.Egress
+		if r.PrivateNet {
+			egress = json.RawMessage("{}")
+		}
+	} else {
+		r := spec.Launch.Restore
+		api, vs, console, policyFile = r.API, r.Vsock, r.Console, r.Egress
+		if r.Secrets != "" {
+			egress = json.RawMessage("{}")
 		}
 	}
+	if policyFile != "" {
+		b, err := os.ReadFile(policyFile)
+		if err != nil {
+			return Proc{}, fmt.Errorf("fake: %w", err)
+		}
+		egress = b
+	}
 	if api == "" || vs == "" {
-		return Proc{}, fmt.Errorf("fake: no --api/--vsock in %v", spec.Args)
+		return Proc{}, fmt.Errorf("fake: no API or vsock socket in %+v", spec.Launch)
 	}
 	f.mu.Lock()
 	if f.confined == nil {
 		f.confined = map[string]fakeConfine{}
 	}
-	f.confined[spec.ID] = fakeConfine{c: spec.Confine, dirOwner: dirOwner(filepath.Dir(argAfter(spec.Args, "--console")))}
+	f.confined[spec.ID] = fakeConfine{c: spec.Confine, dirOwner: dirOwner(filepath.Dir(console))}
 	f.mu.Unlock()
-	if spec.Args[0] == "restore" && f.failRestore.Load() {
-		return Proc{}, errors.New("fake: restore refused")
-	}
-	if spec.Args[0] == "restore" {
+	if r := spec.Launch.Restore; r != nil {
+		if f.failRestore.Load() {
+			return Proc{}, errors.New("fake: restore refused")
+		}
 		// Like the real VMM, the fake reads the snapshot it is given:
 		// its state file and memory chain must be plaintext.
-		snap := spec.Args[len(spec.Args)-1]
-		if _, err := vmsnapChain(snap); err != nil {
-			return Proc{}, fmt.Errorf("fake: restore %s: %w", snap, err)
+		if _, err := vmsnapChain(r.Snapshot); err != nil {
+			return Proc{}, fmt.Errorf("fake: restore %s: %w", r.Snapshot, err)
 		}
 		f.mu.Lock()
-		f.lastRestore = snap
-		f.lastArgs = spec.Args
+		f.lastRestore = r.Snapshot
+		f.lastRestoreSpec = *r
 		f.mu.Unlock()
 	} else {
 		var files []fakeFile
@@ -166,12 +171,12 @@ func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
 			files = append(files, fakeFile{b, fl})
 		}
 		f.mu.Lock()
-		f.lastRunArgs = spec.Args
+		f.lastRun = *spec.Launch.Run
 		f.lastRunFiles = files
 		during := f.duringRun
 		f.mu.Unlock()
 		if during != nil {
-			during(spec.Args)
+			during(*spec.Launch.Run)
 		}
 	}
 	f.starts.Add(1)

@@ -3,10 +3,10 @@ package daemon
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // watchOpens reports every open (IN_OPEN) of a file in dirs from now on;
@@ -215,13 +216,10 @@ func TestTemplateGetsDescriptors(t *testing.T) {
 	c.ok(201, "POST", "/v1/templates", map[string]any{"kernel": "vmlinux", "initramfs": "initramfs.cpio", "mem_mib": 128,
 		"disks": []string{"disk.img", "disk.img,ro"}}, &tp)
 	f.mu.Lock()
-	args, files := f.lastRunArgs, f.lastRunFiles
+	run, files := f.lastRun, f.lastRunFiles
 	f.mu.Unlock()
-	joined := strings.Join(args, " ")
-	k := strconv.Itoa(FirstExtraFD)
-	if !strings.Contains(joined, "--kernel-fd "+k+" --initramfs-fd "+strconv.Itoa(FirstExtraFD+1)) ||
-		slices.Contains(args, "--kernel") || slices.Contains(args, "--initramfs") || strings.Contains(joined, gd) {
-		t.Errorf("build args %q: want --kernel-fd/--initramfs-fd and no path of the guest directory", args)
+	if run.KernelFD != FirstExtraFD || run.InitramfsFD != FirstExtraFD+1 || strings.Contains(fmt.Sprintf("%+v", run), gd) {
+		t.Errorf("build %+v: want the kernel's and initramfs's descriptors and no path of the guest directory", run)
 	}
 	if len(files) != 2 || string(files[0].data) != kernel || string(files[1].data) != initrd {
 		t.Fatalf("the VMM's descriptors: %+v", files)
@@ -232,9 +230,9 @@ func TestTemplateGetsDescriptors(t *testing.T) {
 		}
 	}
 	tdir := filepath.Join(state, "tenants", "alice", "templates", tp.ID)
-	for i, a := range args {
-		if a == "--disk" && !strings.HasPrefix(args[i+1], tdir+"/") {
-			t.Errorf("build disk %q is not the template's own copy", args[i+1])
+	for _, d := range run.Disks {
+		if !strings.HasPrefix(d.Path, tdir+"/") {
+			t.Errorf("build disk %q is not the template's own copy", d.Path)
 		}
 	}
 	if tp.Kernel != "vmlinux" || tp.Initramfs != "initramfs.cpio" {
@@ -299,9 +297,9 @@ func TestGuestForgedOverlayHeader(t *testing.T) {
 	os.WriteFile(secret, []byte("host secret"), 0o600)
 	gd := guestDir(t, map[string]string{"disk.img": strings.Repeat("\x00", 1<<20)})
 	f := newFakeLauncher(t)
-	f.duringRun = func(args []string) {
-		for i, a := range args {
-			if a != "--disk" || strings.HasSuffix(args[i+1], ",ro") {
+	f.duringRun = func(run vmmctl.Run) {
+		for _, d := range run.Disks {
+			if d.ReadOnly {
 				continue
 			}
 			// The guest's write to sector 0 of /dev/vda: an overlay over
@@ -323,7 +321,7 @@ func TestGuestForgedOverlayHeader(t *testing.T) {
 			ff, _ := os.Open(forged)
 			ff.ReadAt(hdr, 0)
 			ff.Close()
-			w, err := os.OpenFile(args[i+1], os.O_WRONLY, 0)
+			w, err := os.OpenFile(d.Path, os.O_WRONLY, 0)
 			if err != nil {
 				t.Error(err)
 				return

@@ -23,6 +23,7 @@ import (
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
 	"github.com/warrenvm/warren/image"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 func TestCheckImageRequest(t *testing.T) {
@@ -170,9 +171,8 @@ func TestImageTemplateFake(t *testing.T) {
 	if tp.Status != store.TemplateReady || tp.Image == nil || tp.Image.Digest == "" || tp.Kernel != kernel || len(tp.DiskBases) != 1 {
 		t.Fatalf("template: %+v", tp)
 	}
-	args := strings.Join(f.lastRunArgs, " ")
-	if !strings.Contains(args, "--disk "+tp.DiskBases[0]) || !strings.Contains(args, "warren.root=/dev/vda") {
-		t.Fatalf("the build VMM's arguments %q: want disk 0 and warren.root", args)
+	if r := f.lastRun; len(r.Disks) == 0 || r.Disks[0] != (vmmctl.Disk{Path: tp.DiskBases[0]}) || !strings.Contains(r.Cmdline, "warren.root=/dev/vda") {
+		t.Fatalf("the build VMM %+v: want disk 0 and warren.root", r)
 	}
 	// Disk 0 is the template's own overlay over the shared base.
 	o, err := disk.OpenChain(tp.DiskBases[0], true)

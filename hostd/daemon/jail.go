@@ -22,7 +22,8 @@ import (
 )
 
 // JailPrepare returns an ExecLauncher.Prepare that jails every VMM the
-// daemon starts (vmmproc/jail): `--jail PROFILE` on its command line, so
+// daemon starts (vmmproc/jail): the VMM's spec with its jail set
+// (vmmctl.Launch.WithJail: `--jail PROFILE` on its command line), so
 // that the VMM hardens itself once its setup is done (seccomp allowlist,
 // capabilities dropped, no_new_privs; its fork children inherit it), and
 // new mount, ipc and uts namespaces, and a new, empty network namespace
@@ -57,11 +58,9 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 		return nil, fmt.Errorf("jail %q: want strict, vmm or off", profile)
 	}
 	return func(cmd *exec.Cmd, spec LaunchSpec) error {
-		if len(cmd.Args) < 2 {
-			return fmt.Errorf("jail: no subcommand in %q", cmd.Args)
-		}
-		// warren jail-init --report-fd 3 -- warren SUBCOMMAND --jail PROFILE ARGS...
-		// (ExecLauncher passes the report socket as fd 3.)
+		// warren jail-init --report-fd 3 [...] -- warren SUBCOMMAND ... --jail PROFILE ...
+		// (ExecLauncher passes the report socket as fd 3; the VMM's
+		// arguments are spec.Launch's, with its jail.)
 		jv := profile
 		if spec.Confine != nil {
 			opts, err := spec.Confine.jailArgs()
@@ -85,8 +84,12 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 			// jail-init joins the VMM's cgroup first: the VMM is born in it.
 			args = append(args, "--cgroup", dir)
 		}
-		args = append(args, "--", cmd.Path, cmd.Args[1], "--jail", jv)
-		cmd.Args = append(args, cmd.Args[2:]...)
+		vmm, err := spec.Launch.WithJail(jv).Args()
+		if err != nil {
+			return fmt.Errorf("jail: %w", err)
+		}
+		args = append(args, "--", cmd.Path)
+		cmd.Args = append(args, vmm...)
 		// jail-init checks that its mount namespace is not this one.
 		mnt, err := jail.ParentMountNS()
 		if err != nil {

@@ -36,6 +36,7 @@ import (
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // The private network every network VMM has (in its own namespace, so
@@ -62,60 +63,47 @@ const (
 	sbAuditFile   = "egress.jsonl"
 )
 
-// networkArgs returns the `warren run` flags of a network template built
-// in dir, after writing its deny-all policy there.
-func (d *Daemon) networkArgs(dir string) ([]string, error) {
+// templateNetwork gives the build of a network template in dir its
+// network and egress (in run), after writing its deny-all policy there.
+func (d *Daemon) templateNetwork(dir string, run *vmmctl.Run) error {
 	pol := filepath.Join(dir, "egress-template.json")
 	if err := store.WriteFileAtomic(pol, []byte("{}\n"), 0o600); err != nil {
-		return nil, err
+		return err
 	}
-	args := []string{"--private-net", "--tap", netTap, "--host-ip", netHostIP, "--guest-ip", netGuest,
-		"--egress", pol, "--audit", filepath.Join(dir, sbAuditFile)}
-	if d.cfg.EgressHosts != "" {
-		args = append(args, "--hosts", d.cfg.EgressHosts)
-	}
-	if d.cfg.DNSUpstream != "" {
-		args = append(args, "--dns-upstream", d.cfg.DNSUpstream)
-	}
-	if d.cfg.UpstreamCA != "" {
-		args = append(args, "--upstream-ca", d.cfg.UpstreamCA)
-	}
-	if d.cfg.EgressUpstreamAllow != "" {
-		args = append(args, "--upstream-allow", d.cfg.EgressUpstreamAllow)
-	}
-	if d.cfg.WildcardCredentials {
-		args = append(args, "--allow-wildcard-credentials")
-	}
-	return args, nil
+	run.PrivateNet, run.Tap, run.HostIP, run.GuestIP = true, netTap, netHostIP, netGuest
+	run.Egress, run.Audit = pol, filepath.Join(dir, sbAuditFile)
+	run.Hosts, run.DNSUpstream, run.UpstreamCA = d.cfg.EgressHosts, d.cfg.DNSUpstream, d.cfg.UpstreamCA
+	run.UpstreamAllow, run.WildcardCredentials = d.cfg.EgressUpstreamAllow, d.cfg.WildcardCredentials
+	return nil
 }
 
-// restoreNetArgs writes a network sandbox's files (see the top of this
-// file) and returns its `warren restore` flags; none for a sandbox
-// without network (caller holds s.mu or owns s).
-func (d *Daemon) restoreNetArgs(sb *store.Sandbox) ([]string, error) {
+// restoreNetwork writes a network sandbox's files (see the top of this
+// file) and names them in its restore (rs's Secrets, Audit and Egress);
+// nothing for a sandbox without network (caller holds s.mu or owns s).
+func (d *Daemon) restoreNetwork(sb *store.Sandbox, rs *vmmctl.Restore) error {
 	if !sb.Network {
-		return nil, nil
+		return nil
 	}
 	dir := d.store.SandboxDir(sb.Tenant, sb.ID)
 	sec, err := d.sandboxSecretsPath(sb.Tenant, sb.ID)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	d.secretsMu.Lock()
 	err = d.writeSandboxSecrets(sb, sec)
 	d.secretsMu.Unlock()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	args := []string{"--secrets", sec, "--audit", filepath.Join(dir, sbAuditFile)}
+	rs.Secrets, rs.Audit = sec, filepath.Join(dir, sbAuditFile)
 	if len(sb.Egress) > 0 {
 		pol := filepath.Join(dir, sbEgressFile)
 		if err := store.WriteFileAtomic(pol, append(bytes.Clone(sb.Egress), '\n'), 0o600); err != nil {
-			return nil, err
+			return err
 		}
-		args = append(args, "--egress", pol)
+		rs.Egress = pol
 	}
-	return args, nil
+	return nil
 }
 
 // writeSandboxSecrets writes to path the current values of the secrets

@@ -5,12 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // networkTemplate builds a template with "network": true.
@@ -30,14 +30,6 @@ func (c *client) setSecret(name, value string) {
 	if st != 201 && st != 200 {
 		c.t.Fatalf("PUT secret %s: %d %s", name, st, b)
 	}
-}
-
-// argAfter returns the argument after flag in args ("" if none).
-func argAfter(args []string, flag string) string {
-	if i := slices.Index(args, flag); i >= 0 && i+1 < len(args) {
-		return args[i+1]
-	}
-	return ""
 }
 
 func readJSONFile(t *testing.T, path string, v any) os.FileMode {
@@ -66,21 +58,18 @@ func TestNetworkTemplateArgs(t *testing.T) {
 	c := td.client(t, "alice")
 
 	plain := c.template(fakeKernel(t))
-	if plain.Network || slices.Contains(f.lastRunArgs, "--private-net") || slices.Contains(f.lastRunArgs, "--egress") {
-		t.Fatalf("a template without network: %v", f.lastRunArgs)
+	if r := f.lastRun; plain.Network || r.PrivateNet || r.Tap != "" || r.Egress != "" {
+		t.Fatalf("a template without network: %+v", r)
 	}
 	tp := c.networkTemplate(fakeKernel(t))
 	dir := filepath.Join(state, "tenants", "alice", "templates", tp.ID)
-	args := f.lastRunArgs
-	i := slices.Index(args, "--private-net")
-	if i < 0 {
-		t.Fatalf("no --private-net in %v", args)
-	}
-	want := []string{"--private-net", "--tap", "wt0", "--host-ip", "10.200.0.1/24", "--guest-ip", "10.200.0.2",
-		"--egress", filepath.Join(dir, "egress-template.json"), "--audit", filepath.Join(dir, "egress.jsonl"),
-		"--hosts", hosts, "--dns-upstream", "10.0.0.53:53", "--upstream-ca", "/etc/ca.pem"}
-	if got := args[i:]; !reflect.DeepEqual(got, want) {
-		t.Errorf("network flags\n got %q\nwant %q", got, want)
+	got := f.lastRun
+	want := got
+	want.PrivateNet, want.Tap, want.HostIP, want.GuestIP = true, "wt0", "10.200.0.1/24", "10.200.0.2"
+	want.Egress, want.Audit = filepath.Join(dir, "egress-template.json"), filepath.Join(dir, "egress.jsonl")
+	want.Hosts, want.DNSUpstream, want.UpstreamCA, want.UpstreamAllow, want.WildcardCredentials = hosts, "10.0.0.53:53", "/etc/ca.pem", "", false
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("network settings\n got %+v\nwant %+v", got, want)
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "egress-template.json")); err != nil || strings.TrimSpace(string(b)) != "{}" {
 		t.Errorf("the template's policy: %q %v", b, err)
@@ -107,9 +96,9 @@ func TestNetworkCreate(t *testing.T) {
 	// Without network: the restore's arguments are exactly as before.
 	plain := c.template(fakeKernel(t))
 	sb := c.create(plain.ID)
-	want := []string{"restore", "--lazy", "--api", sb.API, "--vsock", sb.Vsock, "--console", sb.Console, plain.Snapshot}
-	if !reflect.DeepEqual(f.lastArgs, want) {
-		t.Errorf("restore without network\n got %q\nwant %q", f.lastArgs, want)
+	want := vmmctl.Restore{Snapshot: plain.Snapshot, Lazy: true, API: sb.API, Vsock: sb.Vsock, Console: sb.Console}
+	if got := f.lastRestoreSpec; !reflect.DeepEqual(got, want) {
+		t.Errorf("restore without network\n got %+v\nwant %+v", got, want)
 	}
 	if _, err := os.Stat(filepath.Join(state, "tenants", "alice", "sandboxes", sb.ID, "secrets.json")); err == nil {
 		t.Error("a sandbox without network has a secrets.json")
@@ -125,13 +114,13 @@ func TestNetworkCreate(t *testing.T) {
 	dir := filepath.Join(state, "tenants", "alice", "sandboxes", nsb.ID)
 	checkArgs := func(policy string) {
 		t.Helper()
-		args := f.lastArgs
-		if args[len(args)-1] != tp.Snapshot {
-			t.Errorf("the snapshot is not the last argument: %q", args)
+		r := f.lastRestoreSpec
+		if r.Snapshot != tp.Snapshot {
+			t.Errorf("restored %q, want the template's snapshot", r.Snapshot)
 		}
-		for flag, path := range map[string]string{"--secrets": "secrets.json", "--audit": "egress.jsonl", "--egress": "egress.json"} {
-			if got := argAfter(args, flag); got != filepath.Join(dir, path) {
-				t.Errorf("%s %q, want %s in %q", flag, got, path, args)
+		for what, p := range map[string][2]string{"secrets": {r.Secrets, "secrets.json"}, "audit": {r.Audit, "egress.jsonl"}, "egress": {r.Egress, "egress.json"}} {
+			if p[0] != filepath.Join(dir, p[1]) {
+				t.Errorf("%s %q, want %s in %+v", what, p[0], p[1], r)
 			}
 		}
 		var sec map[string]string
@@ -158,11 +147,11 @@ func TestNetworkCreate(t *testing.T) {
 	os.Remove(filepath.Join(dir, "egress.json"))
 	c.ok(200, "POST", "/v1/sandboxes/"+nsb.ID+"/pause?to_disk=true", nil, nil)
 	c.ok(200, "POST", "/v1/sandboxes/"+nsb.ID+"/resume", nil, nil)
-	if f.lastArgs[len(f.lastArgs)-1] == tp.Snapshot {
+	if f.lastRestoreSpec.Snapshot == tp.Snapshot {
 		t.Fatal("resume restored the template")
 	}
-	if got := argAfter(f.lastArgs, "--secrets"); got != filepath.Join(dir, "secrets.json") {
-		t.Errorf("resume: --secrets %q", got)
+	if got := f.lastRestoreSpec.Secrets; got != filepath.Join(dir, "secrets.json") {
+		t.Errorf("resume: secrets %q", got)
 	}
 	var sec map[string]string
 	readJSONFile(t, filepath.Join(dir, "secrets.json"), &sec)
@@ -179,8 +168,8 @@ func TestNetworkCreate(t *testing.T) {
 
 	// Network without a policy: the template's (none passed).
 	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID}, &nsb)
-	if argAfter(f.lastArgs, "--egress") != "" || argAfter(f.lastArgs, "--secrets") == "" || argAfter(f.lastArgs, "--audit") == "" {
-		t.Errorf("network without a policy: %q", f.lastArgs)
+	if r := f.lastRestoreSpec; r.Egress != "" || r.Secrets == "" || r.Audit == "" {
+		t.Errorf("network without a policy: %+v", r)
 	}
 }
 

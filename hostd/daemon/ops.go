@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -103,7 +102,8 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	// Opened by the daemon (read-only, regular files only); the VMM gets
 	// the kernel's and initramfs's descriptors, and the disks are copied
 	// from theirs into the template's directory.
-	bootArgs, bootFiles, err := d.openBootFiles(boot)
+	run := &vmmctl.Run{MemMiB: req.MemMiB, CPUs: req.CPUs}
+	bootFiles, err := d.openBootFiles(boot, run)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -166,34 +166,23 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	}
 	t.DiskBases = bases
 	o.progress("template "+t.ID+": starting the VMM", 5)
-	args := []string{"run", "--mem", strconv.Itoa(req.MemMiB), "--cpus", strconv.Itoa(req.CPUs),
-		"--vsock", vs, "--api", api, "--console", filepath.Join(dir, "console.log")}
-	args = append(args, bootArgs...)
+	run.Vsock, run.API, run.Console = vs, api, filepath.Join(dir, "console.log")
 	for i, td := range disks {
-		if td.readOnly {
-			// Its copy in the template's directory: every sandbox of
-			// the template shares it, read-only.
-			args = append(args, "--disk", paths[i]+",ro")
-		} else {
-			// The template's own clone, which the guest may write to
-			// while it boots; frozen once snapshotted (see disks.go).
-			args = append(args, "--disk", paths[i])
-		}
+		// A read-only disk is its copy in the template's directory:
+		// every sandbox of the template shares it, read-only. A writable
+		// one is the template's own clone, which the guest may write to
+		// while it boots; frozen once snapshotted (see disks.go).
+		run.Disks = append(run.Disks, vmmctl.Disk{Path: paths[i], ReadOnly: td.readOnly})
 	}
-	cmdline := req.Cmdline
+	run.Cmdline = req.Cmdline
 	if imgBase != nil {
 		// PID 1 moves into the image's root file system (guestinit).
-		cmdline = strings.TrimSpace(imageRootCmdline + " " + cmdline)
-	}
-	if cmdline != "" {
-		args = append(args, "--cmdline", cmdline)
+		run.Cmdline = strings.TrimSpace(imageRootCmdline + " " + run.Cmdline)
 	}
 	if req.Network {
-		na, err := d.networkArgs(dir)
-		if err != nil {
+		if err := d.templateNetwork(dir, run); err != nil {
 			return fail(fmt.Errorf("network: %w", err))
 		}
-		args = append(args, na...)
 	}
 	confine, releaseDir, err := d.templateConfinement(t, dir)
 	defer releaseDir()
@@ -217,7 +206,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 			}()
 		}
 	}
-	p, err := d.launcher.Start(LaunchSpec{Tenant: tenant, ID: t.ID, Kind: "template", Args: args, Log: filepath.Join(dir, "vmm.log"), Network: req.Network,
+	p, err := d.launcher.Start(LaunchSpec{Tenant: tenant, ID: t.ID, Kind: "template", Launch: vmmctl.Launch{Run: run}, Log: filepath.Join(dir, "vmm.log"), Network: req.Network,
 		ExtraFiles: bootFiles, Confine: confine, Cgroup: cgDirs})
 	for _, f := range bootFiles {
 		f.Close() // the VMM has its own
@@ -293,11 +282,11 @@ type bootFile struct {
 	operator bool
 }
 
-// openBootFiles opens the template's kernel and initramfs (those given)
-// and returns the build VMM's arguments naming their descriptors
-// (--kernel-fd, --initramfs-fd: LaunchSpec.ExtraFiles in that order) and
-// the files, which the caller closes. On an error none is left open.
-func (d *Daemon) openBootFiles(boot []bootFile) (args []string, files []*os.File, err error) {
+// openBootFiles opens the template's kernel and initramfs (those given),
+// sets their descriptors in run (KernelFD, InitramfsFD:
+// LaunchSpec.ExtraFiles in that order) and returns the files, which the
+// caller closes. On an error none is left open.
+func (d *Daemon) openBootFiles(boot []bootFile, run *vmmctl.Run) (files []*os.File, err error) {
 	defer func() {
 		if err != nil {
 			for _, f := range files {
@@ -317,15 +306,23 @@ func (d *Daemon) openBootFiles(boot []bootFile) (args []string, files []*os.File
 			f, err = openGuestFile(d.cfg.GuestDir, b.what, b.v)
 		}
 		if err != nil {
-			return nil, files, err
+			return files, err
 		}
 		files = append(files, f)
 		if err = checkBootFile(f, b.what, b.v); err != nil {
-			return nil, files, err
+			return files, err
 		}
-		args = append(args, "--"+b.what+"-fd", strconv.Itoa(FirstExtraFD+len(files)-1))
+		fd := FirstExtraFD + len(files) - 1
+		switch b.what {
+		case "kernel":
+			run.KernelFD = fd
+		case "initramfs":
+			run.InitramfsFD = fd
+		default:
+			return files, fmt.Errorf("boot file %q: not the kernel or the initramfs", b.what)
+		}
 	}
-	return args, files, nil
+	return files, nil
 }
 
 // waitAgent waits until the agent behind vsock answers, the VMM p ends,
@@ -431,15 +428,15 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 	// Its own copy-on-write view of each of the template's writable disks
 	// (over bases that are plaintext while it starts: diskseal.go).
 	release, err := d.acquireDisks(*sb)
-	var diskArgs []string
+	var diskPaths map[int]string
 	if err == nil {
 		defer release()
-		diskArgs, err = createOverlays(dir, tp.DiskBases)
+		diskPaths, err = createOverlays(dir, tp.DiskBases)
 	} else {
 		err = cryptStatus(fmt.Errorf("disks: %w", err))
 	}
 	if err == nil {
-		err = d.startVMM(o, s, tp.Snapshot, diskArgs...)
+		err = d.startVMM(o, s, tp.Snapshot, diskPaths)
 	}
 	if err != nil {
 		sb.Status, sb.Reason = store.Failed, err.Error()
@@ -456,11 +453,11 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 // startVMM restores snap in a new VMM for s, puts it in s's cgroup and
 // waits for its agent, holding a restore slot throughout (admission.go);
 // on success s is running (caller holds s.mu).
-// diskArgs are the restore's --disk-path arguments: the sandbox's own
-// overlays over the template's bases (a create) or over its snapshot's
-// disk layers (a resume). Once the agent answers, the record gets the
-// VMM's live disks (GET /v1/disks).
-func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) error {
+// diskPaths are the restore's disk paths (vmmctl.Restore.DiskPaths): the
+// sandbox's own overlays over the template's bases (a create) or over its
+// snapshot's disk layers (a resume). Once the agent answers, the record
+// gets the VMM's live disks (GET /v1/disks).
+func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskPaths map[int]string) error {
 	sb := s.rec
 	if err := d.admitRestore(o); err != nil {
 		return err
@@ -487,7 +484,7 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 	s.agent.Close() // connections to a previous VMM
 	o.progress("starting the VMM", 10)
 	// Confinement first: it gives the sandbox's directory its uid, which
-	// the secrets file restoreNetArgs writes is then given too. The VMM
+	// the secrets file restoreNetwork writes is then given too. The VMM
 	// starts a family of its own (a fork child restored leaves its
 	// parent's): its run directory and grant key are its own.
 	if d.grantSecret != nil {
@@ -498,13 +495,11 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 		d.dropSecrets(sb, false)
 		return fmt.Errorf("confine the VMM: %w", err)
 	}
-	netArgs, err := d.restoreNetArgs(sb)
-	if err != nil {
+	rs := &vmmctl.Restore{Snapshot: use, Lazy: true, API: sb.API, Vsock: sb.Vsock, Console: sb.Console, DiskPaths: diskPaths}
+	if err := d.restoreNetwork(sb, rs); err != nil {
 		d.dropSecrets(sb, false)
 		return fmt.Errorf("network: %w", err)
 	}
-	args := []string{"restore", "--lazy", "--api", sb.API, "--vsock", sb.Vsock, "--console", sb.Console}
-	args = append(append(append(args, netArgs...), diskArgs...), use)
 	if use != snap && !lasting {
 		// A decrypted working copy is restored eagerly (into the VMM's
 		// memfd) and removed as soon as the VMM has loaded it: a lazy
@@ -513,9 +508,9 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskArgs ...string) er
 		// the VMM's life. A template's lasting copy is restored lazily:
 		// its .wraw is shared by all the template's sandboxes (see
 		// atrest.go).
-		args = slices.Delete(args, 1, 2)
+		rs.Lazy = false
 	}
-	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Args: args, Log: sb.Log, Network: sb.Network, Confine: confine,
+	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Launch: vmmctl.Launch{Restore: rs}, Log: sb.Log, Network: sb.Network, Confine: confine,
 		Cgroup: d.sandboxCgroup(s)})
 	if err != nil {
 		d.dropSecrets(sb, false)

@@ -13,17 +13,21 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenvm/warren/vmmctl"
 	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
-// LaunchSpec is one VMM process to start: `warren ARGS...`.
+// LaunchSpec is one VMM process to start: `warren ARGS...`, ARGS being
+// Launch encoded (vmmctl.Launch.Args), under the launcher's jail when it
+// has one (JailPrepare).
 type LaunchSpec struct {
 	// Tenant and ID name the sandbox (or template) it runs.
 	Tenant, ID string
 	// Kind is "template" (a build's `warren run`) or "sandbox" (`warren restore`).
 	Kind string
-	// Args are warren's arguments (the subcommand first).
-	Args []string
+	// Launch is what the VMM is asked to be: the template build's `run`
+	// or the sandbox's `restore`, typed; the launcher encodes it.
+	Launch vmmctl.Launch
 	// Log receives the process's stdout and stderr.
 	Log string
 	// Network says the VMM has a network (a network template's build or
@@ -33,7 +37,7 @@ type LaunchSpec struct {
 	Network bool
 	// ExtraFiles are open files the VMM inherits: ExtraFiles[i] is its
 	// descriptor FirstExtraFD+i, jailed or not (under jail-init too), and
-	// Args name them by number (`warren run --kernel-fd N`): the daemon
+	// Launch names them by number (vmmctl.Run.KernelFD): the daemon
 	// opens a template's kernel and initramfs itself and the VMM never
 	// opens them by path. The launcher does not close them.
 	ExtraFiles []*os.File
@@ -84,12 +88,16 @@ type ExecLauncher struct {
 // and stderr appended to spec.Log. The daemon reaps it if it ends while
 // the daemon runs; after a daemon restart the process is init's.
 func (l *ExecLauncher) Start(spec LaunchSpec) (Proc, error) {
+	args, err := spec.Launch.Args()
+	if err != nil {
+		return Proc{}, err
+	}
 	logf, err := os.OpenFile(spec.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return Proc{}, err
 	}
 	defer logf.Close()
-	cmd := exec.Command(l.Warren, spec.Args...)
+	cmd := exec.Command(l.Warren, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if l.Prepare != nil {

@@ -15,30 +15,38 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenvm/warren/hostd/cgroup"
+	"github.com/warrenvm/warren/vmmctl"
 	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
+// testRestore is a restore the stand-in warren (TestMain's role
+// "warren") is started with.
+var testRestore = vmmctl.Launch{Restore: &vmmctl.Restore{Snapshot: "/snap"}}
+
 // TestExecLauncher: the VMM runs in a session of its own (a kill of the
-// daemon's process group or session leaves it), with its output in the
-// log, the Prepare hook applied, and stopProc ends it.
+// daemon's process group or session leaves it), started with its spec's
+// arguments, with its output in the log, the Prepare hook applied, and
+// stopProc ends it; a spec that does not encode starts nothing.
 func TestExecLauncher(t *testing.T) {
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		t.Skip(err)
-	}
-	log := filepath.Join(t.TempDir(), "vmm.log")
+	dir := t.TempDir()
+	log := filepath.Join(dir, "vmm.log")
 	prepared := false
-	l := &ExecLauncher{Warren: sleep, Prepare: func(cmd *exec.Cmd, spec LaunchSpec) error {
-		prepared = spec.ID == "sb-000000000001"
+	var argv []string
+	t.Setenv(roleEnv, "warren")
+	l := &ExecLauncher{Warren: os.Args[0], Prepare: func(cmd *exec.Cmd, spec LaunchSpec) error {
+		prepared, argv = spec.ID == "sb-000000000001", cmd.Args
 		return nil
 	}}
-	p, err := l.Start(LaunchSpec{ID: "sb-000000000001", Args: []string{"60"}, Log: log})
+	p, err := l.Start(LaunchSpec{ID: "sb-000000000001", Launch: testRestore, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stopProc(p.PID, p.StartTime, time.Second)
 	if !prepared {
 		t.Error("Prepare hook not called")
+	}
+	if want := []string{os.Args[0], "restore", "/snap"}; !slices.Equal(argv, want) {
+		t.Errorf("args %q, want %q", argv, want)
 	}
 	sid, err := unix.Getsid(p.PID)
 	if err != nil || sid != p.PID {
@@ -51,9 +59,14 @@ func TestExecLauncher(t *testing.T) {
 	if alive(p.PID, p.StartTime) {
 		t.Fatal("still alive after stopProc")
 	}
+	if _, err := l.Start(LaunchSpec{Launch: vmmctl.Launch{Restore: &vmmctl.Restore{Snapshot: "relative"}}, Log: log}); err == nil {
+		t.Error("a restore of a relative snapshot path started")
+	}
 	// A failing VMM's message ends up in the log.
-	l.Warren = sleep
-	p, err = l.Start(LaunchSpec{Args: []string{"--bogus"}, Log: log})
+	failing := filepath.Join(dir, "warren")
+	os.WriteFile(failing, []byte("#!/bin/sh\necho \"warren: bogus $*\" >&2\nexit 1\n"), 0o755)
+	l.Warren = failing
+	p, err = l.Start(LaunchSpec{Launch: testRestore, Log: log})
 	if err == nil {
 		waitDead(p.PID, p.StartTime, 5*time.Second)
 	}
@@ -73,8 +86,8 @@ func TestJailPrepareNetNS(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, network := range []bool{false, true} {
-		cmd := newCmd("/bin/warren", "restore", "snap")
-		if err := prep(cmd, LaunchSpec{Kind: "sandbox", Args: []string{"restore", "snap"}, Network: network}); err != nil {
+		cmd := newCmd("/bin/warren", "restore", "/snap")
+		if err := prep(cmd, LaunchSpec{Kind: "sandbox", Launch: testRestore, Network: network}); err != nil {
 			t.Fatal(err)
 		}
 		fl := cmd.SysProcAttr.Cloneflags
@@ -84,7 +97,7 @@ func TestJailPrepareNetNS(t *testing.T) {
 		if fl&unix.CLONE_NEWNS == 0 || fl&unix.CLONE_NEWPID == 0 {
 			t.Errorf("network %v: clone flags %#x", network, fl)
 		}
-		if want := []string{"/bin/warren", jail.InitVerb, "--report-fd", "3", "--", "/bin/warren", "restore", "--jail", "vmm", "snap"}; strings.Join(cmd.Args, " ") != strings.Join(want, " ") {
+		if want := []string{"/bin/warren", jail.InitVerb, "--report-fd", "3", "--", "/bin/warren", "restore", "--jail", "vmm", "/snap"}; strings.Join(cmd.Args, " ") != strings.Join(want, " ") {
 			t.Errorf("args %q", cmd.Args)
 		}
 	}
@@ -103,7 +116,7 @@ func TestExecLauncherJailed(t *testing.T) {
 	}
 	t.Setenv(roleEnv, "warren")
 	l := &ExecLauncher{Warren: os.Args[0], Prepare: prep}
-	p, err := l.Start(LaunchSpec{ID: "sb-000000000001", Args: []string{"restore", "snap"}, Log: filepath.Join(t.TempDir(), "vmm.log")})
+	p, err := l.Start(LaunchSpec{ID: "sb-000000000001", Launch: testRestore, Log: filepath.Join(t.TempDir(), "vmm.log")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +199,8 @@ func TestExecLauncherPassesFiles(t *testing.T) {
 		kf, _ := os.Open(k)
 		rf, _ := os.Open(i)
 		log := filepath.Join(dir, fmt.Sprintf("vmm-%v.log", jailed))
-		p, err := l.Start(LaunchSpec{ID: "tp-000000000001", Args: []string{"run"}, Log: log, ExtraFiles: []*os.File{kf, rf}})
+		run := vmmctl.Launch{Run: &vmmctl.Run{KernelFD: FirstExtraFD, InitramfsFD: FirstExtraFD + 1, MemMiB: 128, CPUs: 1}}
+		p, err := l.Start(LaunchSpec{ID: "tp-000000000001", Launch: run, Log: log, ExtraFiles: []*os.File{kf, rf}})
 		kf.Close()
 		rf.Close()
 		if err != nil {
@@ -229,7 +243,7 @@ func TestExecLauncherBornInCgroup(t *testing.T) {
 	}
 	t.Setenv(roleEnv, "warren")
 	l := &ExecLauncher{Warren: os.Args[0], Prepare: prep}
-	p, err := l.Start(LaunchSpec{ID: "sb-000000000001", Args: []string{"restore", "snap"}, Log: filepath.Join(t.TempDir(), "vmm.log"), Cgroup: g.Dirs})
+	p, err := l.Start(LaunchSpec{ID: "sb-000000000001", Launch: testRestore, Log: filepath.Join(t.TempDir(), "vmm.log"), Cgroup: g.Dirs})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,7 +82,7 @@ func TestSecretsAtRest(t *testing.T) {
 		a.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy),
 			"secrets": []string{"API_KEY"}}, &sb)
 		fl.mu.Lock()
-		sec := argAfter(fl.lastArgs, "--secrets")
+		sec := fl.lastRestoreSpec.Secrets
 		fl.mu.Unlock()
 		if want := filepath.Join(work, sb.ID+".secrets.json"); sec != want {
 			t.Fatalf("--secrets %q, want %q", sec, want)
@@ -176,7 +176,7 @@ func TestSecretsWithoutKey(t *testing.T) {
 	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy),
 		"secrets": []string{"API_KEY"}}, &sb)
 	sec := filepath.Join(state, "tenants", "plain", "sandboxes", sb.ID, "secrets.json")
-	if got := argAfter(fl.lastArgs, "--secrets"); got != sec {
+	if got := fl.lastRestoreSpec.Secrets; got != sec {
 		t.Fatalf("--secrets %q, want %q", got, sec)
 	}
 	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/pause?to_disk=true", nil, nil)

@@ -9,23 +9,6 @@ import (
 	"github.com/warrenvm/warren/vmm/testguest"
 )
 
-func TestDiskFlag(t *testing.T) {
-	var d diskFlag
-	for _, v := range []string{"a.img", "b.img,ro", "c.img,rw"} {
-		if err := d.Set(v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if len(d) != 3 || d[0].ReadOnly || !d[1].ReadOnly || d[2].ReadOnly || d[1].Path != "b.img" {
-		t.Fatalf("parsed %+v", d)
-	}
-	for _, bad := range []string{"", ",ro", "x.img,fast"} {
-		if err := d.Set(bad); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
-	}
-}
-
 // Device errors are reported before the VM starts.
 func TestRunDeviceErrors(t *testing.T) {
 	dir := t.TempDir()

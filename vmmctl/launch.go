@@ -1,0 +1,296 @@
+package vmmctl
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Launch is what warren-hostd asks a VMM process to be: a VM booted from
+// a kernel (Run: `warren run`) or one restored from a snapshot (Restore:
+// `warren restore`); exactly one is set. Args encodes it as the warren
+// binary's command line, and the binary decodes that with vmmproc's
+// ParseRunArgs and ParseRestoreArgs back into the same Run or Restore
+// (the round trip is tested there). It holds what the daemon passes and
+// nothing else: the flags only a person gives (--kvm, -v, --mac, ...)
+// are the CLI's.
+type Launch struct {
+	Run     *Run
+	Restore *Restore
+}
+
+// Run is `warren run`: the VM of a template's build.
+type Run struct {
+	// KernelFD is the inherited descriptor the guest kernel is read from
+	// (--kernel-fd: 3 or more, required); InitramfsFD, when not 0, the
+	// initramfs's (--initramfs-fd). The daemon opens the files itself
+	// and passes them (hostd/daemon's LaunchSpec.ExtraFiles).
+	KernelFD, InitramfsFD int
+	// MemMiB is the guest's memory and CPUs its vCPUs (--mem, --cpus:
+	// both required, positive).
+	MemMiB, CPUs int
+	// Cmdline is the extra kernel command line (--cmdline).
+	Cmdline string
+	// Disks are the virtio-blk disks in order (--disk PATH[,ro]): the
+	// first is /dev/vda.
+	Disks []Disk
+	// Vsock, API and Console are the vsock unix socket, the control API's
+	// unix socket and the console file (--vsock, --api, --console).
+	Vsock, API, Console string
+	// Tap attaches virtio-net on this tap device (--tap); PrivateNet puts
+	// it and its egress services in a network namespace of the VMM's own
+	// (--private-net); HostIP is the tap's host address with its prefix
+	// (10.200.0.1/24) and GuestIP the guest's (--host-ip, --guest-ip).
+	Tap        string
+	PrivateNet bool
+	HostIP     string
+	GuestIP    string
+	// Egress is the egress policy file (--egress; it needs HostIP), and
+	// the others its settings: the audit log, the resolver's fixed
+	// addresses, the DNS upstream (ip:port), the proxy's upstream roots,
+	// the upstream addresses allowed although private (comma-separated)
+	// and whether wildcard credential hosts are allowed (--audit,
+	// --hosts, --dns-upstream, --upstream-ca, --upstream-allow,
+	// --allow-wildcard-credentials).
+	Egress              string
+	Audit               string
+	Hosts               string
+	DNSUpstream         string
+	UpstreamCA          string
+	UpstreamAllow       string
+	WildcardCredentials bool
+	// Jail is the --jail value (vmmproc.ParseJail reads it); empty: none.
+	Jail string
+}
+
+// Disk is one disk of a Run.
+type Disk struct {
+	// Path is the disk's image (a raw image or a cow/disk overlay).
+	Path string
+	// ReadOnly attaches it read-only (and not through cow/disk).
+	ReadOnly bool
+}
+
+// Restore is `warren restore`: a sandbox's VM from a snapshot.
+type Restore struct {
+	// Snapshot is the snapshot's DIR/NAME (required); Lazy maps its
+	// memory copy-on-write (--lazy) instead of reading it all first.
+	Snapshot string
+	Lazy     bool
+	// API, Vsock and Console are the control API's unix socket, the
+	// vsock socket replacing the snapshotted VM's, and the console file
+	// (--api, --vsock, --console).
+	API, Vsock, Console string
+	// Egress, Secrets and Audit replace the snapshot's egress policy
+	// file, the credential proxy's secrets file and the audit log
+	// (--egress, --secrets, --audit); empty: the snapshot's.
+	Egress, Secrets, Audit string
+	// DiskPaths opens the snapshot's writable disk I at DiskPaths[I]
+	// (--disk-path I=PATH), typically a cow/disk overlay.
+	DiskPaths map[int]string
+	// Jail is the --jail value (vmmproc.ParseJail reads it); empty: none.
+	Jail string
+}
+
+// Verb is the warren subcommand l runs: "run" or "restore" ("" when
+// neither or both are set).
+func (l Launch) Verb() string {
+	switch {
+	case l.Run != nil && l.Restore == nil:
+		return "run"
+	case l.Restore != nil && l.Run == nil:
+		return "restore"
+	}
+	return ""
+}
+
+// WithJail returns l with its --jail value set to v; l's own Run or
+// Restore is not changed (the copy's is a new one).
+func (l Launch) WithJail(v string) Launch {
+	if l.Run != nil {
+		r := *l.Run
+		r.Jail, l.Run = v, &r
+	}
+	if l.Restore != nil {
+		r := *l.Restore
+		r.Jail, l.Restore = v, &r
+	}
+	return l
+}
+
+// Args checks l and encodes it as warren's arguments, the subcommand
+// first (`run ...` or `restore ... SNAPSHOT`).
+func (l Launch) Args() ([]string, error) {
+	switch l.Verb() {
+	case "run":
+		return l.Run.args()
+	case "restore":
+		return l.Restore.args()
+	}
+	return nil, errors.New("launch: want exactly one of run and restore")
+}
+
+// args checks r and encodes it.
+func (r *Run) args() ([]string, error) {
+	e := encoder{verb: "run", args: []string{"run"}}
+	if r.KernelFD < 3 {
+		e.fail("kernel descriptor %d: want an inherited one (3 or more)", r.KernelFD)
+	}
+	if r.InitramfsFD != 0 && r.InitramfsFD < 3 {
+		e.fail("initramfs descriptor %d: want an inherited one (3 or more), or 0 for none", r.InitramfsFD)
+	}
+	if r.MemMiB <= 0 || r.CPUs <= 0 {
+		e.fail("memory %d MiB, %d vCPUs: want both positive", r.MemMiB, r.CPUs)
+	}
+	e.int("--kernel-fd", r.KernelFD)
+	if r.InitramfsFD != 0 {
+		e.int("--initramfs-fd", r.InitramfsFD)
+	}
+	e.int("--mem", r.MemMiB)
+	e.int("--cpus", r.CPUs)
+	e.str("--cmdline", r.Cmdline)
+	for i, d := range r.Disks {
+		if d.Path == "" || strings.Contains(d.Path, ",") {
+			e.fail("disk %d: path %q: want one without a comma", i, d.Path)
+		}
+		v := d.Path
+		if d.ReadOnly {
+			v += ",ro"
+		}
+		e.abs("--disk", d.Path)
+		e.str("--disk", v)
+	}
+	e.path("--vsock", r.Vsock)
+	e.path("--api", r.API)
+	e.path("--console", r.Console)
+	e.flag("--private-net", r.PrivateNet)
+	e.str("--tap", r.Tap)
+	if r.HostIP != "" {
+		if r.Tap == "" {
+			e.fail("a host address without a tap")
+		}
+		if _, err := netip.ParsePrefix(r.HostIP); err != nil {
+			e.fail("host address %q: want an address with a prefix length", r.HostIP)
+		}
+	}
+	e.str("--host-ip", r.HostIP)
+	if r.GuestIP != "" {
+		if r.HostIP == "" {
+			e.fail("a guest address without a host address")
+		}
+		if _, err := netip.ParseAddr(r.GuestIP); err != nil {
+			e.fail("guest address %q: want an address", r.GuestIP)
+		}
+	}
+	e.str("--guest-ip", r.GuestIP)
+	if r.PrivateNet && r.Tap == "" {
+		e.fail("a private network without a tap")
+	}
+	if r.Egress == "" && (r.Audit != "" || r.Hosts != "" || r.DNSUpstream != "" || r.UpstreamCA != "" || r.UpstreamAllow != "" || r.WildcardCredentials) {
+		e.fail("egress settings without an egress policy")
+	}
+	if r.Egress != "" && r.HostIP == "" {
+		e.fail("an egress policy without a host address")
+	}
+	e.path("--egress", r.Egress)
+	e.path("--audit", r.Audit)
+	e.path("--hosts", r.Hosts)
+	e.str("--dns-upstream", r.DNSUpstream)
+	e.path("--upstream-ca", r.UpstreamCA)
+	e.str("--upstream-allow", r.UpstreamAllow)
+	e.flag("--allow-wildcard-credentials", r.WildcardCredentials)
+	e.str("--jail", r.Jail)
+	return e.done()
+}
+
+// args checks r and encodes it.
+func (r *Restore) args() ([]string, error) {
+	e := encoder{verb: "restore", args: []string{"restore"}}
+	e.flag("--lazy", r.Lazy)
+	e.path("--api", r.API)
+	e.path("--vsock", r.Vsock)
+	e.path("--console", r.Console)
+	e.path("--egress", r.Egress)
+	e.path("--secrets", r.Secrets)
+	e.path("--audit", r.Audit)
+	for _, i := range slices.Sorted(maps.Keys(r.DiskPaths)) {
+		if i < 0 {
+			e.fail("disk %d: want an index from 0", i)
+		}
+		p := r.DiskPaths[i]
+		if p == "" {
+			e.fail("disk %d: no path", i)
+		}
+		e.abs("--disk-path", p)
+		e.str("--disk-path", strconv.Itoa(i)+"="+p)
+	}
+	e.str("--jail", r.Jail)
+	if r.Snapshot == "" {
+		e.fail("no snapshot")
+	}
+	e.abs("snapshot", r.Snapshot)
+	e.str("", r.Snapshot)
+	return e.done()
+}
+
+// encoder appends flags to args and keeps the first error.
+type encoder struct {
+	verb string
+	args []string
+	err  error
+}
+
+func (e *encoder) fail(format string, a ...any) {
+	if e.err == nil {
+		e.err = fmt.Errorf("launch %s: "+format, append([]any{e.verb}, a...)...)
+	}
+}
+
+// str appends name v when v is set; an empty name appends v alone (an
+// operand).
+func (e *encoder) str(name, v string) {
+	if v == "" {
+		return
+	}
+	if strings.ContainsRune(v, 0) {
+		e.fail("%s %q: a NUL byte", name, v)
+	}
+	if name != "" {
+		e.args = append(e.args, name)
+	}
+	e.args = append(e.args, v)
+}
+
+// abs checks that the path v (what) is absolute when set: it then
+// never reads as a flag either.
+func (e *encoder) abs(what, v string) {
+	if v != "" && !filepath.IsAbs(v) {
+		e.fail("%s %q: want an absolute path", what, v)
+	}
+}
+
+// path is str for a path, which must be absolute.
+func (e *encoder) path(name, v string) {
+	e.abs(name, v)
+	e.str(name, v)
+}
+
+func (e *encoder) int(name string, v int) { e.args = append(e.args, name, strconv.Itoa(v)) }
+
+func (e *encoder) flag(name string, on bool) {
+	if on {
+		e.args = append(e.args, name)
+	}
+}
+
+func (e *encoder) done() ([]string, error) {
+	if e.err != nil {
+		return nil, e.err
+	}
+	return e.args, nil
+}

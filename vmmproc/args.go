@@ -1,0 +1,199 @@
+package vmmproc
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/warrenvm/warren/vmmctl"
+)
+
+// The command lines of `warren run` and `warren restore`: the decoder of
+// vmmctl.Launch's encoding (Launch.Args), which is the very flag parsing
+// the warren binary runs (cmd/warren/cli calls ParseRunArgs and
+// ParseRestoreArgs), so that what the daemon asks is what the VMM reads.
+
+// Disk is one --disk of a Spec: the contract's (vmmctl.Disk).
+type Disk = vmmctl.Disk
+
+// RunArgs is `warren run`'s command line: the part warren-hostd gives
+// (vmmctl.Run) and the flags only a person gives.
+type RunArgs struct {
+	vmmctl.Run
+	// Kernel and Initramfs are read from these paths instead of
+	// descriptors (--kernel, --initramfs).
+	Kernel, Initramfs string
+	// KVMPath is the KVM device (--kvm); Verbose logs diagnostics (-v).
+	KVMPath string
+	Verbose bool
+	// NoRNG leaves out the virtio-rng device (--no-rng).
+	NoRNG bool
+	// MAC is the guest's MAC address for Tap (--mac; default random).
+	MAC string
+	// CID is the guest's vsock context ID (--cid).
+	CID uint64
+	// Secrets is the credential proxy's secrets file (--secrets; default:
+	// WARREN_SECRET_<NAME> environment variables); EgressAttach how the
+	// egress filter is attached (--egress-attach).
+	Secrets      string
+	EgressAttach string
+}
+
+// ParseRunArgs parses `warren run`'s arguments (after the verb). A
+// mistake is reported on stderr, as the flag package does, and returned
+// as a *UsageError; what the values mean is checked by the caller.
+func ParseRunArgs(args []string, stderr io.Writer) (RunArgs, error) {
+	var a RunArgs
+	fs := flag.NewFlagSet("warren run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&a.Kernel, "kernel", "", "guest kernel: an ELF vmlinux with a PVH note, or a bzImage (required)")
+	fs.StringVar(&a.Initramfs, "initramfs", "", "initramfs (cpio) to pass to the guest")
+	fs.Var(fdFlag{&a.KernelFD}, "kernel-fd", "read the guest kernel from this inherited descriptor (3 or more) instead of --kernel (a regular file; warren-hostd opens a template's kernel itself)")
+	fs.Var(fdFlag{&a.InitramfsFD}, "initramfs-fd", "read the initramfs from this inherited descriptor (3 or more) instead of --initramfs")
+	fs.IntVar(&a.MemMiB, "mem", 256, "guest memory in MiB")
+	fs.IntVar(&a.CPUs, "cpus", 1, "number of vCPUs")
+	fs.StringVar(&a.Cmdline, "cmdline", "", "extra kernel command-line arguments")
+	fs.StringVar(&a.Console, "console", "", "write the guest console to FILE instead of stdout")
+	fs.StringVar(&a.KVMPath, "kvm", "/dev/kvm", "KVM device")
+	fs.BoolVar(&a.Verbose, "v", false, "log VMM diagnostics to stderr")
+	fs.BoolVar(&a.NoRNG, "no-rng", false, "do not give the guest a virtio-rng entropy device")
+	fs.Var((*diskFlag)(&a.Disks), "disk", "attach a raw disk image as virtio-blk: PATH[,ro] (repeatable; the first is /dev/vda)")
+	fs.StringVar(&a.Tap, "tap", "", "attach virtio-net on this tap device (created if missing)")
+	fs.StringVar(&a.MAC, "mac", "", "guest MAC address for --tap (default: random, locally administered)")
+	fs.StringVar(&a.Vsock, "vsock", "", "attach virtio-vsock; the host reaches the guest through this unix socket (CONNECT <port>), and the agent answers warren exec/cp/health on it")
+	fs.Uint64Var(&a.CID, "cid", 3, "the guest's vsock context ID, with --vsock")
+	fs.StringVar(&a.API, "api", "", "serve the VM's control API (pause, resume, snapshot) on this unix socket; turns on dirty-page tracking")
+	fs.StringVar(&a.HostIP, "host-ip", "", "with --tap: the tap's host address and prefix (10.200.0.1/24), the guest's gateway, resolver and credential proxy")
+	fs.StringVar(&a.GuestIP, "guest-ip", "", "with --host-ip: the guest's address; eth0, its route and resolver are set on the kernel command line")
+	fs.StringVar(&a.Egress, "egress", "", "filter the guest's traffic with this egress policy (JSON, see ebpf/README.md); needs --host-ip")
+	fs.StringVar(&a.Audit, "audit", "", "with --egress: the JSON-lines audit log (default: warren-egress-<tap>.jsonl in the current directory)")
+	fs.StringVar(&a.Secrets, "secrets", "", "with --egress: a JSON file of secret name to value, mode 0600 (default: environment variables WARREN_SECRET_<NAME>)")
+	fs.StringVar(&a.Hosts, "hosts", "", "with --egress: an /etc/hosts-style file of fixed addresses for the resolver and the credential proxy")
+	fs.StringVar(&a.DNSUpstream, "dns-upstream", "", "with --egress: the DNS server allowed names are asked of, ip:port (default: the host's /etc/resolv.conf)")
+	fs.StringVar(&a.UpstreamCA, "upstream-ca", "", "with --egress: PEM roots the credential proxy trusts upstream instead of the system's")
+	fs.StringVar(&a.EgressAttach, "egress-attach", "auto", "with --egress: how to attach the filter: auto (tcx, else clsact), tcx or clsact")
+	fs.StringVar(&a.UpstreamAllow, "upstream-allow", "", "with --egress: comma-separated addresses or CIDRs the credential proxy may connect to although loopback, private, link-local or the host's own (the operator's allowance; by default none)")
+	fs.BoolVar(&a.WildcardCredentials, "allow-wildcard-credentials", false, "with --egress: allow credential hosts such as *.example.com (the secret then goes to any name below)")
+	fs.BoolVar(&a.PrivateNet, "private-net", false, "with --tap: put the tap and its egress services in a network namespace of this VMM's own (upstream traffic of the resolver and proxy still leaves through the host's); recorded in snapshots, so restores and forks get their own too")
+	fs.StringVar(&a.Jail, "jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see vmmproc/jail); vmm when --api may fork")
+	if err := fs.Parse(args); err != nil {
+		return RunArgs{}, &UsageError{err}
+	}
+	if fs.NArg() > 0 {
+		err := fmt.Errorf("unexpected arguments %q", fs.Args())
+		fmt.Fprintf(stderr, "warren run: %v\n", err)
+		return RunArgs{}, &UsageError{err}
+	}
+	return a, nil
+}
+
+// RestoreArgs is `warren restore`'s command line: the part warren-hostd
+// gives (vmmctl.Restore) and the flags only a person gives.
+type RestoreArgs struct {
+	vmmctl.Restore
+	// KVMPath is the KVM device (--kvm); Verbose logs diagnostics (-v).
+	KVMPath string
+	Verbose bool
+	// Timing, when set, is where the first KVM_RUN's wall-clock time is
+	// written (--timing).
+	Timing string
+}
+
+// ParseRestoreArgs parses `warren restore`'s arguments (after the verb).
+// A mistake is reported on stderr, as the flag package does, and
+// returned as a *UsageError.
+func ParseRestoreArgs(args []string, stderr io.Writer) (RestoreArgs, error) {
+	var a RestoreArgs
+	fs := flag.NewFlagSet("warren restore", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.BoolVar(&a.Lazy, "lazy", false, "map the snapshot's memory copy-on-write (flattened once to DIR/NAME.<hash>.wraw) instead of reading it all first")
+	fs.StringVar(&a.API, "api", "", "serve the VM's control API (pause, resume, snapshot) on this unix socket")
+	fs.StringVar(&a.Vsock, "vsock", "", "the vsock unix socket (default: the snapshotted VM's)")
+	fs.StringVar(&a.Console, "console", "", "write the guest console to FILE instead of stdout")
+	fs.StringVar(&a.KVMPath, "kvm", "/dev/kvm", "KVM device")
+	fs.BoolVar(&a.Verbose, "v", false, "log VMM diagnostics to stderr")
+	fs.StringVar(&a.Timing, "timing", "", "write the wall-clock time of the first KVM_RUN (Unix ns, one decimal line) to FILE, for benchmarks")
+	fs.StringVar(&a.Jail, "jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see vmmproc/jail); vmm when --api may fork")
+	fs.StringVar(&a.Egress, "egress", "", "for a snapshot with egress: the policy in force from the start instead of the snapshot's (JSON; the resolver starts with no allowed addresses)")
+	fs.StringVar(&a.Secrets, "secrets", "", "for a snapshot with egress: the credential proxy's secrets file (JSON name to value, mode 0600) instead of the snapshot's")
+	fs.StringVar(&a.Audit, "audit", "", "for a snapshot with egress: the audit log instead of the snapshot's")
+	dp := DiskPaths{}
+	fs.Var(dp, "disk-path", "open the snapshot's writable disk I (from 0) at PATH, typically a cow/disk overlay over its image; the device keeps its saved name (`I=PATH`, repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return RestoreArgs{}, &UsageError{err}
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprint(stderr, "usage: warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] [--timing FILE] [--egress FILE] [--secrets FILE] [--audit FILE] [--disk-path I=PATH]... DIR/NAME\n")
+		return RestoreArgs{}, &UsageError{fmt.Errorf("want one snapshot, got %d arguments", fs.NArg())}
+	}
+	a.Snapshot = fs.Arg(0)
+	if len(dp) > 0 {
+		a.DiskPaths = dp
+	}
+	return a, nil
+}
+
+// fdFlag is an inherited descriptor's number (--kernel-fd N): 3 or more;
+// unset, 0.
+type fdFlag struct{ p *int }
+
+func (f fdFlag) String() string {
+	if f.p == nil || *f.p == 0 {
+		return ""
+	}
+	return strconv.Itoa(*f.p)
+}
+
+// Set parses N, 3 or more (0 to 2 are stdin, stdout and stderr).
+func (f fdFlag) Set(v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return err
+	}
+	if n < 3 {
+		return fmt.Errorf("%d: not an inherited descriptor (3 or more)", n)
+	}
+	*f.p = n
+	return nil
+}
+
+// diskFlag is a repeatable --disk PATH[,ro] flag.
+type diskFlag []Disk
+
+func (d *diskFlag) String() string {
+	if d == nil {
+		return ""
+	}
+	var s []string
+	for _, x := range *d {
+		if x.ReadOnly {
+			s = append(s, x.Path+",ro")
+		} else {
+			s = append(s, x.Path)
+		}
+	}
+	return strings.Join(s, " ")
+}
+
+// Set parses PATH[,ro] (or PATH,rw).
+func (d *diskFlag) Set(v string) error {
+	parts := strings.Split(v, ",")
+	spec := Disk{Path: parts[0]}
+	if spec.Path == "" {
+		return fmt.Errorf("empty disk path")
+	}
+	for _, opt := range parts[1:] {
+		switch opt {
+		case "ro":
+			spec.ReadOnly = true
+		case "rw":
+			spec.ReadOnly = false
+		default:
+			return fmt.Errorf("unknown disk option %q (want ro or rw)", opt)
+		}
+	}
+	*d = append(*d, spec)
+	return nil
+}

@@ -1,0 +1,165 @@
+package vmmproc
+
+import (
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/warrenvm/warren/vmmctl"
+)
+
+// TestLaunchRoundTrip: a vmmctl.Launch, encoded (Launch.Args) and parsed
+// by the warren binary's own decoder (ParseRunArgs, ParseRestoreArgs),
+// gives back the same Run or Restore, with every flag only a person
+// gives at its default.
+func TestLaunchRoundTrip(t *testing.T) {
+	runs := []vmmctl.Run{
+		{KernelFD: 4, MemMiB: 256, CPUs: 1},
+		{KernelFD: 4, InitramfsFD: 5, MemMiB: 512, CPUs: 2, Cmdline: "warren.root=/dev/vda quiet",
+			Disks: []vmmctl.Disk{{Path: "/s/tp/base-0.raw"}, {Path: "/s/tp/base-1.raw", ReadOnly: true}},
+			Vsock: "/s/run/tp.vsock", API: "/s/run/tp.api", Console: "/s/tp/console.log"},
+		{KernelFD: 5, MemMiB: 256, CPUs: 1, Vsock: "/v", API: "/a", Console: "/c",
+			Tap: "wt0", PrivateNet: true, HostIP: "10.200.0.1/24", GuestIP: "10.200.0.2",
+			Egress: "/s/tp/egress-template.json", Audit: "/s/tp/egress.jsonl", Hosts: "/etc/warren/hosts",
+			DNSUpstream: "192.0.2.53:53", UpstreamCA: "/etc/warren/ca.pem", UpstreamAllow: "10.0.0.0/8,192.0.2.1",
+			WildcardCredentials: true, Jail: "vmm,root=/s/jail/tp,user=100000:100000"},
+	}
+	for _, r := range runs {
+		args, err := vmmctl.Launch{Run: &r}.Args()
+		if err != nil {
+			t.Fatalf("%+v: %v", r, err)
+		}
+		if args[0] != "run" {
+			t.Fatalf("%q: the verb is not first", args)
+		}
+		var stderr strings.Builder
+		got, err := ParseRunArgs(args[1:], &stderr)
+		if err != nil {
+			t.Fatalf("%q: %v (%s)", args, err, stderr.String())
+		}
+		if !reflect.DeepEqual(got.Run, r) {
+			t.Errorf("%q:\n got %+v\nwant %+v", args, got.Run, r)
+		}
+		want := RunArgs{Run: r, KVMPath: "/dev/kvm", CID: 3, EgressAttach: "auto"}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%q: the person's flags\n got %+v\nwant %+v", args, got, want)
+		}
+	}
+	restores := []vmmctl.Restore{
+		{Snapshot: "/s/tp/snap/base"},
+		{Snapshot: "/s/tp/snap/base", Lazy: true, API: "/s/run/sb.api", Vsock: "/s/run/sb.vsock", Console: "/s/sb/console.log",
+			DiskPaths: map[int]string{0: "/s/sb/overlay-0.wdisk", 2: "/s/sb/overlay-2.wdisk"}},
+		{Snapshot: "/tmp/plain/-base", API: "/a", Vsock: "/v", Console: "/c",
+			Egress: "/s/sb/egress.json", Secrets: "/s/sb/secrets.json", Audit: "/s/sb/egress.jsonl", Jail: "strict"},
+	}
+	for _, r := range restores {
+		args, err := vmmctl.Launch{Restore: &r}.Args()
+		if err != nil {
+			t.Fatalf("%+v: %v", r, err)
+		}
+		if args[0] != "restore" {
+			t.Fatalf("%q: the verb is not first", args)
+		}
+		var stderr strings.Builder
+		got, err := ParseRestoreArgs(args[1:], &stderr)
+		if err != nil {
+			t.Fatalf("%q: %v (%s)", args, err, stderr.String())
+		}
+		want := RestoreArgs{Restore: r, KVMPath: "/dev/kvm"}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%q:\n got %+v\nwant %+v", args, got, want)
+		}
+	}
+}
+
+// TestLaunchArgsRefused: Launch.Args refuses what the VMM would not read
+// as meant: neither or both verbs, a relative path (which could read as a
+// flag), a missing kernel, snapshot or size, a disk path with a comma,
+// and network or egress settings without what they need.
+func TestLaunchArgsRefused(t *testing.T) {
+	ok := vmmctl.Run{KernelFD: 4, MemMiB: 256, CPUs: 1}
+	run := func(f func(r *vmmctl.Run)) vmmctl.Launch {
+		r := ok
+		f(&r)
+		return vmmctl.Launch{Run: &r}
+	}
+	restore := func(r vmmctl.Restore) vmmctl.Launch { return vmmctl.Launch{Restore: &r} }
+	for name, l := range map[string]vmmctl.Launch{
+		"neither":             {},
+		"both":                {Run: &ok, Restore: &vmmctl.Restore{Snapshot: "/s"}},
+		"no kernel":           run(func(r *vmmctl.Run) { r.KernelFD = 0 }),
+		"kernel on stderr":    run(func(r *vmmctl.Run) { r.KernelFD = 2 }),
+		"negative initramfs":  run(func(r *vmmctl.Run) { r.InitramfsFD = -1 }),
+		"no memory":           run(func(r *vmmctl.Run) { r.MemMiB = 0 }),
+		"no vCPU":             run(func(r *vmmctl.Run) { r.CPUs = 0 }),
+		"relative api":        run(func(r *vmmctl.Run) { r.API = "run/x.api" }),
+		"relative console":    run(func(r *vmmctl.Run) { r.Console = "-v" }),
+		"relative disk":       run(func(r *vmmctl.Run) { r.Disks = []vmmctl.Disk{{Path: "a.raw"}} }),
+		"disk with a comma":   run(func(r *vmmctl.Run) { r.Disks = []vmmctl.Disk{{Path: "/a,ro"}} }),
+		"empty disk":          run(func(r *vmmctl.Run) { r.Disks = []vmmctl.Disk{{}} }),
+		"host ip without tap": run(func(r *vmmctl.Run) { r.HostIP = "10.0.0.1/24" }),
+		"bad host ip":         run(func(r *vmmctl.Run) { r.Tap, r.HostIP = "t", "10.0.0.1" }),
+		"guest ip alone":      run(func(r *vmmctl.Run) { r.Tap, r.GuestIP = "t", "10.0.0.2" }),
+		"private net alone":   run(func(r *vmmctl.Run) { r.PrivateNet = true }),
+		"egress alone":        run(func(r *vmmctl.Run) { r.Egress = "/p.json" }),
+		"audit alone":         run(func(r *vmmctl.Run) { r.Audit = "/a.jsonl" }),
+		"no snapshot":         restore(vmmctl.Restore{API: "/a"}),
+		"relative snapshot":   restore(vmmctl.Restore{Snapshot: "snap/base"}),
+		"relative secrets":    restore(vmmctl.Restore{Snapshot: "/s", Secrets: "secrets.json"}),
+		"relative disk path":  restore(vmmctl.Restore{Snapshot: "/s", DiskPaths: map[int]string{0: "o.wdisk"}}),
+		"empty disk path":     restore(vmmctl.Restore{Snapshot: "/s", DiskPaths: map[int]string{0: ""}}),
+		"negative disk":       restore(vmmctl.Restore{Snapshot: "/s", DiskPaths: map[int]string{-1: "/o"}}),
+	} {
+		if args, err := l.Args(); err == nil {
+			t.Errorf("%s: encoded as %q", name, args)
+		}
+	}
+}
+
+// TestLaunchWithJail: WithJail sets the copy's --jail and leaves the
+// original's alone.
+func TestLaunchWithJail(t *testing.T) {
+	l := vmmctl.Launch{Restore: &vmmctl.Restore{Snapshot: "/s"}}
+	j := l.WithJail("vmm")
+	if l.Restore.Jail != "" || j.Restore.Jail != "vmm" {
+		t.Fatalf("original %q, copy %q", l.Restore.Jail, j.Restore.Jail)
+	}
+	args, err := j.Args()
+	if err != nil || strings.Join(args, " ") != "restore --jail vmm /s" {
+		t.Fatalf("%q, %v", args, err)
+	}
+}
+
+// TestParseArgsRefused: the decoder refuses what `warren run` and `warren
+// restore` refuse before they look at a value: unknown flags, stray
+// operands, a descriptor below 3, and not exactly one snapshot.
+func TestParseArgsRefused(t *testing.T) {
+	for _, args := range [][]string{{"--bogus"}, {"extra"}, {"--kernel-fd", "0"}, {"--initramfs-fd", "-1"}, {"--disk", "a,fast"}} {
+		if _, err := ParseRunArgs(args, io.Discard); err == nil {
+			t.Errorf("run %q accepted", args)
+		}
+	}
+	for _, args := range [][]string{{}, {"/a", "/b"}, {"--bogus", "/a"}, {"--disk-path", "x=/o", "/a"}, {"--disk-path", "0=/o", "--disk-path", "0=/p", "/a"}} {
+		if _, err := ParseRestoreArgs(args, io.Discard); err == nil {
+			t.Errorf("restore %q accepted", args)
+		}
+	}
+}
+
+func TestDiskFlag(t *testing.T) {
+	var d diskFlag
+	for _, v := range []string{"a.img", "b.img,ro", "c.img,rw"} {
+		if err := d.Set(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(d) != 3 || d[0].ReadOnly || !d[1].ReadOnly || d[2].ReadOnly || d[1].Path != "b.img" {
+		t.Fatalf("parsed %+v", d)
+	}
+	for _, bad := range []string{"", ",ro", "x.img,fast"} {
+		if err := d.Set(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
