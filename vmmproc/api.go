@@ -64,6 +64,8 @@ type apiServer struct {
 	// agent re-sync service, which tells the guest the egress settings.
 	egress *egress.Sandbox
 	sync   *agentclient.SyncService
+	// proc is the VMM process serving (its helper, jail, executable).
+	proc *process
 }
 
 // serveAPI listens on the unix socket path (replacing a stale socket file)

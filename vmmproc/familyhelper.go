@@ -49,14 +49,24 @@ type spawnReply struct {
 // devNet (a descriptor of /dev/net, openDevNet; -1: none served) and fork
 // children through sp (nil: none served).
 func newFamilyHelper(devNet int, sp *jail.Spawner) jail.HelperFunc {
-	return func(b []byte, in []*os.File, pid int) ([]byte, []*os.File, error) {
-		return serveFamilyRequest(devNet, sp, b, in, pid)
-	}
+	h := &familyHelper{devNet: devNet, spawner: sp, limit: newNetRateLimit()}
+	return h.serve
 }
 
-// serveFamilyRequest serves one request b, with its descriptors in, from
-// the family member pid.
-func serveFamilyRequest(devNet int, sp *jail.Spawner, b []byte, in []*os.File, pid int) ([]byte, []*os.File, error) {
+// familyHelper is jail-init's helper for one family: what it serves with
+// (a descriptor of /dev/net, -1: no networks; a Spawner, nil: no fork
+// children) and its rate limit on networks. ServeHelper calls serve from
+// one goroutine; limit has its own lock.
+type familyHelper struct {
+	devNet  int
+	spawner *jail.Spawner
+	limit   *netRateLimit
+}
+
+// serve serves one request b, with its descriptors in, from the family
+// member pid.
+func (h *familyHelper) serve(b []byte, in []*os.File, pid int) ([]byte, []*os.File, error) {
+	devNet, sp := h.devNet, h.spawner
 	var req helperRequest
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
@@ -71,7 +81,7 @@ func serveFamilyRequest(devNet int, sp *jail.Spawner, b []byte, in []*os.File, p
 		if len(in) != 0 {
 			return nil, nil, errors.New("a network request carries no descriptors")
 		}
-		return serveNetRequest(devNet, *req.Net)
+		return serveNetRequest(devNet, h.limit, *req.Net)
 	case req.Spawn != nil && req.Net == nil:
 		if sp == nil {
 			return nil, nil, errors.New("this family's helper starts no fork children")
@@ -133,12 +143,4 @@ func spawnViaHelper(conn *os.File, grant string, log *os.File, files []*os.File)
 		c.pidfd = got[0]
 	}
 	return c, nil
-}
-
-// spawnsViaHelper reports whether this process's fork children are
-// started by its family's helper (jail-init with --spawn: the VMM was
-// told so in jail.SpawnEnv) rather than by this process.
-func spawnsViaHelper() bool {
-	conn, _ := helperConn()
-	return conn != nil && os.Getenv(jail.SpawnEnv) == "1"
 }

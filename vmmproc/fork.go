@@ -86,10 +86,6 @@ type forkRestore struct {
 	mem     *guestmem.Memory // owned by the VM once built
 }
 
-// forkExecutable is the program started for each child (the running
-// executable; tests run their own binary, which dispatches fork-child).
-var forkExecutable = os.Executable
-
 // fork serves POST /v1/fork.
 func (a *apiServer) fork(w http.ResponseWriter, r *http.Request) {
 	var req vmmctl.ForkRequest
@@ -139,7 +135,7 @@ func (a *apiServer) fork(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if via := spawnsViaHelper(); via && len(req.Grants) != req.N {
+	if via := a.proc.spawnsViaHelper(); via && len(req.Grants) != req.N {
 		replyErr(w, http.StatusBadRequest, fmt.Errorf("fork: this VMM's children are started by its jail-init under warren-hostd's grants: %d grants for %d children", len(req.Grants), req.N))
 		return
 	} else if !via && len(req.Grants) > 0 {
@@ -188,7 +184,7 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 	a.forkMu.Lock()
 	defer a.forkMu.Unlock()
 	start := time.Now()
-	exe, err := forkExecutable()
+	exe, err := a.proc.executable()
 	if err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}
@@ -204,10 +200,7 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 			egState.Policy = *req.Egress
 		}
 	}
-	helper, err := helperConn()
-	if err != nil {
-		return nil, fmt.Errorf("fork: %w", err)
-	}
+	helper := a.proc.helperConn()
 	// With a helper, a child's namespace is a private network the helper
 	// makes (this process may make none): --netns means just that.
 	cloneNetNS := req.NetNS && helper == nil
@@ -248,7 +241,7 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 			ch.Audit = e.Audit
 		}
 		specs[k] = forkSpec{Options: o, API: ch.API, Console: ch.Console, KVM: a.kvmPath,
-			Identity: agentwire.Identity{Hostname: ch.Hostname, MachineID: ch.MachineID, MAC: ch.MAC}, Jail: currentJail()}
+			Identity: agentwire.Identity{Hostname: ch.Hostname, MachineID: ch.MachineID, MAC: ch.MAC}, Jail: a.proc.currentJail()}
 		if len(ch.API) > 100 || len(ch.Vsock) > 100 {
 			return nil, fmt.Errorf("fork: prefix %q is too long for a unix socket path", p)
 		}
@@ -535,7 +528,7 @@ func ForkChild(args []string, stdout, stderr io.Writer) int {
 	if err := json.Unmarshal(b, &spec); err != nil {
 		return fail("spec: %v", err)
 	}
-	forkChildProcess = true
+	var helper *os.File
 	if spec.Log != "" {
 		if err := redirectOutput(spec.Log); err != nil {
 			return fail("%v", err)
@@ -545,7 +538,7 @@ func ForkChild(args []string, stdout, stderr io.Writer) int {
 		if spec.NetHelper < 5 || spec.NetHelper > 5+4096 {
 			return fail("spec: helper descriptor %d", spec.NetHelper)
 		}
-		setHelperConn(os.NewFile(uintptr(spec.NetHelper), "helper"))
+		helper = os.NewFile(uintptr(spec.NetHelper), "helper")
 	}
 	js, err := ParseJail(spec.Jail)
 	if err != nil {
@@ -581,7 +574,7 @@ func ForkChild(args []string, stdout, stderr io.Writer) int {
 	}
 	defer closeOut()
 	id := spec.Identity
-	o := vmOptions{kvmPath: spec.KVM, log: log, console: out, trackDirty: true, identity: &id,
+	o := vmOptions{proc: newForkChildProcess(helper), kvmPath: spec.KVM, log: log, console: out, trackDirty: true, identity: &id,
 		fork: &forkRestore{state: st, devices: spec.Devices, mem: mem}}
 	raw, _ := json.Marshal(spec.Options)
 	if err := applyOptions(&o, raw); err != nil {

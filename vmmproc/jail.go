@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/warrenvm/warren/vmm/guestmem"
 	"github.com/warrenvm/warren/vmmproc/jail"
@@ -193,28 +192,17 @@ func parseJailProfile(v, prof, mode string) (JailSpec, error) {
 	return j, nil
 }
 
-// activeJail is the jail this process entered: fork children are started
-// with it (they are born under its filter and harden themselves the same
-// way after their own setup).
-var activeJail struct {
-	sync.Mutex
-	spec JailSpec
-}
-
-func currentJail() string {
-	activeJail.Lock()
-	defer activeJail.Unlock()
-	return activeJail.spec.String()
-}
-
 // jailConfig is the jail.Config for the VM of o under j.
 func jailConfig(j JailSpec, o *vmOptions) jail.Config {
 	cfg := jail.Config{Profile: j.profile, Seccomp: jail.Options{Mode: j.mode}, Root: j.root, User: j.user}
 	if o != nil && o.egress != nil {
 		cfg.Seccomp.BPFMaps = true
 	}
-	helper, _ := helperConn()
-	if o != nil && o.tap != "" && helper != nil && o.privateNet {
+	var p *process
+	if o != nil {
+		p = o.proc
+	}
+	if o != nil && o.tap != "" && p.helperConn() != nil && o.privateNet {
 		// Its network and its fork children's come from the family's
 		// helper (nethelper.go): nothing to keep for them, but on older
 		// kernels the filter's maps answer only to CAP_BPF.
@@ -236,13 +224,13 @@ func jailConfig(j JailSpec, o *vmOptions) jail.Config {
 	}
 	// Its fork children are started by its jail-init (familyhelper.go):
 	// it makes no process itself.
-	cfg.Seccomp.Spawned = spawnsViaHelper()
-	if ownMountNS() {
+	cfg.Seccomp.Spawned = p.spawnsViaHelper()
+	if ownMountNS(p) {
 		cfg.Mounts = &jail.MountOptions{}
 	} else {
 		cfg.Root = nil // only in a mount namespace of its own
 	}
-	if isForkChild() {
+	if p.isForkChild() {
 		cfg.Root, cfg.User = nil, nil // inherited
 	}
 	return cfg
@@ -256,8 +244,8 @@ func jailConfig(j JailSpec, o *vmOptions) jail.Config {
 // mounts, maybe the host's). A fork child is in its parent's namespace,
 // which was made private already, and cannot call mount under the
 // inherited filter anyway.
-func ownMountNS() bool {
-	if isForkChild() {
+func ownMountNS(p *process) bool {
+	if p.isForkChild() {
 		return false
 	}
 	if os.Getenv(jail.InitEnv) == "1" && os.Getppid() == 1 {
@@ -268,11 +256,6 @@ func ownMountNS() bool {
 	return err1 == nil && err2 == nil && self != parent
 }
 
-// isForkChild is set by ForkChild.
-var forkChildProcess bool
-
-func isForkChild() bool { return forkChildProcess }
-
 // enterJail hardens this VMM process (see above); a no-op for the zero
 // spec. It is called after the VM's setup, right before runForeground.
 func enterJail(j JailSpec, o *vmOptions, log *slog.Logger) error {
@@ -280,30 +263,27 @@ func enterJail(j JailSpec, o *vmOptions, log *slog.Logger) error {
 		return nil
 	}
 	cfg := jailConfig(j, o)
+	p := o.proc
 	if cfg.Root != nil {
 		// Fork children are started from this binary by the path it
 		// has now (bound into the jail at the same path).
-		if exe, err := forkExecutable(); err == nil {
-			forkExecutable = func() (string, error) { return exe, nil }
-		}
+		p.fixExecutable()
 	}
-	if cfg.User != nil || isForkChild() {
+	if cfg.User != nil || p.isForkChild() {
 		// Leaving root makes the process non-dumpable: its own
 		// /proc/self/pagemap (for forks) then no longer opens.
 		if err := guestmem.KeepPagemap(); err != nil {
 			return fmt.Errorf("jail (%s): %w", j, err)
 		}
 	}
-	if isForkChild() {
+	if p.isForkChild() {
 		if err := enterInherited(cfg); err != nil {
 			return fmt.Errorf("jail (%s): %w", j, err)
 		}
 	} else if err := jail.Enter(cfg); err != nil {
 		return fmt.Errorf("jail (%s): %w", j, err)
 	}
-	activeJail.Lock()
-	activeJail.spec = j
-	activeJail.Unlock()
+	p.setJail(j)
 	if log != nil {
 		log.Debug("jailed", "profile", j.profile.String(), "mode", j.mode.String(), "keep_caps", len(cfg.KeepCaps), "private_mounts", cfg.Mounts != nil)
 	}

@@ -120,16 +120,14 @@ func TestJailHelper(t *testing.T) {
 		t.Skip("only run as TestJailRefusesForbiddenSyscall's subprocess")
 	}
 	child := strings.HasSuffix(prof, "-child")
-	if child {
-		// A fork child of a jailed VMM: born under its filter.
-		forkChildProcess = true
-		prof = strings.TrimSuffix(prof, "-child")
-	}
+	// A "-child" is a fork child of a jailed VMM: born under its filter.
+	p := &process{forkChild: child}
+	prof = strings.TrimSuffix(prof, "-child")
 	js, err := ParseJail(prof)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !child && !ownMountNS() {
+	if !child && !ownMountNS(p) {
 		t.Fatal("the helper should be in a mount namespace of its own")
 	}
 	// Threads exist before the jail (the filter reaches them all: TSYNC).
@@ -151,11 +149,11 @@ func TestJailHelper(t *testing.T) {
 			}
 		}()
 	}
-	if err := enterJail(js, &vmOptions{}, nil); err != nil {
+	if err := enterJail(js, &vmOptions{proc: p}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if currentJail() != prof {
-		t.Fatalf("currentJail %q", currentJail())
+	if p.currentJail() != prof {
+		t.Fatalf("currentJail %q", p.currentJail())
 	}
 	eperm := func(what string, err error) {
 		t.Helper()
@@ -211,11 +209,11 @@ func TestJailHelper(t *testing.T) {
 	}
 	// The Go runtime keeps working.
 	runtime.GC()
-	p := filepath.Join(dir, "f")
-	if err := os.WriteFile(p, []byte("still works"), 0o600); err != nil {
+	f := filepath.Join(dir, "f")
+	if err := os.WriteFile(f, []byte("still works"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if b, err := os.ReadFile(p); err != nil || string(b) != "still works" {
+	if b, err := os.ReadFile(f); err != nil || string(b) != "still works" {
 		t.Fatalf("file: %q %v", b, err)
 	}
 	r, w, err := os.Pipe()
@@ -299,17 +297,14 @@ func TestJailSpawned(t *testing.T) {
 	}
 	defer r.Close()
 	defer w.Close()
-	saved := netHelper.file
-	defer func() { netHelper.file = saved }()
 	j := JailSpec{profile: jail.ProfileVMM, mode: jail.ModeErrno}
 	for _, c := range []struct {
 		helper *os.File
 		env    string
 		want   bool
 	}{{r, "1", true}, {r, "", false}, {nil, "1", false}} {
-		setHelperConn(c.helper)
 		t.Setenv(jail.SpawnEnv, c.env)
-		if got := jailConfig(j, &vmOptions{}).Seccomp.Spawned; got != c.want {
+		if got := jailConfig(j, &vmOptions{proc: newProcessWith(c.helper, false)}).Seccomp.Spawned; got != c.want {
 			t.Errorf("helper %v, $%s=%q: Spawned %v, want %v", c.helper != nil, jail.SpawnEnv, c.env, got, c.want)
 		}
 	}

@@ -64,15 +64,19 @@ const (
 	netHelperRate  = 8 // per second, after the burst
 )
 
-// netHelperLimit is the helper's token bucket (one per jail-init).
-var netHelperLimit = struct {
+// netRateLimit is a helper's token bucket for networks: netHelperBurst
+// at once, then netHelperRate a second. Its mutex guards the rest.
+type netRateLimit struct {
 	sync.Mutex
 	tokens float64
 	last   time.Time
-}{tokens: netHelperBurst}
+}
 
-func netHelperAllow() bool {
-	l := &netHelperLimit
+// newNetRateLimit is a full bucket.
+func newNetRateLimit() *netRateLimit { return &netRateLimit{tokens: netHelperBurst} }
+
+// allow takes a token, reporting whether there was one.
+func (l *netRateLimit) allow() bool {
 	l.Lock()
 	defer l.Unlock()
 	now := time.Now()
@@ -98,12 +102,13 @@ func openDevNet() (int, error) {
 	return devNet, nil
 }
 
-// serveNetRequest serves one request, opening taps through devNet.
-func serveNetRequest(devNet int, req netRequest) ([]byte, []*os.File, error) {
+// serveNetRequest serves one request, opening taps through devNet, if
+// limit has a token for it.
+func serveNetRequest(devNet int, limit *netRateLimit, req netRequest) ([]byte, []*os.File, error) {
 	if !tapNameRE.MatchString(req.Tap) {
 		return nil, nil, fmt.Errorf("tap name %q: want a letter then up to 14 letters, digits, '-' or '_'", req.Tap)
 	}
-	if !netHelperAllow() {
+	if !limit.allow() {
 		return nil, nil, errors.New("too many networks asked for: try again later")
 	}
 	n, err := makePrivateNet(devNet, req)
@@ -175,31 +180,6 @@ func makePrivateNet(devNet int, req netRequest) (*privateNet, error) {
 	}
 	n.ns = os.NewFile(uintptr(h), "netns")
 	return n, nil
-}
-
-// netHelper is the helper socket this VMM process has (nil: none, it
-// makes its network itself): from $jail.HelperEnv for `warren run` and
-// `warren restore` under jail-init, from the fork spec for a fork child.
-var netHelper struct {
-	once sync.Once
-	file *os.File
-	err  error
-}
-
-// helperConn returns the process's helper socket, if any.
-func helperConn() (*os.File, error) {
-	netHelper.once.Do(func() {
-		if !isForkChild() {
-			netHelper.file, netHelper.err = jail.HelperFromEnv()
-		}
-	})
-	return netHelper.file, netHelper.err
-}
-
-// setHelperConn sets a fork child's helper socket (from its spec).
-func setHelperConn(f *os.File) {
-	netHelper.once.Do(func() {})
-	netHelper.file = f
 }
 
 // askPrivateNet has the helper make o's private network and adopts it: the

@@ -36,7 +36,8 @@ func TestNetHelperRefuses(t *testing.T) {
 		{`{}`, "exactly one", devNet, nil},
 		{`not json`, "bad request", devNet, nil},
 	} {
-		out, files, err := serveFamilyRequest(c.devNet, nil, []byte(c.req), c.in, os.Getpid())
+		h := &familyHelper{devNet: c.devNet, limit: newNetRateLimit()}
+		out, files, err := h.serve([]byte(c.req), c.in, os.Getpid())
 		if err == nil || !strings.Contains(err.Error(), c.want) || out != nil || files != nil {
 			t.Errorf("%s: %q, %d files, %v; want refused (%s)", c.req, out, len(files), err, c.want)
 		}
@@ -46,19 +47,11 @@ func TestNetHelperRefuses(t *testing.T) {
 // TestNetHelperRate: after its burst the helper makes at most
 // netHelperRate networks a second.
 func TestNetHelperRate(t *testing.T) {
-	l := &netHelperLimit
-	l.Lock()
-	saved := l.tokens
+	l := newNetRateLimit()
 	l.tokens = 2
-	l.Unlock()
-	defer func() {
-		l.Lock()
-		l.tokens = saved
-		l.Unlock()
-	}()
 	allowed := 0
 	for range 10 {
-		if netHelperAllow() {
+		if l.allow() {
 			allowed++
 		}
 	}

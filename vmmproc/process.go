@@ -65,7 +65,11 @@ type Spec struct {
 // jail and runs the VM in the foreground, stdin feeding its console,
 // until it powers off (nil), fails, or the process is interrupted.
 func Run(s Spec, stdin io.Reader) error {
-	o := vmOptions{
+	p, err := newProcess()
+	if err != nil {
+		return err
+	}
+	o := vmOptions{proc: p,
 		memMiB: s.MemMiB, cpus: s.CPUs, kernel: s.Kernel, initramfs: s.Initramfs, cmdline: s.Cmdline, egress: s.Egress,
 		console: s.Console, kvmPath: s.KVMPath, log: s.Log, rng: s.RNG,
 		tap: s.Tap, mac: s.MAC, vsock: s.Vsock, cid: s.CID,
@@ -131,7 +135,11 @@ func Restore(s RestoreSpec, stdin io.Reader) error {
 		return err
 	}
 	defer snap.Close()
-	o := vmOptions{kvmPath: s.KVMPath, log: log, trackDirty: s.API != "", restore: snap, lazy: s.Lazy}
+	p, err := newProcess()
+	if err != nil {
+		return err
+	}
+	o := vmOptions{proc: p, kvmPath: s.KVMPath, log: log, trackDirty: s.API != "", restore: snap, lazy: s.Lazy}
 	if s.Timing != "" {
 		o.onFirstRun = firstRunTimer(s.Timing, log)
 	}

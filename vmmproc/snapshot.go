@@ -264,7 +264,7 @@ func startAPI(sock string, b *built, o vmOptions, log *slog.Logger, layer, name 
 	a := &apiServer{vm: b.vm, snap: s, log: log, host: func() ([]byte, error) { return fp, nil },
 		apiPath: sock, opts: ro, kvmPath: o.kvmPath, disks: b.devs.diskSet,
 		forker: &cow.Forker{VM: b.vm, Devices: b.devs.snap, Disks: b.devs.diskSet},
-		egress: b.devs.egress, sync: b.devs.sync}
+		egress: b.devs.egress, sync: b.devs.sync, proc: o.proc}
 	if a.egress != nil {
 		s.Options = a.liveOptions
 	}

@@ -61,6 +61,8 @@ type vmOptions struct {
 	// (a forked child's new hostname and machine id).
 	identity   *agentwire.Identity
 	trackDirty bool // KVM dirty-page logging, for incremental snapshots
+	// proc is the VMM process the VM runs in (nil: a plain one).
+	proc *process
 
 	// restore, when set, makes the VM from this snapshot instead of the
 	// kernel (kernel, initramfs and cmdline are then unused), lazily when
@@ -279,11 +281,7 @@ func virtioSpec(name string, queues int, dev virtio.Device, log *slog.Logger, mm
 // private network namespace (d.netns) when o.privateNet is set. What it
 // opens is appended to closers, in the order they must close.
 func openNet(o vmOptions, d *vmDevices, closers *[]func() error) (*vnet.Device, error) {
-	conn, err := helperConn()
-	if err != nil {
-		return nil, err
-	}
-	return openNetWith(conn, o, d, closers)
+	return openNetWith(o.proc.helperConn(), o, d, closers)
 }
 
 // openNetWith is openNet with the family's helper conn (nil: none).
