@@ -10,7 +10,12 @@
 // is what warren-hostd asks a VMM to be (`warren run` for a template's
 // build, `warren restore` for a sandbox), and Launch.Args its one
 // encoder into the warren binary's command line, which the binary
-// decodes with vmmproc.ParseRunArgs and ParseRestoreArgs.
+// decodes with vmmproc.ParseRunArgs and ParseRestoreArgs; Jail
+// (jail.go) is the confinement a VMM enters once set up, with its one
+// encoder and decoder (Encode, ParseJail); JailInit (jailinit.go) is
+// `warren jail-init`, the confined VMM's pid 1 that starts it, encoded by
+// Args and decoded by vmmproc.ParseJailInitArgs. warren-hostd builds no
+// argv of its own.
 //
 // Errors: a refusal is an answer with a non-200 status and an ErrorReply
 // body; the Client returns it as an *Error carrying the status (409: the

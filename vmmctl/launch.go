@@ -64,7 +64,8 @@ type Run struct {
 	UpstreamCA          string
 	UpstreamAllow       string
 	WildcardCredentials bool
-	// Jail is the --jail value (vmmproc.ParseJail reads it); empty: none.
+	// Jail is the --jail value (Jail.Encode writes it, ParseJail and
+	// vmmproc.ParseJail read it); empty: none.
 	Jail string
 }
 
@@ -93,7 +94,8 @@ type Restore struct {
 	// DiskPaths opens the snapshot's writable disk I at DiskPaths[I]
 	// (--disk-path I=PATH), typically a cow/disk overlay.
 	DiskPaths map[int]string
-	// Jail is the --jail value (vmmproc.ParseJail reads it); empty: none.
+	// Jail is the --jail value (Jail.Encode writes it, ParseJail and
+	// vmmproc.ParseJail read it); empty: none.
 	Jail string
 }
 

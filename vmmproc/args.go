@@ -197,3 +197,51 @@ func (d *diskFlag) Set(v string) error {
 	*d = append(*d, spec)
 	return nil
 }
+
+// JailInitArgs is `warren jail-init`'s command line (vmmctl.JailInit's
+// encoding): what JailInit runs, and the cgroups to join before it (the
+// daemon's business: hostd/cgroup.JoinSelf).
+type JailInitArgs struct {
+	InitSpec
+	Cgroups []string
+}
+
+// ParseJailInitArgs parses `warren jail-init`'s arguments (after the
+// verb): its flags, then "--" and the VMM's command line. A mistake is
+// reported on stderr and returned as a *UsageError.
+func ParseJailInitArgs(args []string, stderr io.Writer) (JailInitArgs, error) {
+	var a JailInitArgs
+	fs := flag.NewFlagSet("warren "+vmmctl.JailInitVerb, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&a.ReportFD, "report-fd", -1, "unix socket to report the command's pid on (SCM_CREDENTIALS)")
+	pass := fs.Int("pass-fds", 0, "pass descriptors 4 to 3+N on to the command at the same numbers (the daemon's files for the VMM)")
+	fs.BoolVar(&a.NetHelper, "net-helper", false, "serve the VMM family's private networks (a network VMM that leaves root asks for them: nethelper.go)")
+	fs.BoolVar(&a.Spawn, "spawn", false, "start the VMM family's fork children under warren-hostd's grants (vmmproc/jail.Spawner), whose key comes first on the report socket")
+	fs.Var((*stringsFlag)(&a.Cgroups), "cgroup", "join this cgroup directory before starting the command, which is then born in it (repeatable: one per v1 hierarchy)")
+	fs.Var((*stringsFlag)(&a.CgroupRoots), "cgroup-root", "with --spawn: the directory fork children's cgroups are under (repeatable: one per v1 hierarchy)")
+	if err := fs.Parse(args); err != nil {
+		return JailInitArgs{}, &UsageError{err}
+	}
+	fail := func(format string, v ...any) (JailInitArgs, error) {
+		err := fmt.Errorf(format, v...)
+		fmt.Fprintf(stderr, "warren %s: %v\n", vmmctl.JailInitVerb, err)
+		return JailInitArgs{}, &UsageError{err}
+	}
+	if *pass < 0 || *pass > vmmctl.MaxPassFDs {
+		return fail("--pass-fds %d: want 0 to %d", *pass, vmmctl.MaxPassFDs)
+	}
+	for i := range *pass {
+		a.PassFDs = append(a.PassFDs, 4+i)
+	}
+	if fs.NArg() == 0 {
+		return fail("no command")
+	}
+	a.Command = fs.Args()
+	return a, nil
+}
+
+// stringsFlag is a repeatable string flag.
+type stringsFlag []string
+
+func (s *stringsFlag) String() string     { return strings.Join(*s, " ") }
+func (s *stringsFlag) Set(v string) error { *s = append(*s, v); return nil }

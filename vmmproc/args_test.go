@@ -163,3 +163,41 @@ func TestDiskFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestJailInitRoundTrip: a vmmctl.JailInit, encoded and parsed by the
+// warren binary's decoder (ParseJailInitArgs), gives back its flags, the
+// descriptors to pass by number, and the VMM's command line as encoded.
+func TestJailInitRoundTrip(t *testing.T) {
+	vmm := vmmctl.Launch{Restore: &vmmctl.Restore{Snapshot: "/s/snap/base", Lazy: true, Jail: "vmm,root=/s/jail/sb"}}
+	for _, j := range []vmmctl.JailInit{
+		{ReportFD: 3, Program: "/usr/bin/warren", VMM: vmm},
+		{ReportFD: 3, PassFDs: 3, NetHelper: true, Spawn: true, CgroupRoots: []string{"/c/cpu/w", "/c/memory/w"},
+			Cgroups: []string{"/c/cpu/w/sb", "/c/memory/w/sb"}, Program: "/usr/bin/warren", VMM: vmm},
+	} {
+		args, err := j.Args()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if args[0] != vmmctl.JailInitVerb {
+			t.Fatalf("verb %q", args[0])
+		}
+		a, err := ParseJailInitArgs(args[1:], io.Discard)
+		if err != nil {
+			t.Fatalf("%q: %v", args, err)
+		}
+		vmmArgs, _ := j.VMM.Args()
+		want := JailInitArgs{InitSpec: InitSpec{ReportFD: j.ReportFD, NetHelper: j.NetHelper, Spawn: j.Spawn,
+			CgroupRoots: j.CgroupRoots, Command: append([]string{j.Program}, vmmArgs...)}, Cgroups: j.Cgroups}
+		for i := range j.PassFDs {
+			want.PassFDs = append(want.PassFDs, 4+i)
+		}
+		if !reflect.DeepEqual(a, want) {
+			t.Errorf("%q:\nparsed %+v\nwant   %+v", args, a, want)
+		}
+	}
+	for _, bad := range [][]string{{"--pass-fds", "65", "--", "/w"}, {"--report-fd", "3"}, {"--bogus", "--", "/w"}} {
+		if a, err := ParseJailInitArgs(bad, io.Discard); err == nil {
+			t.Errorf("%q accepted: %+v", bad, a)
+		}
+	}
+}

@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/warrenvm/warren/vmm/guestmem"
+	"github.com/warrenvm/warren/vmmctl"
 	"github.com/warrenvm/warren/vmmproc/jail"
 	"golang.org/x/sys/unix"
 )
@@ -71,125 +71,50 @@ func (j JailSpec) String() string {
 	return s
 }
 
-// ParseJail parses "" / "off", "strict" or "vmm", optionally followed by
-// ",errno", ",log" or ",kill", then by the confinement options above.
+// ParseJail parses a --jail value (vmmctl.ParseJail: "" / "off",
+// "strict" or "vmm", optionally followed by ",errno", ",log" or ",kill",
+// then by the confinement options above) into the jail the process
+// enters.
 func ParseJail(v string) (JailSpec, error) {
-	prof, rest, _ := strings.Cut(strings.TrimSpace(v), ",")
-	mode, opts := "", []string(nil)
-	if rest != "" {
-		for _, item := range strings.Split(rest, ",") {
-			if strings.Contains(item, "=") {
-				opts = append(opts, item)
-			} else if mode == "" && len(opts) == 0 {
-				mode = item
-			} else {
-				return JailSpec{}, fmt.Errorf("--jail %q: unexpected %q", v, item)
-			}
-		}
+	c, err := vmmctl.ParseJail(v)
+	if err != nil {
+		return JailSpec{}, err
 	}
-	j, err := parseJailProfile(v, prof, mode)
-	if err != nil || len(opts) == 0 {
-		return j, err
-	}
-	if !j.on() {
-		return j, fmt.Errorf("--jail %q: options without a profile", v)
-	}
-	for _, o := range opts {
-		k, val, _ := strings.Cut(o, "=")
-		switch k {
-		case "root":
-			if j.root != nil || !filepath.IsAbs(val) || strings.Contains(val, ":") {
-				return j, fmt.Errorf("--jail %q: root=%q: want one absolute path", v, val)
-			}
-			j.root = &jail.RootOptions{Dir: val}
-		case "user":
-			us, gs, ok := strings.Cut(val, ":")
-			uid, err1 := strconv.Atoi(us)
-			gid, err2 := strconv.Atoi(gs)
-			if !ok || err1 != nil || err2 != nil || uid <= 0 || gid <= 0 || j.user != nil {
-				return j, fmt.Errorf("--jail %q: user=%q: want one UID:GID, not root", v, val)
-			}
-			j.user = &jail.User{UID: uid, GID: gid}
-		case "groups":
-			if j.user == nil || j.user.Groups != nil {
-				return j, fmt.Errorf("--jail %q: groups= wants one user= before it", v)
-			}
-			for _, g := range strings.Split(val, ":") {
-				gid, err := strconv.Atoi(g)
-				if err != nil || gid <= 0 || len(j.user.Groups) >= 64 {
-					return j, fmt.Errorf("--jail %q: groups=%q: want up to 64 GIDs, none root's, ':'-separated", v, val)
-				}
-				j.user.Groups = append(j.user.Groups, gid)
-			}
-		case "bind":
-			f := strings.Split(val, ":")
-			b := jail.Bind{Path: f[0]}
-			for _, m := range f[1:] {
-				switch m {
-				case "rw":
-					b.Writable = true
-				case "exec":
-					b.Exec = true
-				default:
-					return j, fmt.Errorf("--jail %q: bind=%q: unknown flag %q", v, val, m)
-				}
-			}
-			if !filepath.IsAbs(b.Path) || filepath.Clean(b.Path) != b.Path || b.Path == "/" {
-				return j, fmt.Errorf("--jail %q: bind=%q: want a clean absolute path", v, val)
-			}
-			if j.root == nil {
-				j.root = &jail.RootOptions{}
-			}
-			j.root.Binds = append(j.root.Binds, b)
-		case "dev":
-			dev, ok := map[string]jail.Device{"kvm": jail.DevKVM, "tun": jail.DevTun, "null": jail.DevNull}[val]
-			if !ok {
-				return j, fmt.Errorf("--jail %q: dev=%q: want kvm, tun or null", v, val)
-			}
-			if j.root == nil {
-				j.root = &jail.RootOptions{}
-			}
-			j.root.Devices = append(j.root.Devices, dev)
-		default:
-			return j, fmt.Errorf("--jail %q: unknown option %q", v, k)
-		}
-	}
-	if j.root != nil && j.root.Dir == "" {
-		return j, fmt.Errorf("--jail %q: bind= and dev= need root=", v)
-	}
-	if j.root != nil {
-		j.root.Owner = j.user
-	}
-	return j, nil
+	return jailSpecOf(c), nil
 }
 
-// parseJailProfile parses the profile and mode of the --jail value v.
-func parseJailProfile(v, prof, mode string) (JailSpec, error) {
+// jailSpecOf is the jail of the checked contract value c.
+func jailSpecOf(c vmmctl.Jail) JailSpec {
 	var j JailSpec
-	switch prof {
-	case "", "off", "none":
-		if mode != "" {
-			return j, fmt.Errorf("--jail %q: a mode without a profile", v)
-		}
-		return j, nil
+	switch c.Profile {
+	case "":
+		return j
 	case "strict":
 		j.profile = jail.ProfileStrict
 	case "vmm":
 		j.profile = jail.ProfileVMM
-	default:
-		return j, fmt.Errorf("--jail %q: want strict or vmm (optionally ,log or ,kill)", v)
 	}
-	switch mode {
+	switch c.Mode {
 	case "", "errno":
 		j.mode = jail.ModeErrno
 	case "log":
 		j.mode = jail.ModeLog
 	case "kill":
 		j.mode = jail.ModeKill
-	default:
-		return j, fmt.Errorf("--jail %q: mode %q: want errno, log or kill", v, mode)
 	}
-	return j, nil
+	if c.UID != 0 {
+		j.user = &jail.User{UID: c.UID, GID: c.GID, Groups: c.Groups}
+	}
+	if c.Root != "" {
+		j.root = &jail.RootOptions{Dir: c.Root, Owner: j.user}
+		for _, b := range c.Binds {
+			j.root.Binds = append(j.root.Binds, jail.Bind{Path: b.Path, Writable: b.Writable, Exec: b.Exec})
+		}
+		for _, d := range c.Devices {
+			j.root.Devices = append(j.root.Devices, map[string]jail.Device{"kvm": jail.DevKVM, "tun": jail.DevTun, "null": jail.DevNull}[d])
+		}
+	}
+	return j
 }
 
 // jailConfig is the jail.Config for the VM of o under j.

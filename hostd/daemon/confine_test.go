@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/warrenvm/warren/vmmproc/jail"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // TestConfinementSpecs checks what the daemon asks of each VMM it starts
@@ -38,7 +38,7 @@ func TestConfinementSpecs(t *testing.T) {
 	if build.c.Root != filepath.Join(state, "jail", tp.ID) || build.c.NetHelper {
 		t.Errorf("template build's jail: %+v", build.c)
 	}
-	if !slices.Contains(build.c.Binds, jail.Bind{Path: tdir, Writable: true}) {
+	if !slices.Contains(build.c.Binds, vmmctl.Bind{Path: tdir, Writable: true}) {
 		t.Errorf("template build's binds %+v lack its directory", build.c.Binds)
 	}
 	if o := dirOwner(tdir); o != 0 {
@@ -66,11 +66,11 @@ func TestConfinementSpecs(t *testing.T) {
 		}
 	}
 	for _, p := range []string{state, filepath.Join(state, "keys"), "/etc", filepath.Dir(sbs)} {
-		if slices.ContainsFunc(c1.c.Binds, func(b jail.Bind) bool { return b.Path == p }) {
+		if slices.ContainsFunc(c1.c.Binds, func(b vmmctl.Bind) bool { return b.Path == p }) {
 			t.Errorf("sandbox binds %s", p)
 		}
 	}
-	args, err := c1.c.jailArgs()
+	args, err := jailValue(c1.c)
 	if err != nil || !strings.Contains(args, "user=") || strings.Contains(args, "dev=tun") {
 		t.Errorf("jailArgs %q %v", args, err)
 	}
@@ -85,10 +85,10 @@ func TestConfinementSpecs(t *testing.T) {
 	if ns.c == nil || !r.has(ns.c.UID) || !ns.c.NetHelper || ns.dirOwner != ns.c.UID {
 		t.Fatalf("network sandbox: %+v, its directory owned by %d", ns.c, ns.dirOwner)
 	}
-	if args, err := ns.c.jailArgs(); err != nil || !strings.Contains(args, "user=") || strings.Contains(args, "dev=tun") {
+	if args, err := jailValue(ns.c); err != nil || !strings.Contains(args, "user=") || strings.Contains(args, "dev=tun") {
 		t.Errorf("network jailArgs %q %v", args, err)
 	}
-	if _, err := os.Stat("/etc/resolv.conf"); err == nil && !slices.Contains(ns.c.Binds, jail.Bind{Path: "/etc/resolv.conf"}) {
+	if _, err := os.Stat("/etc/resolv.conf"); err == nil && !slices.Contains(ns.c.Binds, vmmctl.Bind{Path: "/etc/resolv.conf"}) {
 		t.Errorf("network sandbox binds %+v lack /etc/resolv.conf", ns.c.Binds)
 	}
 }
@@ -122,4 +122,11 @@ func TestMainUIDRangeNeedsJail(t *testing.T) {
 	if code == 0 || !strings.Contains(stderr.String(), "--vmm-uid-range needs a jail") {
 		t.Fatalf("Main = %d: %s", code, stderr.String())
 	}
+}
+
+// jailValue is the --jail value of a "vmm" jail confined by c.
+func jailValue(c *Confinement) (string, error) {
+	j := vmmctl.Jail{Profile: "vmm"}
+	c.confine(&j)
+	return j.Encode()
 }

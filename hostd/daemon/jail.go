@@ -18,6 +18,7 @@ import (
 	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/internal/atomicfile"
+	"github.com/warrenvm/warren/vmmctl"
 	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
@@ -51,49 +52,36 @@ import (
 //     and keeps the host's for its upstream connections;
 //   - Pdeathsig: a VMM outlives the daemon, which re-adopts it when it
 //     starts again.
-func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, error) {
-	switch p, _, _ := strings.Cut(profile, ","); p {
-	case "strict", "vmm":
-	default:
-		return nil, fmt.Errorf("jail %q: want strict, vmm or off", profile)
+func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) (*vmmctl.JailInit, error), error) {
+	base, err := vmmctl.ParseJail(profile)
+	if err != nil {
+		return nil, err
 	}
-	return func(cmd *exec.Cmd, spec LaunchSpec) error {
-		// warren jail-init --report-fd 3 [...] -- warren SUBCOMMAND ... --jail PROFILE ...
-		// (ExecLauncher passes the report socket as fd 3; the VMM's
-		// arguments are spec.Launch's, with its jail.)
-		jv := profile
-		if spec.Confine != nil {
-			opts, err := spec.Confine.jailArgs()
-			if err != nil {
-				return err
-			}
-			jv += "," + opts
-		}
-		args := []string{cmd.Args[0], jail.InitVerb, "--report-fd", "3"}
-		if spec.Confine != nil && spec.Confine.NetHelper {
-			args = append(args, "--net-helper")
-		}
-		if spec.Confine != nil && spec.Confine.GrantKey != nil {
-			// (ExecLauncher sends the key on the report socket.)
-			args = append(args, "--spawn")
-			for _, r := range spec.Confine.CgroupRoots {
-				args = append(args, "--cgroup-root", r)
+	if !base.On() || base.Root != "" || base.UID != 0 {
+		return nil, fmt.Errorf("jail %q: want strict or vmm, optionally with ,log or ,kill", profile)
+	}
+	return func(cmd *exec.Cmd, spec LaunchSpec) (*vmmctl.JailInit, error) {
+		// warren jail-init [...] -- warren SUBCOMMAND ... --jail PROFILE,...
+		// (ExecLauncher fills in the descriptors.)
+		jl := base
+		init := &vmmctl.JailInit{Cgroups: spec.Cgroup}
+		if c := spec.Confine; c != nil {
+			c.confine(&jl)
+			init.NetHelper = c.NetHelper
+			if c.GrantKey != nil {
+				// (ExecLauncher sends the key on the report socket.)
+				init.Spawn, init.CgroupRoots = true, c.CgroupRoots
 			}
 		}
-		for _, dir := range spec.Cgroup {
-			// jail-init joins the VMM's cgroup first: the VMM is born in it.
-			args = append(args, "--cgroup", dir)
-		}
-		vmm, err := spec.Launch.WithJail(jv).Args()
+		v, err := jl.Encode()
 		if err != nil {
-			return fmt.Errorf("jail: %w", err)
+			return nil, err
 		}
-		args = append(args, "--", cmd.Path)
-		cmd.Args = append(args, vmm...)
+		init.VMM = spec.Launch.WithJail(v)
 		// jail-init checks that its mount namespace is not this one.
 		mnt, err := jail.ParentMountNS()
 		if err != nil {
-			return fmt.Errorf("jail: %w", err)
+			return nil, fmt.Errorf("jail: %w", err)
 		}
 		if cmd.Env == nil {
 			cmd.Env = os.Environ()
@@ -102,7 +90,7 @@ func JailPrepare(profile string) (func(cmd *exec.Cmd, spec LaunchSpec) error, er
 		attr := jail.SysProcAttr(jail.NSOptions{NetNS: !spec.Network})
 		attr.Pdeathsig = 0
 		cmd.SysProcAttr = attr
-		return nil
+		return init, nil
 	}, nil
 }
 
@@ -131,39 +119,16 @@ type Confinement struct {
 	// Root is the jail directory (empty on the host; STATE/jail/ID).
 	Root string
 	// Binds are the host paths it still needs.
-	Binds []jail.Bind
+	Binds []vmmctl.Bind
 }
 
-// jailArgs is c as `--jail` options.
-func (c *Confinement) jailArgs() (string, error) {
-	opts := []string{"root=" + c.Root, "dev=kvm", "dev=null"}
+// confine adds c to the jail j: its root with the devices a VMM needs
+// and c's binds, and its user.
+func (c *Confinement) confine(j *vmmctl.Jail) {
+	j.Root, j.Devices, j.Binds = c.Root, []string{"kvm", "null"}, c.Binds
 	if c.UID != 0 {
-		opts = append(opts, fmt.Sprintf("user=%d:%d", c.UID, c.GID))
+		j.UID, j.GID, j.Groups = c.UID, c.GID, c.Groups
 	}
-	if len(c.Groups) > 0 {
-		gs := make([]string, len(c.Groups))
-		for i, g := range c.Groups {
-			gs[i] = strconv.Itoa(g)
-		}
-		opts = append(opts, "groups="+strings.Join(gs, ":"))
-	}
-	for _, b := range c.Binds {
-		if strings.ContainsAny(b.Path, ",:") {
-			return "", fmt.Errorf("jail: bind %q holds ',' or ':'", b.Path)
-		}
-		o := "bind=" + b.Path
-		if b.Writable {
-			o += ":rw"
-		}
-		if b.Exec {
-			o += ":exec"
-		}
-		opts = append(opts, o)
-	}
-	if strings.ContainsAny(c.Root, ",:") {
-		return "", fmt.Errorf("jail: root %q holds ',' or ':'", c.Root)
-	}
-	return strings.Join(opts, ","), nil
 }
 
 // UIDRange is the range VMM uids (and gids, the same numbers) are drawn
@@ -337,25 +302,25 @@ func (d *Daemon) confinement(sb *store.Sandbox) (*Confinement, error) {
 	}
 	readableTree(imgs)
 	c := &Confinement{UID: uid, GID: uid, Groups: d.familyGroups(sb), Root: filepath.Join(d.store.Root, "jail", sb.ID),
-		Binds: []jail.Bind{{Path: sbs, Writable: true}, {Path: tpls}, {Path: run, Writable: true}}}
+		Binds: []vmmctl.Bind{{Path: sbs, Writable: true}, {Path: tpls}, {Path: run, Writable: true}}}
 	if err := os.MkdirAll(c.Root, 0o700); err != nil {
 		return nil, err
 	}
 	if _, err := os.Stat(imgs); err == nil {
-		c.Binds = append(c.Binds, jail.Bind{Path: imgs})
+		c.Binds = append(c.Binds, vmmctl.Bind{Path: imgs})
 	}
 	if exe, err := filepath.EvalSymlinks(d.cfg.Warren); err == nil && d.cfg.Warren != "" {
 		// At the path the VMM resolves for itself (/proc/self/exe).
 		exe, _ = filepath.Abs(exe)
-		c.Binds = append(c.Binds, jail.Bind{Path: exe, Exec: true})
+		c.Binds = append(c.Binds, vmmctl.Bind{Path: exe, Exec: true})
 	}
 	if _, err := os.Stat("/sys/module"); err == nil {
-		c.Binds = append(c.Binds, jail.Bind{Path: "/sys/module"})
+		c.Binds = append(c.Binds, vmmctl.Bind{Path: "/sys/module"})
 	}
 	if d.cfg.DecryptDir != "" {
 		if _, err := os.Stat(d.cfg.DecryptDir); err == nil {
 			os.Chmod(d.cfg.DecryptDir, 0o711)
-			c.Binds = append(c.Binds, jail.Bind{Path: filepath.Clean(d.cfg.DecryptDir), Writable: true})
+			c.Binds = append(c.Binds, vmmctl.Bind{Path: filepath.Clean(d.cfg.DecryptDir), Writable: true})
 		}
 	}
 	if sb.Network {
@@ -562,19 +527,19 @@ func (d *Daemon) familyGroups(sb *store.Sandbox) []int {
 // capability (CAP_BPF alone on kernels before 6.5, for its filter's maps:
 // vmmproc/jail.BPFNeedsCap): its private network, and its fork children's,
 // come from its jail-init (Confinement.NetHelper).
-func (d *Daemon) networkBinds() []jail.Bind {
+func (d *Daemon) networkBinds() []vmmctl.Bind {
 	var paths []string
 	if d.cfg.DNSUpstream == "" {
 		paths = append(paths, "/etc/resolv.conf")
 	}
 	paths = append(paths, d.cfg.EgressHosts, d.cfg.UpstreamCA, "/etc/ssl", "/etc/pki", "/sys/devices/system/cpu/possible")
-	var binds []jail.Bind
+	var binds []vmmctl.Bind
 	for _, p := range paths {
 		if p == "" {
 			continue
 		}
 		if _, err := os.Stat(p); err == nil {
-			binds = append(binds, jail.Bind{Path: filepath.Clean(p)})
+			binds = append(binds, vmmctl.Bind{Path: filepath.Clean(p)})
 		}
 	}
 	return binds
@@ -611,17 +576,17 @@ func (d *Daemon) templateConfinement(t *store.Template, dir string) (c *Confinem
 		return nil, release, fmt.Errorf("jail: %w", err)
 	}
 	c = &Confinement{UID: uid, GID: uid, Root: root,
-		Binds: []jail.Bind{{Path: dir, Writable: true}}}
+		Binds: []vmmctl.Bind{{Path: dir, Writable: true}}}
 	if err := os.MkdirAll(c.Root, 0o700); err != nil {
 		return nil, release, err
 	}
 	imgs := filepath.Join(d.store.Root, "tenants", t.Tenant, "images")
 	if _, err := os.Stat(imgs); err == nil {
 		readableTree(imgs)
-		c.Binds = append(c.Binds, jail.Bind{Path: imgs})
+		c.Binds = append(c.Binds, vmmctl.Bind{Path: imgs})
 	}
 	if _, err := os.Stat("/sys/module"); err == nil {
-		c.Binds = append(c.Binds, jail.Bind{Path: "/sys/module"})
+		c.Binds = append(c.Binds, vmmctl.Bind{Path: "/sys/module"})
 	}
 	if t.Network {
 		c.NetHelper = true

@@ -80,43 +80,55 @@ type ExecLauncher struct {
 	Warren string
 	// Prepare, when set, is called with the command just before it starts:
 	// the place where the VMM jail (vmmproc/jail: seccomp, namespaces,
-	// credentials) wraps the process.
-	Prepare func(cmd *exec.Cmd, spec LaunchSpec) error
+	// credentials) wraps the process. It sets the command's namespaces
+	// and environment and returns the jail-init that starts the VMM
+	// (JailPrepare; Start fills in its descriptors and program), or nil
+	// to start the VMM itself.
+	Prepare func(cmd *exec.Cmd, spec LaunchSpec) (*vmmctl.JailInit, error)
 }
 
 // Start starts warren detached: its own session, stdin /dev/null, stdout
 // and stderr appended to spec.Log. The daemon reaps it if it ends while
 // the daemon runs; after a daemon restart the process is init's.
 func (l *ExecLauncher) Start(spec LaunchSpec) (Proc, error) {
-	args, err := spec.Launch.Args()
-	if err != nil {
-		return Proc{}, err
-	}
 	logf, err := os.OpenFile(spec.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return Proc{}, err
 	}
 	defer logf.Close()
-	cmd := exec.Command(l.Warren, args...)
+	cmd := exec.Command(l.Warren)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	var init *vmmctl.JailInit
 	if l.Prepare != nil {
-		if err := l.Prepare(cmd, spec); err != nil {
+		if init, err = l.Prepare(cmd, spec); err != nil {
 			return Proc{}, fmt.Errorf("prepare VMM: %w", err)
 		}
 	}
+	args, err := spec.Launch.Args()
+	if init != nil {
+		// jail-init passes the files on to the VMM at the same numbers.
+		init.ReportFD, init.PassFDs = 3, len(spec.ExtraFiles)
+		if init.Program, err = filepath.Abs(cmd.Path); err == nil {
+			args, err = init.Args()
+		}
+	}
+	if err != nil {
+		return Proc{}, err
+	}
+	cmd.Args = append(cmd.Args, args...)
 	// Under a pid namespace's init (JailPrepare), the VMM is the init's
 	// child, whose PID the init reports on fd 3.
 	var report *os.File
 	spawner := false
-	if len(cmd.Args) > 1 && cmd.Args[1] == jail.InitVerb {
+	if init != nil {
 		var child *os.File
 		if report, child, err = jail.InitReport(); err != nil {
 			return Proc{}, err
 		}
 		defer report.Close()
 		cmd.ExtraFiles = []*os.File{child}
-		if c := spec.Confine; c != nil && c.GrantKey != nil && slices.Contains(initArgs(cmd.Args), "--spawn") {
+		if c := spec.Confine; init.Spawn && c != nil && c.GrantKey != nil {
 			if err := jail.SendGrantKey(report, c.GrantKey); err != nil {
 				child.Close()
 				return Proc{}, err
@@ -127,9 +139,6 @@ func (l *ExecLauncher) Start(spec LaunchSpec) (Proc, error) {
 	if len(spec.ExtraFiles) > 0 {
 		if report == nil {
 			cmd.ExtraFiles = []*os.File{nil} // fd 3 stays closed
-		} else {
-			// jail-init passes them on to the VMM at the same numbers.
-			cmd.Args = slices.Insert(cmd.Args, 2, "--pass-fds", strconv.Itoa(len(spec.ExtraFiles)))
 		}
 		cmd.ExtraFiles = append(cmd.ExtraFiles, spec.ExtraFiles...)
 	}
@@ -166,15 +175,6 @@ func (l *ExecLauncher) Start(spec LaunchSpec) (Proc, error) {
 		return Proc{}, fmt.Errorf("VMM pid %d: %w", pid, err)
 	}
 	return Proc{PID: pid, StartTime: st, Spawner: spawner}, nil
-}
-
-// initArgs are jail-init's own arguments in args (`warren jail-init ARGS
-// -- COMMAND...`).
-func initArgs(args []string) []string {
-	if i := slices.Index(args, "--"); i >= 0 {
-		return args[:i]
-	}
-	return args
 }
 
 // procStat returns the state letter and start time of pid from

@@ -31,11 +31,11 @@ func TestExecLauncher(t *testing.T) {
 	dir := t.TempDir()
 	log := filepath.Join(dir, "vmm.log")
 	prepared := false
-	var argv []string
 	t.Setenv(roleEnv, "warren")
-	l := &ExecLauncher{Warren: os.Args[0], Prepare: func(cmd *exec.Cmd, spec LaunchSpec) error {
-		prepared, argv = spec.ID == "sb-000000000001", cmd.Args
-		return nil
+	var cmd *exec.Cmd
+	l := &ExecLauncher{Warren: os.Args[0], Prepare: func(c *exec.Cmd, spec LaunchSpec) (*vmmctl.JailInit, error) {
+		prepared, cmd = spec.ID == "sb-000000000001", c
+		return nil, nil
 	}}
 	p, err := l.Start(LaunchSpec{ID: "sb-000000000001", Launch: testRestore, Log: log})
 	if err != nil {
@@ -45,8 +45,8 @@ func TestExecLauncher(t *testing.T) {
 	if !prepared {
 		t.Error("Prepare hook not called")
 	}
-	if want := []string{os.Args[0], "restore", "/snap"}; !slices.Equal(argv, want) {
-		t.Errorf("args %q, want %q", argv, want)
+	if want := []string{os.Args[0], "restore", "/snap"}; !slices.Equal(cmd.Args, want) {
+		t.Errorf("args %q, want %q", cmd.Args, want)
 	}
 	sid, err := unix.Getsid(p.PID)
 	if err != nil || sid != p.PID {
@@ -86,8 +86,14 @@ func TestJailPrepareNetNS(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, network := range []bool{false, true} {
-		cmd := newCmd("/bin/warren", "restore", "/snap")
-		if err := prep(cmd, LaunchSpec{Kind: "sandbox", Launch: testRestore, Network: network}); err != nil {
+		cmd := newCmd("/bin/warren")
+		init, err := prep(cmd, LaunchSpec{Kind: "sandbox", Launch: testRestore, Network: network})
+		if err != nil {
+			t.Fatal(err)
+		}
+		init.ReportFD, init.Program = 3, "/bin/warren"
+		args, err := init.Args()
+		if err != nil {
 			t.Fatal(err)
 		}
 		fl := cmd.SysProcAttr.Cloneflags
@@ -97,8 +103,8 @@ func TestJailPrepareNetNS(t *testing.T) {
 		if fl&unix.CLONE_NEWNS == 0 || fl&unix.CLONE_NEWPID == 0 {
 			t.Errorf("network %v: clone flags %#x", network, fl)
 		}
-		if want := []string{"/bin/warren", jail.InitVerb, "--report-fd", "3", "--", "/bin/warren", "restore", "--jail", "vmm", "/snap"}; strings.Join(cmd.Args, " ") != strings.Join(want, " ") {
-			t.Errorf("args %q", cmd.Args)
+		if want := []string{jail.InitVerb, "--report-fd", "3", "--", "/bin/warren", "restore", "--jail", "vmm", "/snap"}; !slices.Equal(args, want) {
+			t.Errorf("args %q", args)
 		}
 	}
 }

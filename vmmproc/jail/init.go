@@ -13,13 +13,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenvm/warren/vmmctl"
 	"golang.org/x/sys/unix"
 )
 
 // InitVerb is the warren sub-command that runs RunInit: the daemon starts
 // a jailed VMM as `warren jail-init -- warren restore ...` in a new pid
 // namespace (NSOptions without NoPidNS).
-const InitVerb = "jail-init"
+const InitVerb = vmmctl.JailInitVerb
 
 // ParentMountNSEnv names, in RunInit's environment, the mount namespace
 // of the process that started it (its /proc/self/ns/mnt link, as

@@ -6,7 +6,6 @@ package cli
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -250,32 +249,15 @@ const maxBootFile = 1 << 30
 // COMMAND...`: vmmproc/jail.RunInit with the family's helper
 // (familyhelper.go).
 func jailInitCmd(args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("warren "+jail.InitVerb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fd := fs.Int("report-fd", -1, "unix socket to report the command's pid on (SCM_CREDENTIALS)")
-	pass := fs.Int("pass-fds", 0, "pass descriptors 4 to 3+N on to the command at the same numbers (the daemon's files for the VMM)")
-	netHelper := fs.Bool("net-helper", false, "serve the VMM family's private networks (a network VMM that leaves root asks for them: nethelper.go)")
-	spawn := fs.Bool("spawn", false, "start the VMM family's fork children under warren-hostd's grants (vmmproc/jail.Spawner), whose key comes first on the report socket")
-	var cgroups, cgroupRoots stringsFlag
-	fs.Var(&cgroups, "cgroup", "join this cgroup directory before starting the command, which is then born in it (repeatable: one per v1 hierarchy)")
-	fs.Var(&cgroupRoots, "cgroup-root", "with --spawn: the directory fork children's cgroups are under (repeatable: one per v1 hierarchy)")
-	if err := fs.Parse(args); err != nil {
+	a, err := vmmproc.ParseJailInitArgs(args, stderr)
+	if err != nil {
 		return 2
 	}
-	if err := cgroup.JoinSelf(cgroups); err != nil {
+	if err := cgroup.JoinSelf(a.Cgroups); err != nil {
 		fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
 		return 1
 	}
-	if *pass < 0 || *pass > 64 {
-		fmt.Fprintf(stderr, "warren %s: --pass-fds %d: want 0 to 64\n", jail.InitVerb, *pass)
-		return 2
-	}
-	var fds []int
-	for i := range *pass {
-		fds = append(fds, 4+i)
-	}
-	code, err := vmmproc.JailInit(vmmproc.InitSpec{ReportFD: *fd, PassFDs: fds, NetHelper: *netHelper,
-		Spawn: *spawn, CgroupRoots: cgroupRoots, Command: fs.Args()})
+	code, err := vmmproc.JailInit(a.InitSpec)
 	if err != nil {
 		fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
 	}
