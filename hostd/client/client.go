@@ -348,6 +348,19 @@ func (c *Client) Template(ctx context.Context, id string) (*Template, error) {
 	return &t, nil
 }
 
+// ReadyTemplates returns the ids of the tenant's ready templates (a
+// sandbox request that names none gets the only one).
+func (c *Client) ReadyTemplates(ctx context.Context) ([]string, error) {
+	l, err := c.Templates(ctx)
+	var ready []string
+	for _, t := range l {
+		if t.Status == "ready" {
+			ready = append(ready, t.ID)
+		}
+	}
+	return ready, err
+}
+
 // DeleteTemplate deletes a template no sandbox uses.
 func (c *Client) DeleteTemplate(ctx context.Context, id string) error {
 	return c.call(ctx, http.MethodDelete, "/v1/templates/"+url.PathEscape(id), nil, nil)
