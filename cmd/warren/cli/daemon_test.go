@@ -76,9 +76,7 @@ func TestRouting(t *testing.T) {
 
 // routeOnly reports whether daemonMain would take args, without running them.
 func routeOnly(args []string) (string, bool) {
-	routeProbe = true
-	defer func() { routeProbe = false }()
-	_, ok := daemonMain(args, nil, nil, nil)
+	_, ok := (&app{routeOnly: true}).daemonMain(args)
 	return "", ok
 }
 
