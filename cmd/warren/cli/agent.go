@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -43,29 +44,25 @@ func interruptContext() (context.Context, context.CancelFunc) {
 // execCmd is `warren exec [flags] VM -- PROGRAM [ARGS...]`: it runs the
 // program in the guest, streams its output, and exits with its exit code.
 func execCmd(c *vmCmd) func() int {
-	timeout := c.fs.Duration("timeout", 0, "kill the process (and its process group) after this long (0: never)")
-	cwd := c.fs.String("cwd", "", "working directory in the guest")
-	interactive := c.fs.Bool("i", false, "copy standard input to the process (otherwise it reads /dev/null)")
-	var env stringsFlag
-	c.fs.Var(&env, "env", "set KEY=VALUE in the process's environment (repeatable)")
+	e := newExecFlags(c.fs, "copy standard input to the process (otherwise it reads /dev/null)")
 	return func() int {
-		rest := c.fs.Args()
-		if len(rest) < 3 || rest[1] != "--" {
+		vmPath, argv, ok := e.command(c.fs.Args())
+		if !ok {
 			return c.usageErr()
 		}
-		for _, e := range env {
-			if !strings.Contains(e, "=") || strings.HasPrefix(e, "=") {
-				return c.failCode(2, fmt.Errorf("--env %q is not KEY=VALUE", e))
+		for _, kv := range e.env {
+			if !strings.Contains(kv, "=") || strings.HasPrefix(kv, "=") {
+				return c.failCode(2, fmt.Errorf("--env %q is not KEY=VALUE", kv))
 			}
 		}
-		if *timeout < 0 {
-			return c.failCode(2, fmt.Errorf("--timeout %v is negative", *timeout))
+		if e.timeout < 0 {
+			return c.failCode(2, fmt.Errorf("--timeout %v is negative", e.timeout))
 		}
 		ctx := c.context()
-		vm := agentclient.New(rest[0])
+		vm := agentclient.New(vmPath)
 		defer vm.Close()
-		req := agentwire.ExecRequest{Argv: rest[2:], Env: env, Cwd: *cwd, TimeoutMS: timeoutMS(*timeout)}
-		if *interactive && c.stdin != nil {
+		req := agentwire.ExecRequest{Argv: argv, Env: e.env, Cwd: e.cwd, TimeoutMS: e.timeoutMS()}
+		if e.interactive && c.stdin != nil {
 			req.Input = c.stdin
 		}
 		code, err := vm.Exec(ctx, req, c.stdout, c.stderr)
@@ -76,7 +73,7 @@ func execCmd(c *vmCmd) func() int {
 			fmt.Fprintln(c.stderr, "warren exec: interrupted; the process in the guest was killed")
 			return exitInterrupted
 		case errors.Is(err, agentclient.ErrTimedOut):
-			fmt.Fprintf(c.stderr, "warren exec: timed out after %v; the process was killed\n", *timeout)
+			fmt.Fprintf(c.stderr, "warren exec: timed out after %v; the process was killed\n", e.timeout)
 			return exitTimedOut
 		}
 		c.fail(err)
@@ -92,12 +89,40 @@ func execCmd(c *vmCmd) func() int {
 	}
 }
 
-// timeoutMS is an exec's --timeout in milliseconds, at least 1 when set.
-func timeoutMS(d time.Duration) int64 {
-	if d > 0 && d < time.Millisecond {
+// execFlags are the flags of both exec verbs, the daemon's and the VM
+// level's.
+type execFlags struct {
+	timeout     time.Duration
+	cwd         string
+	interactive bool
+	env         stringsFlag
+}
+
+// newExecFlags defines the exec flags on fs; stdinHelp says what -i does.
+func newExecFlags(fs *flag.FlagSet, stdinHelp string) *execFlags {
+	e := &execFlags{}
+	fs.DurationVar(&e.timeout, "timeout", 0, "kill the process (and its process group) after this long (0: never)")
+	fs.StringVar(&e.cwd, "cwd", "", "working directory in the guest")
+	fs.BoolVar(&e.interactive, "i", false, stdinHelp)
+	fs.Var(&e.env, "env", "set KEY=VALUE in the process's environment (repeatable)")
+	return e
+}
+
+// command splits an exec's operands, TARGET -- PROGRAM [ARGS...]; ok is
+// false for others.
+func (e *execFlags) command(args []string) (target string, argv []string, ok bool) {
+	if len(args) < 3 || args[1] != "--" {
+		return "", nil, false
+	}
+	return args[0], args[2:], true
+}
+
+// timeoutMS is --timeout in milliseconds, at least 1 when set.
+func (e *execFlags) timeoutMS() int64 {
+	if e.timeout > 0 && e.timeout < time.Millisecond {
 		return 1
 	}
-	return d.Milliseconds()
+	return e.timeout.Milliseconds()
 }
 
 // healthCmd is `warren health VM`: the agent's health report as JSON.
@@ -107,11 +132,7 @@ func healthCmd(c *vmCmd) func() int {
 		vm := agentclient.New(c.fs.Arg(0))
 		defer vm.Close()
 		h, err := vm.WaitHealth(c.context(), time.Now().Add(*wait), 30*time.Second)
-		if err != nil {
-			return c.fail(err)
-		}
-		printJSON(c.stdout, h)
-		return 0
+		return c.printJSON(h, err)
 	}
 }
 

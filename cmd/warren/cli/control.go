@@ -111,6 +111,15 @@ func (c *vmCmd) failCode(code int, err error) int {
 	return code
 }
 
+// printJSON reports err (exit 1), or prints v as indented JSON.
+func (c *vmCmd) printJSON(v any, err error) int {
+	if err != nil {
+		return c.fail(err)
+	}
+	printJSON(c.stdout, v)
+	return 0
+}
+
 // context returns the verb's interrupt context (only the verbs that talk
 // to a VM have one: the others die of Ctrl-C as they always did).
 func (c *vmCmd) context() context.Context {
@@ -307,11 +316,7 @@ func egressCmd(c *vmCmd) func() int {
 		} else {
 			rep, err = vm.Egress(c.context())
 		}
-		if err != nil {
-			return c.fail(err)
-		}
-		printJSON(c.stdout, rep)
-		return 0
+		return c.printJSON(rep, err)
 	}
 }
 

@@ -111,18 +111,14 @@ func eventsCmd(d *daemonCmd) func() int {
 }
 
 func sbExecCmd(d *daemonCmd) func() int {
-	timeout := d.fs.Duration("timeout", 0, "kill the process (and its process group) after this long (0: never)")
-	cwd := d.fs.String("cwd", "", "working directory in the guest")
-	interactive := d.fs.Bool("i", false, "send standard input (read to its end first) to the process")
-	var env stringsFlag
-	d.fs.Var(&env, "env", "set KEY=VALUE in the process's environment (repeatable)")
+	e := newExecFlags(d.fs, "send standard input (read to its end first) to the process")
 	return func() int {
-		rest := d.fs.Args()
-		if len(rest) < 3 || rest[1] != "--" || *timeout < 0 {
+		ref, argv, ok := e.command(d.fs.Args())
+		if !ok || e.timeout < 0 {
 			return d.usageErr()
 		}
-		req := wire.ExecRequest{Argv: rest[2:], Env: env, Cwd: *cwd, TimeoutMS: timeoutMS(*timeout)}
-		if *interactive && d.stdin != nil {
+		req := wire.ExecRequest{Argv: argv, Env: e.env, Cwd: e.cwd, TimeoutMS: e.timeoutMS()}
+		if e.interactive && d.stdin != nil {
 			b, err := io.ReadAll(d.stdin)
 			if err != nil {
 				d.fail(err)
@@ -133,7 +129,7 @@ func sbExecCmd(d *daemonCmd) func() int {
 			}
 			req.Stdin = b
 		}
-		id, err := d.c.Resolve(d.ctx, rest[0])
+		id, err := d.c.Resolve(d.ctx, ref)
 		if err != nil {
 			d.fail(err)
 			return exitExecFailed
@@ -153,7 +149,7 @@ func sbExecCmd(d *daemonCmd) func() int {
 			return exitExecFailed
 		}
 		if st.TimedOut {
-			fmt.Fprintf(d.stderr, "warren exec: timed out after %v; the process was killed\n", *timeout)
+			fmt.Fprintf(d.stderr, "warren exec: timed out after %v; the process was killed\n", e.timeout)
 			return exitTimedOut
 		}
 		return st.Exit
@@ -345,7 +341,7 @@ func readPolicy(path string) (json.RawMessage, error) {
 
 // sbEgressCmd is `warren egress [--policy FILE] SANDBOX`, the daemon's
 // spelling of the VM-level `warren egress [--policy FILE] API`: it prints
-// the JSON answer with or without --json.
+// the JSON answer, with or without --json.
 func sbEgressCmd(d *daemonCmd) func() int {
 	pol := d.fs.String("policy", "", "replace the sandbox's egress policy with this one (JSON)")
 	return func() int {
@@ -358,10 +354,6 @@ func sbEgressCmd(d *daemonCmd) func() int {
 		} else {
 			rep, err = d.c.SetEgress(d.ctx, d.id, b)
 		}
-		if err != nil {
-			return d.fail(err)
-		}
-		printJSON(d.stdout, rep)
-		return 0
+		return show(d, rep, err, func(rep *wire.EgressReply) { printJSON(d.stdout, rep) })
 	}
 }
