@@ -350,7 +350,8 @@ func (c *Client) CreateTemplate(ctx context.Context, req wire.TemplateRequest, f
 // Templates lists the tenant's templates.
 func (c *Client) Templates(ctx context.Context) ([]Template, error) {
 	var l []Template
-	return l, c.call(ctx, http.MethodGet, "/v1/templates", nil, &l)
+	err := c.call(ctx, http.MethodGet, "/v1/templates", nil, &l)
+	return l, err
 }
 
 // Template returns one template.
@@ -404,7 +405,8 @@ func (c *Client) UploadImage(ctx context.Context, r io.Reader, ref string) (*wir
 // Images lists the tenant's image bases.
 func (c *Client) Images(ctx context.Context) ([]Image, error) {
 	var l wire.ImageList
-	return l.Images, c.call(ctx, http.MethodGet, "/v1/images", nil, &l)
+	err := c.call(ctx, http.MethodGet, "/v1/images", nil, &l)
+	return l.Images, err
 }
 
 // DeleteImage deletes an image base (by its key) no template uses.
@@ -420,7 +422,8 @@ func (c *Client) Create(ctx context.Context, req wire.SandboxRequest, fn Progres
 // Sandboxes lists the tenant's sandboxes, oldest first.
 func (c *Client) Sandboxes(ctx context.Context) ([]Sandbox, error) {
 	var l []Sandbox
-	return l, c.call(ctx, http.MethodGet, "/v1/sandboxes", nil, &l)
+	err := c.call(ctx, http.MethodGet, "/v1/sandboxes", nil, &l)
+	return l, err
 }
 
 // Sandbox returns one sandbox.
