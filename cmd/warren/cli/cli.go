@@ -1,10 +1,11 @@
 // Package cli is the warren command's flag parsing, output and wiring:
 // the verbs that run the VMM process (run, restore, fork-child, jail-init,
 // jail-spawn: process.go) hand their parsed flags to vmmproc; the others
-// talk to warren-hostd (daemon.go, images.go), to a running VMM's control
-// API (control.go, through vmmctl) or to its guest agent (agent.go,
-// through agentclient). The verbs of each kind are rows of a table, run
-// by one driver (vmCmd, daemonCmd) that parses their flags, checks their
+// talk to warren-hostd (daemon.go, sandboxes.go, images.go, through
+// hostd/client), to a running VMM's control API (control.go, through
+// vmmctl) or to its guest agent (agent.go, through agentclient). The
+// verbs of each kind are rows of a table (daemonVerbs, vmVerbs), run by
+// one driver (daemonCmd, vmCmd) that parses their flags, checks their
 // operands and reports their errors.
 package cli
 
@@ -76,9 +77,6 @@ func (a *app) vmMain(args []string) int {
 		return restoreCmd(rest, a.stdin, a.stdout, a.stderr)
 	case "fork-child":
 		return vmmproc.ForkChild(rest, a.stdout, a.stderr)
-	case jail.InitVerb:
-		// pid 1 of a jailed VMM's pid namespace (warren-hostd --jail)
-		return jailInitCmd(rest, a.stderr)
 	case jail.SpawnVerb:
 		// a fork child on its way from jail-init's helper (vmmproc/jail.Spawner)
 		return jail.RunSpawn(rest, a.stderr)

@@ -19,6 +19,7 @@ import (
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmmctl"
+	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
 // A vmVerb is one row of vmVerbs: its usage (after "usage: warren "),
@@ -54,7 +55,8 @@ var vmVerbs = map[string]vmVerb{
 		"whose control socket is API; with --policy, replaces the policy first (live).", 1, egressCmd},
 	"compact": {"compact DIR/NAME DIR/NEW\n\nwrites one full snapshot NEW equal to NAME (its memory chain merged, and each disk's own\n" +
 		"layers merged into one overlay beside them).", 2, compactCmd},
-	"flatten": {"flatten OVERLAY OUT\n\nwrites the disk an overlay (DISK.<id>.wcow, made by warren fork) shows as one raw image OUT.", 2, flattenCmd},
+	jail.InitVerb: {jail.InitVerb + " [--report-fd N] [--pass-fds N] [--cgroup DIR]... [--net-helper] [--spawn [--cgroup-root DIR]...] -- COMMAND...", -1, jailInitCmd},
+	"flatten":     {"flatten OVERLAY OUT\n\nwrites the disk an overlay (DISK.<id>.wcow, made by warren fork) shows as one raw image OUT.", 2, flattenCmd},
 }
 
 // vmCmd is what every VM-level verb of vmVerbs shares: its flags, usage,

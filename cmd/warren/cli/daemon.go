@@ -1,7 +1,8 @@
 package cli
 
-// The warren verbs that talk to warren-hostd (hostd/openapi.yaml), and
-// the routing between them and the VM-level verbs of the same names: a
+// The table of the warren verbs that talk to warren-hostd
+// (hostd/openapi.yaml; the verbs are in sandboxes.go and images.go), their
+// driver, and the routing between them and the VM-level verbs of the same names: a
 // verb whose target is a VM's socket path (an existing socket, or an
 // argument that looks like a path) runs the VM-level code, as it always
 // did; `warren vm VERB ...` always does.

@@ -6,7 +6,6 @@ package cli
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -19,7 +18,6 @@ import (
 	"github.com/warrenvm/warren/vmmproc"
 	"github.com/warrenvm/warren/vmmproc/credproxy"
 	"github.com/warrenvm/warren/vmmproc/egress"
-	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
 // restoreCmd is `warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] DIR/NAME`:
@@ -247,37 +245,31 @@ const maxBootFile = 1 << 30
 
 // jailInitCmd is `warren jail-init [--report-fd N] [--pass-fds N]
 // [--cgroup DIR]... [--net-helper] [--spawn [--cgroup-root DIR]...] --
-// COMMAND...`: vmmproc/jail.RunInit with the family's helper
-// (familyhelper.go).
-func jailInitCmd(args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("warren "+jail.InitVerb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fd := fs.Int("report-fd", -1, "unix socket to report the command's pid on (SCM_CREDENTIALS)")
-	pass := fs.Int("pass-fds", 0, "pass descriptors 4 to 3+N on to the command at the same numbers (the daemon's files for the VMM)")
-	netHelper := fs.Bool("net-helper", false, "serve the VMM family's private networks (a network VMM that leaves root asks for them: nethelper.go)")
-	spawn := fs.Bool("spawn", false, "start the VMM family's fork children under warren-hostd's grants (vmmproc/jail.Spawner), whose key comes first on the report socket")
+// COMMAND...` (pid 1 of a jailed VMM's pid namespace): vmmproc.JailInit.
+func jailInitCmd(c *vmCmd) func() int {
+	fd := c.fs.Int("report-fd", -1, "unix socket to report the command's pid on (SCM_CREDENTIALS)")
+	pass := c.fs.Int("pass-fds", 0, "pass descriptors 4 to 3+N on to the command at the same numbers (the daemon's files for the VMM)")
+	netHelper := c.fs.Bool("net-helper", false, "serve the VMM family's private networks (a network VMM that leaves root asks for them: nethelper.go)")
+	spawn := c.fs.Bool("spawn", false, "start the VMM family's fork children under warren-hostd's grants (vmmproc/jail.Spawner), whose key comes first on the report socket")
 	var cgroups, cgroupRoots stringsFlag
-	fs.Var(&cgroups, "cgroup", "join this cgroup directory before starting the command, which is then born in it (repeatable: one per v1 hierarchy)")
-	fs.Var(&cgroupRoots, "cgroup-root", "with --spawn: the directory fork children's cgroups are under (repeatable: one per v1 hierarchy)")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	c.fs.Var(&cgroups, "cgroup", "join this cgroup directory before starting the command, which is then born in it (repeatable: one per v1 hierarchy)")
+	c.fs.Var(&cgroupRoots, "cgroup-root", "with --spawn: the directory fork children's cgroups are under (repeatable: one per v1 hierarchy)")
+	return func() int {
+		if err := cgroup.JoinSelf(cgroups); err != nil {
+			return c.fail(err)
+		}
+		if *pass < 0 || *pass > 64 {
+			return c.failCode(2, fmt.Errorf("--pass-fds %d: want 0 to 64", *pass))
+		}
+		var fds []int
+		for i := range *pass {
+			fds = append(fds, 4+i)
+		}
+		code, err := vmmproc.JailInit(vmmproc.InitSpec{ReportFD: *fd, PassFDs: fds, NetHelper: *netHelper,
+			Spawn: *spawn, CgroupRoots: cgroupRoots, Command: c.fs.Args()})
+		if err != nil {
+			c.fail(err)
+		}
+		return code
 	}
-	if err := cgroup.JoinSelf(cgroups); err != nil {
-		fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
-		return 1
-	}
-	if *pass < 0 || *pass > 64 {
-		fmt.Fprintf(stderr, "warren %s: --pass-fds %d: want 0 to 64\n", jail.InitVerb, *pass)
-		return 2
-	}
-	var fds []int
-	for i := range *pass {
-		fds = append(fds, 4+i)
-	}
-	code, err := vmmproc.JailInit(vmmproc.InitSpec{ReportFD: *fd, PassFDs: fds, NetHelper: *netHelper,
-		Spawn: *spawn, CgroupRoots: cgroupRoots, Command: fs.Args()})
-	if err != nil {
-		fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
-	}
-	return code
 }
