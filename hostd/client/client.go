@@ -310,6 +310,24 @@ func (c *Client) long(ctx context.Context, method, path string, body, out any, f
 	return fmt.Errorf("warren-hostd: %s %s: the stream ended without a result", method, path)
 }
 
+// callFor is call with the answer decoded into a new T.
+func callFor[T any](ctx context.Context, c *Client, method, path string, body any) (*T, error) {
+	var v T
+	if err := c.call(ctx, method, path, body, &v); err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+// longFor is long with the result decoded into a new T.
+func longFor[T any](ctx context.Context, c *Client, method, path string, body any, fn ProgressFunc) (*T, error) {
+	var v T
+	if err := c.long(ctx, method, path, body, &v, fn); err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
 func sbPath(id string, rest ...string) string {
 	return "/v1/sandboxes/" + url.PathEscape(id) + strings.Join(rest, "")
 }
@@ -326,26 +344,32 @@ func (c *Client) Health(ctx context.Context) (tenant string, err error) {
 // guest directory (warren-hostd --guest-dir), never host paths: the
 // daemon answers a path with a 400 (wire.TemplateRequest).
 func (c *Client) CreateTemplate(ctx context.Context, req wire.TemplateRequest, fn ProgressFunc) (*Template, error) {
-	var t Template
-	if err := c.long(ctx, http.MethodPost, "/v1/templates", req, &t, fn); err != nil {
-		return nil, err
-	}
-	return &t, nil
+	return longFor[Template](ctx, c, http.MethodPost, "/v1/templates", req, fn)
 }
 
 // Templates lists the tenant's templates.
 func (c *Client) Templates(ctx context.Context) ([]Template, error) {
 	var l []Template
-	return l, c.call(ctx, http.MethodGet, "/v1/templates", nil, &l)
+	err := c.call(ctx, http.MethodGet, "/v1/templates", nil, &l)
+	return l, err
 }
 
 // Template returns one template.
 func (c *Client) Template(ctx context.Context, id string) (*Template, error) {
-	var t Template
-	if err := c.call(ctx, http.MethodGet, "/v1/templates/"+url.PathEscape(id), nil, &t); err != nil {
-		return nil, err
+	return callFor[Template](ctx, c, http.MethodGet, "/v1/templates/"+url.PathEscape(id), nil)
+}
+
+// ReadyTemplates returns the ids of the tenant's ready templates (a
+// sandbox request that names none gets the only one).
+func (c *Client) ReadyTemplates(ctx context.Context) ([]string, error) {
+	l, err := c.Templates(ctx)
+	var ready []string
+	for _, t := range l {
+		if t.Status == "ready" {
+			ready = append(ready, t.ID)
+		}
 	}
-	return &t, nil
+	return ready, err
 }
 
 // DeleteTemplate deletes a template no sandbox uses.
@@ -381,7 +405,8 @@ func (c *Client) UploadImage(ctx context.Context, r io.Reader, ref string) (*wir
 // Images lists the tenant's image bases.
 func (c *Client) Images(ctx context.Context) ([]Image, error) {
 	var l wire.ImageList
-	return l.Images, c.call(ctx, http.MethodGet, "/v1/images", nil, &l)
+	err := c.call(ctx, http.MethodGet, "/v1/images", nil, &l)
+	return l.Images, err
 }
 
 // DeleteImage deletes an image base (by its key) no template uses.
@@ -391,26 +416,19 @@ func (c *Client) DeleteImage(ctx context.Context, key string) error {
 
 // Create creates a sandbox from a template.
 func (c *Client) Create(ctx context.Context, req wire.SandboxRequest, fn ProgressFunc) (*Sandbox, error) {
-	var s Sandbox
-	if err := c.long(ctx, http.MethodPost, "/v1/sandboxes", req, &s, fn); err != nil {
-		return nil, err
-	}
-	return &s, nil
+	return longFor[Sandbox](ctx, c, http.MethodPost, "/v1/sandboxes", req, fn)
 }
 
 // Sandboxes lists the tenant's sandboxes, oldest first.
 func (c *Client) Sandboxes(ctx context.Context) ([]Sandbox, error) {
 	var l []Sandbox
-	return l, c.call(ctx, http.MethodGet, "/v1/sandboxes", nil, &l)
+	err := c.call(ctx, http.MethodGet, "/v1/sandboxes", nil, &l)
+	return l, err
 }
 
 // Sandbox returns one sandbox.
 func (c *Client) Sandbox(ctx context.Context, id string) (*Sandbox, error) {
-	var s Sandbox
-	if err := c.call(ctx, http.MethodGet, sbPath(id), nil, &s); err != nil {
-		return nil, err
-	}
-	return &s, nil
+	return callFor[Sandbox](ctx, c, http.MethodGet, sbPath(id), nil)
 }
 
 // Delete stops a sandbox's VMM and deletes everything of it.
@@ -421,36 +439,21 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 // Pause pauses a sandbox in memory, or with toDisk snapshots it and stops
 // its VMM (long).
 func (c *Client) Pause(ctx context.Context, id string, toDisk bool, fn ProgressFunc) (*Sandbox, error) {
-	var s Sandbox
 	if toDisk {
-		if err := c.long(ctx, http.MethodPost, sbPath(id, "/pause?to_disk=true"), nil, &s, fn); err != nil {
-			return nil, err
-		}
-		return &s, nil
+		return longFor[Sandbox](ctx, c, http.MethodPost, sbPath(id, "/pause?to_disk=true"), nil, fn)
 	}
-	if err := c.call(ctx, http.MethodPost, sbPath(id, "/pause"), nil, &s); err != nil {
-		return nil, err
-	}
-	return &s, nil
+	return callFor[Sandbox](ctx, c, http.MethodPost, sbPath(id, "/pause"), nil)
 }
 
 // Resume resumes a paused sandbox, or restores a suspended or stopped one
 // from its latest snapshot (long).
 func (c *Client) Resume(ctx context.Context, id string, fn ProgressFunc) (*Sandbox, error) {
-	var s Sandbox
-	if err := c.long(ctx, http.MethodPost, sbPath(id, "/resume"), nil, &s, fn); err != nil {
-		return nil, err
-	}
-	return &s, nil
+	return longFor[Sandbox](ctx, c, http.MethodPost, sbPath(id, "/resume"), nil, fn)
 }
 
 // Snapshot takes a snapshot now.
 func (c *Client) Snapshot(ctx context.Context, id string, req wire.SnapshotRequest) (*Snapshot, error) {
-	var s Snapshot
-	if err := c.call(ctx, http.MethodPost, sbPath(id, "/snapshots"), req, &s); err != nil {
-		return nil, err
-	}
-	return &s, nil
+	return callFor[Snapshot](ctx, c, http.MethodPost, sbPath(id, "/snapshots"), req)
 }
 
 // SetRolling starts rolling snapshots every every (keeping keep layers a
@@ -484,11 +487,7 @@ func (c *Client) Rollback(ctx context.Context, id, snapshot string) (map[string]
 
 // Fork forks a running sandbox into n new ones.
 func (c *Client) Fork(ctx context.Context, id string, n int, fn ProgressFunc) (*wire.ForkResult, error) {
-	var r wire.ForkResult
-	if err := c.long(ctx, http.MethodPost, sbPath(id, "/fork"), wire.ForkRequest{N: n}, &r, fn); err != nil {
-		return nil, err
-	}
-	return &r, nil
+	return longFor[wire.ForkResult](ctx, c, http.MethodPost, sbPath(id, "/fork"), wire.ForkRequest{N: n}, fn)
 }
 
 // Exec runs a command in a sandbox, writing its output to stdout and
@@ -560,21 +559,13 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, mo
 // Egress returns a network sandbox's egress policy in force and its
 // counters, as its VMM reports them.
 func (c *Client) Egress(ctx context.Context, id string) (*wire.EgressReply, error) {
-	var r wire.EgressReply
-	if err := c.call(ctx, http.MethodGet, sbPath(id, "/egress"), nil, &r); err != nil {
-		return nil, err
-	}
-	return &r, nil
+	return callFor[wire.EgressReply](ctx, c, http.MethodGet, sbPath(id, "/egress"), nil)
 }
 
 // SetEgress replaces a network sandbox's egress policy (JSON) live; it
 // stays in force across the sandbox's later restores.
 func (c *Client) SetEgress(ctx context.Context, id string, policy json.RawMessage) (*wire.EgressReply, error) {
-	var r wire.EgressReply
-	if err := c.call(ctx, http.MethodPut, sbPath(id, "/egress"), policy, &r); err != nil {
-		return nil, err
-	}
-	return &r, nil
+	return callFor[wire.EgressReply](ctx, c, http.MethodPut, sbPath(id, "/egress"), policy)
 }
 
 // SetSecret creates or replaces the tenant's secret name with value's

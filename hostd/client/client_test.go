@@ -13,12 +13,20 @@ import (
 	"github.com/warrenvm/warren/hostd/wire"
 )
 
-func TestClientUnixSocket(t *testing.T) {
+// stubClient starts a stand-in daemon and returns it with a client of it
+// (over its unix socket) as tenant.
+func stubClient(t *testing.T, tenant string) (*clienttest.Stub, *client.Client) {
+	t.Helper()
 	stub := clienttest.New(t)
-	c, err := client.New(stub.Socket, "", "")
+	c, err := client.New(stub.Socket, tenant, "")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return stub, c
+}
+
+func TestClientUnixSocket(t *testing.T) {
+	_, c := stubClient(t, "")
 	ctx := context.Background()
 	if tenant, err := c.Health(ctx); err != nil || tenant != "default" {
 		t.Fatalf("health: %q %v, want the default tenant", tenant, err)
@@ -158,11 +166,7 @@ func TestClientTenants(t *testing.T) {
 }
 
 func TestClientSecretsAndEgress(t *testing.T) {
-	stub := clienttest.New(t)
-	c, err := client.New(stub.Socket, "acme", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	stub, c := stubClient(t, "acme")
 	ctx := context.Background()
 	if err := c.SetSecret(ctx, "API_KEY", strings.NewReader("v1")); err != nil {
 		t.Fatal(err)

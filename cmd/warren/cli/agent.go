@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -44,138 +43,124 @@ func interruptContext() (context.Context, context.CancelFunc) {
 
 // execCmd is `warren exec [flags] VM -- PROGRAM [ARGS...]`: it runs the
 // program in the guest, streams its output, and exits with its exit code.
-func execCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("warren exec", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: warren exec [flags] VM -- PROGRAM [ARGS...]\n\nVM is the path of the VM's vsock socket (warren run --vsock).\n\n")
-		fs.PrintDefaults()
-	}
-	timeout := fs.Duration("timeout", 0, "kill the process (and its process group) after this long (0: never)")
-	cwd := fs.String("cwd", "", "working directory in the guest")
-	interactive := fs.Bool("i", false, "copy standard input to the process (otherwise it reads /dev/null)")
-	var env stringsFlag
-	fs.Var(&env, "env", "set KEY=VALUE in the process's environment (repeatable)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	rest := fs.Args()
-	if len(rest) < 2 || rest[1] != "--" || len(rest) < 3 {
-		fs.Usage()
-		return 2
-	}
-	vm, argv := rest[0], rest[2:]
-	for _, e := range env {
-		if !strings.Contains(e, "=") || strings.HasPrefix(e, "=") {
-			fmt.Fprintf(stderr, "warren exec: --env %q is not KEY=VALUE\n", e)
-			return 2
+func execCmd(c *vmCmd) func() int {
+	e := newExecFlags(c.fs, "copy standard input to the process (otherwise it reads /dev/null)")
+	return func() int {
+		vmPath, argv, ok := e.command(c.fs.Args())
+		if !ok {
+			return c.usageErr()
 		}
-	}
-	if *timeout < 0 {
-		fmt.Fprintf(stderr, "warren exec: --timeout %v is negative\n", *timeout)
-		return 2
-	}
-	ctx, stop := interruptContext()
-	defer stop()
-	c := agentclient.New(vm)
-	defer c.Close()
-	req := agentwire.ExecRequest{Argv: argv, Env: env, Cwd: *cwd, TimeoutMS: timeout.Milliseconds()}
-	if *timeout > 0 && req.TimeoutMS == 0 {
-		req.TimeoutMS = 1
-	}
-	if *interactive && stdin != nil {
-		req.Input = stdin
-	}
-	code, err := c.Exec(ctx, req, stdout, stderr)
-	switch {
-	case err == nil:
-		return code
-	case ctx.Err() != nil:
-		fmt.Fprintln(stderr, "warren exec: interrupted; the process in the guest was killed")
-		return exitInterrupted
-	case errors.Is(err, agentclient.ErrTimedOut):
-		fmt.Fprintf(stderr, "warren exec: timed out after %v; the process was killed\n", *timeout)
-		return exitTimedOut
-	}
-	fmt.Fprintf(stderr, "warren exec: %v\n", err)
-	var ae *agentwire.Error
-	if errors.As(err, &ae) && (ae.Code == agentwire.CodeStartFailed || ae.Code == agentwire.CodeNotFound ||
-		ae.Code == agentwire.CodePermission) {
-		if ae.Code == agentwire.CodeNotFound {
+		for _, kv := range e.env {
+			if !strings.Contains(kv, "=") || strings.HasPrefix(kv, "=") {
+				return c.failCode(2, fmt.Errorf("--env %q is not KEY=VALUE", kv))
+			}
+		}
+		if e.timeout < 0 {
+			return c.failCode(2, fmt.Errorf("--timeout %v is negative", e.timeout))
+		}
+		ctx := c.context()
+		vm := agentclient.New(vmPath)
+		defer vm.Close()
+		req := agentwire.ExecRequest{Argv: argv, Env: e.env, Cwd: e.cwd, TimeoutMS: e.timeoutMS()}
+		if e.interactive && c.stdin != nil {
+			req.Input = c.stdin
+		}
+		code, err := vm.Exec(ctx, req, c.stdout, c.stderr)
+		switch {
+		case err == nil:
+			return code
+		case ctx.Err() != nil:
+			fmt.Fprintln(c.stderr, "warren exec: interrupted; the process in the guest was killed")
+			return exitInterrupted
+		case errors.Is(err, agentclient.ErrTimedOut):
+			fmt.Fprintf(c.stderr, "warren exec: timed out after %v; the process was killed\n", e.timeout)
+			return exitTimedOut
+		}
+		c.fail(err)
+		var ae *agentwire.Error
+		switch {
+		case !errors.As(err, &ae):
+		case ae.Code == agentwire.CodeNotFound:
 			return exitNotFound
+		case ae.Code == agentwire.CodeStartFailed || ae.Code == agentwire.CodePermission:
+			return exitCannotRun
 		}
-		return exitCannotRun
+		return exitExecFailed
 	}
-	return exitExecFailed
+}
+
+// execFlags are the flags of both exec verbs, the daemon's and the VM
+// level's.
+type execFlags struct {
+	timeout     time.Duration
+	cwd         string
+	interactive bool
+	env         stringsFlag
+}
+
+// newExecFlags defines the exec flags on fs; stdinHelp says what -i does.
+func newExecFlags(fs *flag.FlagSet, stdinHelp string) *execFlags {
+	e := &execFlags{}
+	fs.DurationVar(&e.timeout, "timeout", 0, "kill the process (and its process group) after this long (0: never)")
+	fs.StringVar(&e.cwd, "cwd", "", "working directory in the guest")
+	fs.BoolVar(&e.interactive, "i", false, stdinHelp)
+	fs.Var(&e.env, "env", "set KEY=VALUE in the process's environment (repeatable)")
+	return e
+}
+
+// command splits an exec's operands, TARGET -- PROGRAM [ARGS...]; ok is
+// false for others.
+func (e *execFlags) command(args []string) (target string, argv []string, ok bool) {
+	if len(args) < 3 || args[1] != "--" {
+		return "", nil, false
+	}
+	return args[0], args[2:], true
+}
+
+// timeoutMS is --timeout in milliseconds, at least 1 when set.
+func (e *execFlags) timeoutMS() int64 {
+	if e.timeout > 0 && e.timeout < time.Millisecond {
+		return 1
+	}
+	return e.timeout.Milliseconds()
 }
 
 // healthCmd is `warren health VM`: the agent's health report as JSON.
-func healthCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("warren health", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	wait := fs.Duration("wait", 0, "keep trying this long until the agent answers")
-	if err := fs.Parse(args); err != nil {
-		return 2
+func healthCmd(c *vmCmd) func() int {
+	wait := c.fs.Duration("wait", 0, "keep trying this long until the agent answers")
+	return func() int {
+		vm := agentclient.New(c.fs.Arg(0))
+		defer vm.Close()
+		h, err := vm.WaitHealth(c.context(), time.Now().Add(*wait), 30*time.Second)
+		return c.printJSON(h, err)
 	}
-	if fs.NArg() != 1 {
-		fmt.Fprintln(stderr, "usage: warren health [--wait D] VM")
-		return 2
-	}
-	ctx, stop := interruptContext()
-	defer stop()
-	c := agentclient.New(fs.Arg(0))
-	defer c.Close()
-	h, err := c.WaitHealth(ctx, time.Now().Add(*wait), 30*time.Second)
-	if err != nil {
-		fmt.Fprintf(stderr, "warren health: %v\n", err)
-		return 1
-	}
-	b, _ := json.MarshalIndent(h, "", "  ")
-	fmt.Fprintf(stdout, "%s\n", b)
-	return 0
 }
 
 // cpCmd is `warren cp SRC DST`, where exactly one side is VM:/guest/path
 // and "-" on the host side is standard input or output.
-func cpCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("warren cp", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: warren cp SRC DST\n\nOne of SRC and DST is VM:/guest/path (VM: the vsock socket path); the other a host path or - (stdin/stdout).\n")
+func cpCmd(c *vmCmd) func() int {
+	return func() int {
+		src, err := agentclient.ParseTarget(c.fs.Arg(0))
+		if err != nil {
+			return c.fail(err)
+		}
+		dst, err := agentclient.ParseTarget(c.fs.Arg(1))
+		if err != nil {
+			return c.fail(err)
+		}
+		if src.InGuest() == dst.InGuest() {
+			return c.fail(fmt.Errorf("exactly one of %s and %s must be VM:/guest/path", src, dst))
+		}
+		if dst.InGuest() {
+			err = copyIn(c.context(), src.Path, dst, c.stdin)
+		} else {
+			err = copyOut(c.context(), src, dst.Path, c.stdout)
+		}
+		if err != nil {
+			return c.fail(err)
+		}
+		return 0
 	}
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if fs.NArg() != 2 {
-		fs.Usage()
-		return 2
-	}
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "warren cp: %v\n", err)
-		return 1
-	}
-	src, err := agentclient.ParseTarget(fs.Arg(0))
-	if err != nil {
-		return fail(err)
-	}
-	dst, err := agentclient.ParseTarget(fs.Arg(1))
-	if err != nil {
-		return fail(err)
-	}
-	if src.InGuest() == dst.InGuest() {
-		return fail(fmt.Errorf("exactly one of %s and %s must be VM:/guest/path", src, dst))
-	}
-	ctx, stop := interruptContext()
-	defer stop()
-	if dst.InGuest() {
-		err = copyIn(ctx, src.Path, dst, stdin)
-	} else {
-		err = copyOut(ctx, src, dst.Path, stdout)
-	}
-	if err != nil {
-		return fail(err)
-	}
-	return 0
 }
 
 // openCopySource opens what `warren cp` copies into a guest: the host

@@ -1,16 +1,19 @@
 // Package cli is the warren command's flag parsing, output and wiring:
 // the verbs that run the VMM process (run, restore, fork-child, jail-init,
 // jail-spawn: process.go) hand their parsed flags to vmmproc; the others
-// talk to warren-hostd (daemon.go, images.go), to a running VMM's control
-// API (control.go, through vmmctl) or to its guest agent (agent.go,
-// through agentclient).
+// talk to warren-hostd (daemon.go, sandboxes.go, images.go, through
+// hostd/client), to a running VMM's control API (control.go, through
+// vmmctl) or to its guest agent (agent.go, through agentclient). The
+// verbs of each kind are rows of a table (daemonVerbs, vmVerbs), run by
+// one driver (daemonCmd, vmCmd) that parses their flags, checks their
+// operands and reports their errors.
 package cli
 
 import (
 	"fmt"
-	"github.com/warrenvm/warren/vmmproc"
 	"io"
 
+	"github.com/warrenvm/warren/vmmproc"
 	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
@@ -37,56 +40,52 @@ path of its control socket (warren run --api PATH).
 // The sandbox verbs talk to warren-hostd (daemon.go); the VM-level verbs
 // of the same names run when their target is a VM's socket path.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return (&app{stdin: stdin, stdout: stdout, stderr: stderr}).main(args)
+}
+
+// app is one run of the warren command: the streams every verb reads and
+// writes, and (for tests) whether it only routes.
+type app struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	// routeOnly makes daemonMain only decide between the daemon and the
+	// VM level, running nothing.
+	routeOnly bool
+}
+
+func (a *app) main(args []string) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, daemonUsage+usage)
+		fmt.Fprint(a.stderr, daemonUsage+usage)
 		return 2
 	}
-	if code, ok := daemonMain(args, stdin, stdout, stderr); ok {
+	if code, ok := a.daemonMain(args); ok {
 		return code
 	}
-	return vmMain(args, stdin, stdout, stderr)
+	return a.vmMain(args)
 }
 
 // vmMain runs the VM-level verbs (`warren vm VERB ...`).
-func vmMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	switch args[0] {
+func (a *app) vmMain(args []string) int {
+	verb, rest := args[0], args[1:]
+	if v, ok := vmVerbs[verb]; ok {
+		return a.runVM(verb, v, rest)
+	}
+	switch verb {
 	case "run":
-		return run(args[1:], stdin, stdout, stderr)
-	case "exec":
-		return execCmd(args[1:], stdin, stdout, stderr)
-	case "cp":
-		return cpCmd(args[1:], stdin, stdout, stderr)
-	case "health":
-		return healthCmd(args[1:], stdout, stderr)
-	case "pause", "resume":
-		return pauseCmd(args[0], args[1:], stdout, stderr)
-	case "snapshot":
-		return snapshotCmd(args[1:], stdout, stderr)
+		return run(rest, a.stdin, a.stdout, a.stderr)
 	case "restore":
-		return restoreCmd(args[1:], stdin, stdout, stderr)
-	case "fork":
-		return forkCmd(args[1:], stdout, stderr)
+		return restoreCmd(rest, a.stdin, a.stdout, a.stderr)
 	case "fork-child":
-		return vmmproc.ForkChild(args[1:], stdout, stderr)
+		return vmmproc.ForkChild(rest, a.stdout, a.stderr)
 	case jail.InitVerb:
-		// pid 1 of a jailed VMM's pid namespace (warren-hostd --jail)
-		return jailInitCmd(args[1:], stderr)
+		return jailInitCmd(rest, a.stderr)
 	case jail.SpawnVerb:
 		// a fork child on its way from jail-init's helper (vmmproc/jail.Spawner)
-		return jail.RunSpawn(args[1:], stderr)
-	case "flatten":
-		return flattenCmd(args[1:], stdout, stderr)
-	case "rollback":
-		return rollbackCmd(args[1:], stdout, stderr)
-	case "egress":
-		return egressCmd(args[1:], stdout, stderr)
-	case "compact":
-		return compactCmd(args[1:], stdout, stderr)
+		return jail.RunSpawn(rest, a.stderr)
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(a.stdout, usage)
 		return 0
-	default:
-		fmt.Fprintf(stderr, "warren: unknown command %q\n%s", args[0], usage)
-		return 2
 	}
+	fmt.Fprintf(a.stderr, "warren: unknown command %q\n%s", verb, usage)
+	return 2
 }

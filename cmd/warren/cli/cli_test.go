@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/warrenvm/warren/hostd/client/clienttest"
 	"github.com/warrenvm/warren/vmm/testguest"
 )
 
@@ -65,13 +66,26 @@ func cli(t *testing.T, stdin io.Reader, args ...string) (code int, stdout, stder
 	return code, o.String(), e.String()
 }
 
-// mustRun runs the warren command in-process and fails the test unless
-// it exits 0; it returns its output.
-func mustRun(t *testing.T, args ...string) string {
+// expect runs the warren command in-process with stdin ("": none) and
+// fails the test unless it exits want; it returns its output.
+func expect(t *testing.T, want int, stdin string, args ...string) (stdout, stderr string) {
 	t.Helper()
-	code, out, errOut := cli(t, nil, args...)
-	if code != 0 {
-		t.Fatalf("warren %s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
+	var in io.Reader
+	if stdin != "" {
+		in = strings.NewReader(stdin)
 	}
-	return out
+	code, stdout, stderr := cli(t, in, args...)
+	if code != want {
+		t.Fatalf("warren %s: exit %d, want %d: %s%s", strings.Join(args, " "), code, want, stdout, stderr)
+	}
+	return stdout, stderr
+}
+
+// stubDaemon starts a stand-in warren-hostd that the daemon verbs reach,
+// as tenant demo.
+func stubDaemon(t *testing.T) *clienttest.Stub {
+	stub := clienttest.New(t)
+	t.Setenv("WARREN_HOST", stub.Socket)
+	t.Setenv("WARREN_TENANT", "demo")
+	return stub
 }

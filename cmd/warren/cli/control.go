@@ -1,8 +1,9 @@
 package cli
 
 // The VM-level verbs that talk to a running VMM through its control API
-// (vmmctl: pause, resume, snapshot, rollback, fork, egress), and those
-// that work on a VMM's files offline (compact, flatten).
+// (vmmctl: pause, resume, snapshot, rollback, fork, egress), those that
+// work on a VMM's files offline (compact, flatten), and the driver every
+// table-driven VM-level verb runs under (vmCmd).
 
 import (
 	"context"
@@ -20,286 +21,325 @@ import (
 	"github.com/warrenvm/warren/vmmctl"
 )
 
-// rollbackCmd is `warren rollback API DIR/NAME`.
-func rollbackCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("warren rollback", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
+// A vmVerb is one row of vmVerbs: its usage (after "usage: warren "),
+// how many operands it takes (-1: its run checks them), and setup, which
+// defines its flags on c.fs and returns what runs it once they are parsed.
+type vmVerb struct {
+	usage string
+	nargs int
+	setup func(c *vmCmd) func() int
+}
+
+// apiNote ends the usage of the verbs whose operand is a control socket.
+const apiNote = "\n\nAPI is the VM's control socket (warren run --api PATH)."
+
+// vmVerbs are the VM-level verbs that have a flag set, by name.
+var vmVerbs = map[string]vmVerb{
+	"exec":   {"exec [flags] VM -- PROGRAM [ARGS...]\n\nVM is the path of the VM's vsock socket (warren run --vsock).", -1, execCmd},
+	"cp":     {"cp SRC DST\n\nOne of SRC and DST is VM:/guest/path (VM: the vsock socket path); the other a host path or - (stdin/stdout).", 2, cpCmd},
+	"health": {"health [--wait D] VM", 1, healthCmd},
+	"pause":  {"pause API" + apiNote, 1, pauseCmd("pause")},
+	"resume": {"resume API" + apiNote, 1, pauseCmd("resume")},
+	"snapshot": {"snapshot [--incremental] [--every D [--max-chain N] [--count N]] API DIR/NAME\n\n" +
+		"API is the VM's control socket (warren run --api PATH). With --every, snapshots\n" +
+		"DIR/NAME-0001, DIR/NAME-0002, ... are taken every D: a full one, then incremental\n" +
+		"ones, and a full one again once the chain has --max-chain layers.", 2, snapshotCmd},
+	"rollback": {"rollback API DIR/NAME\n\nputs the running VM whose control socket is API back to the snapshot DIR/NAME,\n" +
+		"in place: same process, sockets and identity; only pages that changed are rewritten.", 2, rollbackCmd},
+	"fork": {"fork [-n N] [--prefix PATH] [--netns] [--json] API\n\n" +
+		"makes N running copy-on-write children of the running VM whose control socket\n" +
+		"is API. Child K serves its control API on PREFIX-K.api and its agent on\n" +
+		"PREFIX-K.vsock (with vsock), and has its own CID, hostname and machine id.", -1, forkCmd},
+	"egress": {"egress [--policy FILE] API\n\nprints the egress policy in force and the filter, proxy and audit counters of the VM\n" +
+		"whose control socket is API; with --policy, replaces the policy first (live).", 1, egressCmd},
+	"compact": {"compact DIR/NAME DIR/NEW\n\nwrites one full snapshot NEW equal to NAME (its memory chain merged, and each disk's own\n" +
+		"layers merged into one overlay beside them).", 2, compactCmd},
+	"flatten": {"flatten OVERLAY OUT\n\nwrites the disk an overlay (DISK.<id>.wcow, made by warren fork) shows as one raw image OUT.", 2, flattenCmd},
+}
+
+// vmCmd is what every VM-level verb of vmVerbs shares: its flags, usage,
+// streams, error reports and the interrupt context of its calls.
+type vmCmd struct {
+	name           string // "warren VERB"
+	fs             *flag.FlagSet
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	ctx            context.Context // made by context, cancelled by Ctrl-C or SIGTERM
+	stop           context.CancelFunc
+}
+
+// runVM runs verb (a row of vmVerbs) with args: a usage error exits 2.
+func (a *app) runVM(verb string, v vmVerb, args []string) int {
+	c := &vmCmd{name: "warren " + verb, stdin: a.stdin, stdout: a.stdout, stderr: a.stderr}
+	c.fs = flag.NewFlagSet(c.name, flag.ContinueOnError)
+	c.fs.SetOutput(a.stderr)
+	run := v.setup(c)
+	hasFlags := false
+	c.fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+	c.fs.Usage = func() {
+		fmt.Fprintf(a.stderr, "usage: warren %s\n", v.usage)
+		if hasFlags {
+			fmt.Fprintln(a.stderr)
+			c.fs.PrintDefaults()
+		}
+	}
+	if err := c.fs.Parse(args); err != nil {
 		return 2
 	}
-	if fs.NArg() != 2 {
-		fmt.Fprint(stderr, "usage: warren rollback API DIR/NAME\n\nputs the running VM whose control socket is API back to the snapshot DIR/NAME,\nin place: same process, sockets and identity; only pages that changed are rewritten.\n")
-		return 2
+	if v.nargs >= 0 && c.fs.NArg() != v.nargs {
+		return c.usageErr()
 	}
-	path, err := filepath.Abs(fs.Arg(1))
-	if err == nil {
-		_, _, _, err = vmsnap.Paths(path)
-	}
+	defer func() {
+		if c.stop != nil {
+			c.stop()
+		}
+	}()
+	return run()
+}
+
+func (c *vmCmd) usageErr() int {
+	c.fs.Usage()
+	return 2
+}
+
+// fail reports err and returns 1.
+func (c *vmCmd) fail(err error) int { return c.failCode(1, err) }
+
+// failCode reports err and returns code.
+func (c *vmCmd) failCode(code int, err error) int {
+	fmt.Fprintf(c.stderr, "%s: %v\n", c.name, err)
+	return code
+}
+
+// printJSON reports err (exit 1), or prints v as indented JSON.
+func (c *vmCmd) printJSON(v any, err error) int {
 	if err != nil {
-		fmt.Fprintf(stderr, "warren rollback: %v\n", err)
-		return 2
+		return c.fail(err)
 	}
-	ctx, stop := interruptContext()
-	defer stop()
-	var r vmmctl.RollbackReply
-	if err := apiCall(ctx, fs.Arg(0), "rollback", vmmctl.RollbackRequest{Path: path}, &r); err != nil {
-		fmt.Fprintf(stderr, "warren rollback: %v\n", err)
-		return 1
-	}
-	fmt.Fprintln(stdout, r.Line)
+	printJSON(c.stdout, v)
 	return 0
 }
 
-// pauseCmd is `warren pause API` and `warren resume API`.
-func pauseCmd(verb string, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("warren "+verb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
-		return 2
+// context returns the verb's interrupt context (only the verbs that talk
+// to a VM have one: the others die of Ctrl-C as they always did).
+func (c *vmCmd) context() context.Context {
+	if c.ctx == nil {
+		c.ctx, c.stop = interruptContext()
 	}
-	if fs.NArg() != 1 {
-		fmt.Fprintf(stderr, "usage: warren %s API\n\nAPI is the VM's control socket (warren run --api PATH).\n", verb)
-		return 2
+	return c.ctx
+}
+
+// call POSTs req to /v1/VERB of the control API at the verb's first
+// operand and decodes the answer into resp.
+func (c *vmCmd) call(verb string, req, resp any) error {
+	return vmmctl.Client{Socket: c.fs.Arg(0)}.Call(c.context(), verb, req, resp)
+}
+
+// snapshotPath is a snapshot operand, DIR/NAME, made absolute and checked.
+func snapshotPath(arg string) (string, error) {
+	path, err := filepath.Abs(arg)
+	if err == nil {
+		_, _, _, err = vmsnap.Paths(path)
 	}
-	ctx, stop := interruptContext()
-	defer stop()
-	var r vmmctl.PauseReply
-	if err := apiCall(ctx, fs.Arg(0), verb, struct{}{}, &r); err != nil {
-		fmt.Fprintf(stderr, "warren %s: %v\n", verb, err)
-		return 1
+	return path, err
+}
+
+// rollbackCmd is `warren rollback API DIR/NAME`.
+func rollbackCmd(c *vmCmd) func() int {
+	return func() int {
+		path, err := snapshotPath(c.fs.Arg(1))
+		if err != nil {
+			return c.failCode(2, err)
+		}
+		var r vmmctl.RollbackReply
+		if err := c.call("rollback", vmmctl.RollbackRequest{Path: path}, &r); err != nil {
+			return c.fail(err)
+		}
+		fmt.Fprintln(c.stdout, r.Line)
+		return 0
 	}
-	fmt.Fprintf(stdout, "paused=%v\n", r.Paused)
-	return 0
+}
+
+// pauseCmd is `warren pause API` and `warren resume API` (verb).
+func pauseCmd(verb string) func(c *vmCmd) func() int {
+	return func(c *vmCmd) func() int {
+		return func() int {
+			var r vmmctl.PauseReply
+			if err := c.call(verb, struct{}{}, &r); err != nil {
+				return c.fail(err)
+			}
+			fmt.Fprintf(c.stdout, "paused=%v\n", r.Paused)
+			return 0
+		}
+	}
 }
 
 // snapshotCmd is `warren snapshot [--incremental] [--every D --max-chain N] API DIR/NAME`.
-func snapshotCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("warren snapshot", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: warren snapshot [--incremental] [--every D [--max-chain N] [--count N]] API DIR/NAME\n\n"+
-			"API is the VM's control socket (warren run --api PATH). With --every, snapshots\n"+
-			"DIR/NAME-0001, DIR/NAME-0002, ... are taken every D: a full one, then incremental\n"+
-			"ones, and a full one again once the chain has --max-chain layers.\n\n")
-		fs.PrintDefaults()
-	}
-	incremental := fs.Bool("incremental", false, "store only the pages written since the VM's previous snapshot (in the same DIR)")
-	every := fs.Duration("every", 0, "keep taking snapshots at this interval until interrupted")
-	maxChain := fs.Int("max-chain", 8, "with --every: most layers in a chain before a new full snapshot")
-	count := fs.Int("count", 0, "with --every: stop after this many snapshots (0: when interrupted)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if fs.NArg() != 2 || *every < 0 || *maxChain < 1 || *count < 0 {
-		fs.Usage()
-		return 2
-	}
-	sock := fs.Arg(0)
-	path, err := filepath.Abs(fs.Arg(1))
-	if err == nil {
-		_, _, _, err = vmsnap.Paths(path)
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "warren snapshot: %v\n", err)
-		return 2
-	}
-	ctx, stop := interruptContext()
-	defer stop()
-	take := func(p string, kind vmsnap.Kind) error {
-		var r vmmctl.SnapshotReply
-		if err := apiCall(ctx, sock, "snapshot", vmmctl.SnapshotRequest{Path: p, Kind: kind}, &r); err != nil {
-			return err
+func snapshotCmd(c *vmCmd) func() int {
+	incremental := c.fs.Bool("incremental", false, "store only the pages written since the VM's previous snapshot (in the same DIR)")
+	every := c.fs.Duration("every", 0, "keep taking snapshots at this interval until interrupted")
+	maxChain := c.fs.Int("max-chain", 8, "with --every: most layers in a chain before a new full snapshot")
+	count := c.fs.Int("count", 0, "with --every: stop after this many snapshots (0: when interrupted)")
+	return func() int {
+		if *every < 0 || *maxChain < 1 || *count < 0 {
+			return c.usageErr()
 		}
-		fmt.Fprintln(stdout, r.Line)
-		return nil
-	}
-	kind := vmsnap.Full
-	if *incremental {
-		kind = vmsnap.Incremental
-	}
-	if *every == 0 {
-		if err := take(path, kind); err != nil {
-			fmt.Fprintf(stderr, "warren snapshot: %v\n", err)
-			return 1
+		path, err := snapshotPath(c.fs.Arg(1))
+		if err != nil {
+			return c.failCode(2, err)
 		}
-		return 0
-	}
-	chain := 0 // layers in the current chain; 0 before the first snapshot
-	if *incremental {
-		chain = 1 // the VM's previous snapshot is the chain's first layer, as far as we know
-	}
-	for seq := 1; ; seq++ {
-		if chain == 0 || chain >= *maxChain {
-			kind, chain = vmsnap.Full, 0
-		} else {
+		take := func(p string, kind vmsnap.Kind) error {
+			var r vmmctl.SnapshotReply
+			if err := c.call("snapshot", vmmctl.SnapshotRequest{Path: p, Kind: kind}, &r); err != nil {
+				return err
+			}
+			fmt.Fprintln(c.stdout, r.Line)
+			return nil
+		}
+		kind := vmsnap.Full
+		if *incremental {
 			kind = vmsnap.Incremental
 		}
-		if err := take(fmt.Sprintf("%s-%04d", path, seq), kind); err != nil {
-			if ctx.Err() != nil {
+		if *every == 0 {
+			if err := take(path, kind); err != nil {
+				return c.fail(err)
+			}
+			return 0
+		}
+		ctx := c.context()
+		chain := 0 // layers in the current chain; 0 before the first snapshot
+		if *incremental {
+			chain = 1 // the VM's previous snapshot is the chain's first layer, as far as we know
+		}
+		for seq := 1; ; seq++ {
+			if chain == 0 || chain >= *maxChain {
+				kind, chain = vmsnap.Full, 0
+			} else {
+				kind = vmsnap.Incremental
+			}
+			if err := take(fmt.Sprintf("%s-%04d", path, seq), kind); err != nil {
+				if ctx.Err() != nil {
+					return 0
+				}
+				return c.fail(err)
+			}
+			chain++
+			if seq == *count {
 				return 0
 			}
-			fmt.Fprintf(stderr, "warren snapshot: %v\n", err)
-			return 1
-		}
-		chain++
-		if seq == *count {
-			return 0
-		}
-		select {
-		case <-ctx.Done():
-			return 0
-		case <-time.After(*every):
+			select {
+			case <-ctx.Done():
+				return 0
+			case <-time.After(*every):
+			}
 		}
 	}
 }
 
 // compactCmd is `warren compact DIR/NAME DIR/NEW`.
-func compactCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("warren compact", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if fs.NArg() != 2 {
-		fmt.Fprint(stderr, "usage: warren compact DIR/NAME DIR/NEW\n\nwrites one full snapshot NEW equal to NAME (its memory chain merged, and each disk's own\nlayers merged into one overlay beside them).\n")
-		return 2
-	}
-	res, err := vmsnap.Compact(fs.Arg(0), fs.Arg(1), nil)
-	if err != nil {
-		fmt.Fprintf(stderr, "warren compact: %v\n", err)
-		return 1
-	}
-	fmt.Fprintf(stdout, "full %s: %d pages, layer %d bytes (%s)\n", res.StatePath, res.Pages, res.LayerBytes, filepath.Base(res.LayerPath))
-	if s, err := vmsnap.Load(res.StatePath, nil); err == nil {
-		for _, d := range s.Disks {
-			fmt.Fprintf(stdout, "disk %d: layer %s (%d images in its chain)\n", d.Index, d.Layer, len(d.Chain))
+func compactCmd(c *vmCmd) func() int {
+	return func() int {
+		res, err := vmsnap.Compact(c.fs.Arg(0), c.fs.Arg(1), nil)
+		if err != nil {
+			return c.fail(err)
 		}
-		s.Close()
+		fmt.Fprintf(c.stdout, "full %s: %d pages, layer %d bytes (%s)\n", res.StatePath, res.Pages, res.LayerBytes, filepath.Base(res.LayerPath))
+		if s, err := vmsnap.Load(res.StatePath, nil); err == nil {
+			for _, d := range s.Disks {
+				fmt.Fprintf(c.stdout, "disk %d: layer %s (%d images in its chain)\n", d.Index, d.Layer, len(d.Chain))
+			}
+			s.Close()
+		}
+		return 0
 	}
-	return 0
-}
-
-// apiCall POSTs req to /v1/VERB of the control API at sock and decodes
-// the answer into resp.
-func apiCall(ctx context.Context, sock, verb string, req, resp any) error {
-	return vmmctl.Client{Socket: sock}.Call(ctx, verb, req, resp)
 }
 
 // forkCmd is `warren fork [-n N] [--prefix PATH] API`.
-func forkCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("warren fork", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: warren fork [-n N] [--prefix PATH] [--netns] [--json] API\n\n"+
-			"makes N running copy-on-write children of the running VM whose control socket\n"+
-			"is API. Child K serves its control API on PREFIX-K.api and its agent on\n"+
-			"PREFIX-K.vsock (with vsock), and has its own CID, hostname and machine id.\n\n")
-		fs.PrintDefaults()
-	}
-	n := fs.Int("n", 1, "number of children")
-	prefix := fs.String("prefix", "", "path prefix of the children's sockets and files (default: beside API)")
-	asJSON := fs.Bool("json", false, "print the answer as JSON")
-	netns := fs.Bool("netns", false, "start each child in a new network namespace, with its tap there (needs a VM with a tap)")
-	egressFile := fs.String("egress", "", "the children's egress policy (JSON), narrowing the parent's (default: the parent's)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	var childPolicy *policy.Policy
-	if *egressFile != "" {
-		// (The parent VM checks it with its operator's allowances.)
-		p, err := policy.LoadWith(*egressFile, policy.Options{WildcardCredentials: true})
-		if err != nil {
-			fmt.Fprintf(stderr, "warren fork: %v\n", err)
-			return 2
+func forkCmd(c *vmCmd) func() int {
+	n := c.fs.Int("n", 1, "number of children")
+	prefix := c.fs.String("prefix", "", "path prefix of the children's sockets and files (default: beside API)")
+	asJSON := c.fs.Bool("json", false, "print the answer as JSON")
+	netns := c.fs.Bool("netns", false, "start each child in a new network namespace, with its tap there (needs a VM with a tap)")
+	egressFile := c.fs.String("egress", "", "the children's egress policy (JSON), narrowing the parent's (default: the parent's)")
+	return func() int {
+		var childPolicy *policy.Policy
+		if *egressFile != "" {
+			// (The parent VM checks it with its operator's allowances.)
+			p, err := policy.LoadWith(*egressFile, policy.Options{WildcardCredentials: true})
+			if err != nil {
+				return c.failCode(2, err)
+			}
+			childPolicy = &p
 		}
-		childPolicy = &p
-	}
-	if fs.NArg() != 1 || *n < 1 || *n > vmmctl.MaxForkChildren {
-		fs.Usage()
-		return 2
-	}
-	if *prefix != "" {
-		p, err := filepath.Abs(*prefix)
-		if err != nil {
-			fmt.Fprintf(stderr, "warren fork: %v\n", err)
-			return 2
+		if c.fs.NArg() != 1 || *n < 1 || *n > vmmctl.MaxForkChildren {
+			return c.usageErr()
 		}
-		*prefix = p
-	}
-	ctx, stop := interruptContext()
-	defer stop()
-	var r vmmctl.ForkReply
-	if err := apiCall(ctx, fs.Arg(0), "fork", vmmctl.ForkRequest{N: *n, Prefix: *prefix, NetNS: *netns, Egress: childPolicy}, &r); err != nil {
-		fmt.Fprintf(stderr, "warren fork: %v\n", err)
-		return 1
-	}
-	if *asJSON {
-		json.NewEncoder(stdout).Encode(r)
+		if *prefix != "" {
+			p, err := filepath.Abs(*prefix)
+			if err != nil {
+				return c.failCode(2, err)
+			}
+			*prefix = p
+		}
+		var r vmmctl.ForkReply
+		if err := c.call("fork", vmmctl.ForkRequest{N: *n, Prefix: *prefix, NetNS: *netns, Egress: childPolicy}, &r); err != nil {
+			return c.fail(err)
+		}
+		if *asJSON {
+			json.NewEncoder(c.stdout).Encode(r)
+			return 0
+		}
+		fmt.Fprintf(c.stdout, "forked %d children: parent paused %.1f ms, total %.1f ms, memory in %d layers\n", len(r.Children), r.PauseMS, r.TotalMS, r.Layers)
+		for _, k := range r.Children {
+			fmt.Fprintf(c.stdout, "child %d: pid %d api %s vsock %s cid %d hostname %s running after %.1f ms\n",
+				k.Index, k.PID, k.API, k.Vsock, k.CID, k.Hostname, k.ReadyMS)
+		}
 		return 0
 	}
-	fmt.Fprintf(stdout, "forked %d children: parent paused %.1f ms, total %.1f ms, memory in %d layers\n", len(r.Children), r.PauseMS, r.TotalMS, r.Layers)
-	for _, c := range r.Children {
-		fmt.Fprintf(stdout, "child %d: pid %d api %s vsock %s cid %d hostname %s running after %.1f ms\n",
-			c.Index, c.PID, c.API, c.Vsock, c.CID, c.Hostname, c.ReadyMS)
-	}
-	return 0
 }
 
 // egressCmd is `warren egress API [--policy FILE]`.
-func egressCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("warren egress", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	pol := fs.String("policy", "", "replace the running VM's egress policy with this one (JSON)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if fs.NArg() != 1 {
-		fmt.Fprint(stderr, "usage: warren egress [--policy FILE] API\n\nprints the egress policy in force and the filter, proxy and audit counters of the VM\nwhose control socket is API; with --policy, replaces the policy first (live).\n")
-		return 2
-	}
-	ctx, stop := interruptContext()
-	defer stop()
-	c := vmmctl.Client{Socket: fs.Arg(0)}
-	var rep *vmmctl.EgressReply
-	var err error
-	if *pol != "" {
-		var b []byte
-		if b, err = os.ReadFile(*pol); err == nil {
-			// (The VM checks it with its operator's allowances.)
-			if _, err = policy.ParseWith(b, policy.Options{WildcardCredentials: true}); err == nil {
-				rep, err = c.SetEgress(ctx, b)
+func egressCmd(c *vmCmd) func() int {
+	pol := c.fs.String("policy", "", "replace the running VM's egress policy with this one (JSON)")
+	return func() int {
+		vm := vmmctl.Client{Socket: c.fs.Arg(0)}
+		var rep *vmmctl.EgressReply
+		var err error
+		if *pol != "" {
+			var b []byte
+			if b, err = os.ReadFile(*pol); err == nil {
+				// (The VM checks it with its operator's allowances.)
+				if _, err = policy.ParseWith(b, policy.Options{WildcardCredentials: true}); err == nil {
+					rep, err = vm.SetEgress(c.context(), b)
+				}
 			}
+		} else {
+			rep, err = vm.Egress(c.context())
 		}
-	} else {
-		rep, err = c.Egress(ctx)
+		return c.printJSON(rep, err)
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "warren egress: %v\n", err)
-		return 1
-	}
-	out, _ := json.MarshalIndent(rep, "", "  ")
-	fmt.Fprintln(stdout, string(out))
-	return 0
 }
 
 // flattenCmd is `warren flatten OVERLAY OUT`: it writes the disk that a
 // copy-on-write overlay (a fork's disk) and the images under it make up as
 // one raw image OUT, which no longer depends on them.
-func flattenCmd(args []string, stdout, stderr io.Writer) int {
-	if len(args) != 2 {
-		fmt.Fprint(stderr, "usage: warren flatten OVERLAY OUT\n\nwrites the disk an overlay (DISK.<id>.wcow, made by warren fork) shows as one raw image OUT.\n")
-		return 2
+func flattenCmd(c *vmCmd) func() int {
+	return func() int {
+		o, err := disk.OpenChain(c.fs.Arg(0), true)
+		if err != nil {
+			return c.fail(err)
+		}
+		defer o.Close()
+		if err := disk.Flatten(o, c.fs.Arg(1)); err != nil {
+			return c.fail(err)
+		}
+		fmt.Fprintf(c.stdout, "flattened %s (%d bytes) to %s\n", c.fs.Arg(0), o.Size(), c.fs.Arg(1))
+		return 0
 	}
-	o, err := disk.OpenChain(args[0], true)
-	if err != nil {
-		fmt.Fprintf(stderr, "warren flatten: %v\n", err)
-		return 1
-	}
-	defer o.Close()
-	if err := disk.Flatten(o, args[1]); err != nil {
-		fmt.Fprintf(stderr, "warren flatten: %v\n", err)
-		return 1
-	}
-	fmt.Fprintf(stdout, "flattened %s (%d bytes) to %s\n", args[0], o.Size(), args[1])
-	return 0
+}
+
+// printJSON prints v as indented JSON and a newline.
+func printJSON(w io.Writer, v any) {
+	b, _ := json.MarshalIndent(v, "", "  ")
+	fmt.Fprintf(w, "%s\n", b)
 }

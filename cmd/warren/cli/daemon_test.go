@@ -1,15 +1,12 @@
 package cli
 
 import (
-	"bytes"
 	"net"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
-
-	"github.com/warrenvm/warren/hostd/client/clienttest"
 )
 
 // The shared verbs run the VM-level code for every form the VM-level tests
@@ -76,25 +73,14 @@ func TestRouting(t *testing.T) {
 
 // routeOnly reports whether daemonMain would take args, without running them.
 func routeOnly(args []string) (string, bool) {
-	routeProbe = true
-	defer func() { routeProbe = false }()
-	_, ok := daemonMain(args, nil, nil, nil)
+	_, ok := (&app{routeOnly: true}).daemonMain(args)
 	return "", ok
 }
 
 // The daemon verbs against a stand-in daemon.
 func TestDaemonVerbs(t *testing.T) {
-	stub := clienttest.New(t)
-	t.Setenv("WARREN_HOST", stub.Socket)
-	t.Setenv("WARREN_TENANT", "demo")
-	run := func(want int, args ...string) (string, string) {
-		t.Helper()
-		code, out, errOut := runCLI(args...)
-		if code != want {
-			t.Fatalf("warren %s: exit %d, want %d: %s%s", strings.Join(args, " "), code, want, out, errOut)
-		}
-		return out, errOut
-	}
+	stub := stubDaemon(t)
+	run := func(want int, args ...string) (string, string) { t.Helper(); return expect(t, want, "", args...) }
 	if _, errOut := run(1, "create"); !strings.Contains(errOut, "0 ready templates") {
 		t.Errorf("create without templates: %q", errOut)
 	}
@@ -189,16 +175,11 @@ func TestDaemonVerbs(t *testing.T) {
 // The network verbs and flags against a stand-in daemon: secrets (values
 // from a file or stdin only), create --egress --secret, egress.
 func TestDaemonNetworkVerbs(t *testing.T) {
-	stub := clienttest.New(t)
-	t.Setenv("WARREN_HOST", stub.Socket)
-	t.Setenv("WARREN_TENANT", "demo")
+	stub := stubDaemon(t)
 	run := func(want int, stdin string, args ...string) string {
 		t.Helper()
-		var out, errb bytes.Buffer
-		if code := Main(args, strings.NewReader(stdin), &out, &errb); code != want {
-			t.Fatalf("warren %s: exit %d, want %d: %s%s", strings.Join(args, " "), code, want, out.String(), errb.String())
-		}
-		return out.String()
+		out, _ := expect(t, want, stdin, args...)
+		return out
 	}
 	dir := t.TempDir()
 	valFile := filepath.Join(dir, "val")
@@ -256,17 +237,8 @@ func TestDaemonNetworkVerbs(t *testing.T) {
 // warren keys against a stand-in daemon: show, create, revoke (only with
 // --yes), per tenant.
 func TestDaemonKeys(t *testing.T) {
-	stub := clienttest.New(t)
-	t.Setenv("WARREN_HOST", stub.Socket)
-	t.Setenv("WARREN_TENANT", "demo")
-	run := func(want int, args ...string) (string, string) {
-		t.Helper()
-		code, out, errOut := cli(t, nil, args...)
-		if code != want {
-			t.Fatalf("warren %s: exit %d, want %d: %s%s", strings.Join(args, " "), code, want, out, errOut)
-		}
-		return out, errOut
-	}
+	stubDaemon(t)
+	run := func(want int, args ...string) (string, string) { t.Helper(); return expect(t, want, "", args...) }
 	if _, errOut := run(1, "keys"); !strings.Contains(errOut, "no encryption key") {
 		t.Errorf("keys before create: %q", errOut)
 	}
@@ -282,8 +254,9 @@ func TestDaemonKeys(t *testing.T) {
 	}
 	run(1, "keys", "create")
 	run(1, "--tenant", "other", "keys")
-	tpl := strings.TrimSpace(mustRun(t, "templates", "create", "--kernel", "vmlinux"))
-	sb := strings.TrimSpace(mustRun(t, "create", "--template", tpl))
+	tpl, _ := run(0, "templates", "create", "--kernel", "vmlinux")
+	sb, _ := run(0, "create", "--template", strings.TrimSpace(tpl))
+	sb = strings.TrimSpace(sb)
 	if _, errOut := run(2, "keys", "revoke"); !strings.Contains(errOut, "--yes") {
 		t.Errorf("keys revoke without --yes: %q", errOut)
 	}

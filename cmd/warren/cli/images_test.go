@@ -12,7 +12,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/warrenvm/warren/hostd/client/clienttest"
 	"github.com/warrenvm/warren/image"
 )
 
@@ -21,17 +20,8 @@ import (
 // (an OCI layout, a plain tree) itself and uploads it as a docker-archive
 // that holds the same image, naming the upload in the template request.
 func TestTemplatesCreateImage(t *testing.T) {
-	stub := clienttest.New(t)
-	t.Setenv("WARREN_HOST", stub.Socket)
-	t.Setenv("WARREN_TENANT", "demo")
-	run := func(want int, args ...string) (string, string) {
-		t.Helper()
-		code, out, errOut := runCLI(args...)
-		if code != want {
-			t.Fatalf("warren %s: exit %d, want %d: %s%s", strings.Join(args, " "), code, want, out, errOut)
-		}
-		return out, errOut
-	}
+	stub := stubDaemon(t)
+	run := func(want int, args ...string) (string, string) { t.Helper(); return expect(t, want, "", args...) }
 
 	run(0, "templates", "create", "--image", "registry.example/team/app:1", "--start-cmd", "serve", "--ready-cmd", "probe", "--disk-mib", "2048")
 	req := stub.LastTemplateRequest()

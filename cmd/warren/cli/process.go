@@ -15,10 +15,10 @@ import (
 
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/hostd/cgroup"
+	"github.com/warrenvm/warren/vmmctl"
 	"github.com/warrenvm/warren/vmmproc"
 	"github.com/warrenvm/warren/vmmproc/credproxy"
 	"github.com/warrenvm/warren/vmmproc/egress"
-	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
 // restoreCmd is `warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] DIR/NAME`:
@@ -254,12 +254,12 @@ func jailInitCmd(args []string, stderr io.Writer) int {
 		return 2
 	}
 	if err := cgroup.JoinSelf(a.Cgroups); err != nil {
-		fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
+		fmt.Fprintf(stderr, "warren %s: %v\n", vmmctl.JailInitVerb, err)
 		return 1
 	}
 	code, err := vmmproc.JailInit(a.InitSpec)
 	if err != nil {
-		fmt.Fprintf(stderr, "warren %s: %v\n", jail.InitVerb, err)
+		fmt.Fprintf(stderr, "warren %s: %v\n", vmmctl.JailInitVerb, err)
 	}
 	return code
 }

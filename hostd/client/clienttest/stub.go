@@ -226,13 +226,7 @@ func (s *Stub) handler() http.Handler {
 	mux.HandleFunc("GET /v1/templates", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		l := []store.Template{}
-		for _, t := range s.templates {
-			if t.Tenant == tenant {
-				l = append(l, *t)
-			}
-		}
-		reply(w, 200, l)
+		reply(w, 200, ofTenant(s.templates, tenant, func(t *store.Template) string { return t.Tenant }))
 	}))
 	mux.HandleFunc("DELETE /v1/templates/{id}", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
 		s.mu.Lock()
@@ -288,13 +282,7 @@ func (s *Stub) handler() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		l := []store.Sandbox{}
-		for _, x := range s.sandboxes {
-			if x.Tenant == tenant {
-				l = append(l, *x)
-			}
-		}
-		reply(w, 200, l)
+		reply(w, 200, ofTenant(s.sandboxes, tenant, func(x *store.Sandbox) string { return x.Tenant }))
 	}))
 	mux.HandleFunc("GET /v1/sandboxes/{id}", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) { reply(w, 200, x) }))
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", sb(func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
@@ -528,4 +516,16 @@ func (s *Stub) handler() http.Handler {
 		enc.Encode(wire.Event{Time: time.Now(), Type: "paused", Sandbox: "sb-000000000001"})
 	}))
 	return mux
+}
+
+// ofTenant returns copies of the records of m whose tenant (owner's) is
+// tenant: a tenant's listing, never null.
+func ofTenant[T any](m map[string]*T, tenant string, owner func(*T) string) []T {
+	l := []T{}
+	for _, x := range m {
+		if owner(x) == tenant {
+			l = append(l, *x)
+		}
+	}
+	return l
 }

@@ -1,0 +1,359 @@
+package cli
+
+// The daemon verbs on sandboxes (rows of daemonVerbs): create, ls, rm,
+// events, exec, cp, pause, resume, snapshot, fork, rollback and egress.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/warrenvm/warren/hostd/client"
+	"github.com/warrenvm/warren/hostd/wire"
+)
+
+func createCmd(d *daemonCmd) func() int {
+	tpl := d.fs.String("template", "", "the template (default: the tenant's only ready template)")
+	mem := d.fs.Int("mem", 0, "the VMM's memory limit in MiB (default: the template's guest memory)")
+	cpus := d.fs.Int("cpus", 0, "the VMM's CPU limit (default: the template's vCPUs)")
+	name := d.fs.String("name", "", "a name for the sandbox (its \"name\" label), usable instead of its id")
+	egress := d.fs.String("egress", "", "the sandbox's egress policy (JSON; needs a --network template)")
+	var env, labels, secrets stringsFlag
+	d.fs.Var(&env, "env", "KEY=VALUE set in every exec (repeatable)")
+	d.fs.Var(&labels, "label", "KEY=VALUE label (repeatable)")
+	d.fs.Var(&secrets, "secret", "a secret of the tenant (warren secrets set) the egress policy's credentials may use (repeatable)")
+	return func() int {
+		req := wire.SandboxRequest{Template: *tpl, MemMiB: *mem, CPUs: *cpus, Env: env, Secrets: secrets}
+		if *egress != "" {
+			b, err := readPolicy(*egress)
+			if err != nil {
+				return d.fail(err)
+			}
+			req.Egress = b
+		}
+		if *name != "" {
+			labels = append(labels, "name="+*name)
+		}
+		for _, l := range labels {
+			k, v, ok := strings.Cut(l, "=")
+			if !ok || k == "" {
+				fmt.Fprintf(d.stderr, "warren create: --label %q is not KEY=VALUE\n", l)
+				return 2
+			}
+			if req.Labels == nil {
+				req.Labels = map[string]string{}
+			}
+			req.Labels[k] = v
+		}
+		if req.Template == "" {
+			ready, err := d.c.ReadyTemplates(d.ctx)
+			if err != nil {
+				return d.fail(err)
+			}
+			if len(ready) != 1 {
+				return d.fail(fmt.Errorf("--template is needed: the tenant has %d ready templates", len(ready)))
+			}
+			req.Template = ready[0]
+		}
+		s, err := d.c.Create(d.ctx, req, d.progress("create"))
+		return show(d, s, err, func(s *client.Sandbox) { fmt.Fprintln(d.stdout, s.ID) })
+	}
+}
+
+var lsCmd = listing((*client.Client).Sandboxes, "ID\tNAME\tSTATUS\tTEMPLATE\tPARENT\tPID\tMEM\tSNAPSHOTS\tCREATED", func(s client.Sandbox) string {
+	status := s.Status
+	if s.Reason != "" {
+		status += " (" + s.Reason + ")"
+	}
+	pid := "-"
+	if s.PID > 0 {
+		pid = fmt.Sprint(s.PID)
+	}
+	return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s", s.ID, orDash(s.Labels["name"]), status, s.Template, orDash(s.Parent), pid, s.MemMiB, len(s.Snapshots), ago(s.Created))
+})
+
+// rmCmd deletes the sandboxes named, printing each one's id.
+var rmCmd = each(func(c *client.Client, ctx context.Context, ref string) (string, error) {
+	id, err := c.Resolve(ctx, ref)
+	if err == nil {
+		err = c.Delete(ctx, id)
+	}
+	return id, err
+})
+
+func eventsCmd(d *daemonCmd) func() int {
+	return func() int {
+		enc := json.NewEncoder(d.stdout)
+		err := d.c.Events(d.ctx, func(e wire.Event) bool {
+			if *d.asJSON {
+				return enc.Encode(e) == nil
+			}
+			subject := e.Sandbox
+			if subject == "" {
+				subject = e.Template
+			}
+			_, err := fmt.Fprintf(d.stdout, "%s %-16s %s %s\n", e.Time.Local().Format("15:04:05.000"), e.Type, subject, e.Detail)
+			return err == nil
+		})
+		if err != nil && d.ctx.Err() == nil {
+			return d.fail(err)
+		}
+		return 0
+	}
+}
+
+func sbExecCmd(d *daemonCmd) func() int {
+	e := newExecFlags(d.fs, "send standard input (read to its end first) to the process")
+	return func() int {
+		ref, argv, ok := e.command(d.fs.Args())
+		if !ok || e.timeout < 0 {
+			return d.usageErr()
+		}
+		req := wire.ExecRequest{Argv: argv, Env: e.env, Cwd: e.cwd, TimeoutMS: e.timeoutMS()}
+		if e.interactive && d.stdin != nil {
+			b, err := io.ReadAll(d.stdin)
+			if err != nil {
+				d.fail(err)
+				return exitExecFailed
+			}
+			if b == nil {
+				b = []byte{}
+			}
+			req.Stdin = b
+		}
+		id, err := d.c.Resolve(d.ctx, ref)
+		if err != nil {
+			d.fail(err)
+			return exitExecFailed
+		}
+		st, err := d.c.Exec(d.ctx, id, req, d.stdout, d.stderr)
+		switch {
+		case err == nil:
+		case d.ctx.Err() != nil:
+			fmt.Fprintln(d.stderr, "warren exec: interrupted; the process in the guest was killed")
+			return exitInterrupted
+		default:
+			d.fail(err)
+			var e *client.Error
+			if errors.As(err, &e) && e.Status == 404 && strings.Contains(e.Message, "guest agent") {
+				return exitNotFound
+			}
+			return exitExecFailed
+		}
+		if st.TimedOut {
+			fmt.Fprintf(d.stderr, "warren exec: timed out after %v; the process was killed\n", e.timeout)
+			return exitTimedOut
+		}
+		return st.Exit
+	}
+}
+
+// sbTarget is one side of `warren cp`: SANDBOX:/path or a host path.
+type sbTarget struct{ sandbox, path string }
+
+func parseSbTarget(s string) sbTarget {
+	if i := strings.Index(s, ":/"); i > 0 {
+		return sbTarget{s[:i], s[i+1:]}
+	}
+	return sbTarget{path: s}
+}
+
+func sbCpCmd(d *daemonCmd) func() int {
+	return func() int {
+		src, dst := parseSbTarget(d.fs.Arg(0)), parseSbTarget(d.fs.Arg(1))
+		if (src.sandbox == "") == (dst.sandbox == "") {
+			return d.fail(fmt.Errorf("exactly one of %s and %s must be SANDBOX:/guest/path", d.fs.Arg(0), d.fs.Arg(1)))
+		}
+		var err error
+		if dst.sandbox != "" {
+			err = d.copyIn(src.path, dst)
+		} else {
+			err = d.copyOut(src, dst.path)
+		}
+		if err != nil {
+			return d.fail(err)
+		}
+		return 0
+	}
+}
+
+// copyIn uploads a host file (or stdin for "-") with its permission bits;
+// to a guest path ending in / it keeps the base name.
+func (d *daemonCmd) copyIn(hostPath string, dst sbTarget) error {
+	id, err := d.c.Resolve(d.ctx, dst.sandbox)
+	if err != nil {
+		return err
+	}
+	r, mode, done, err := openCopySource(hostPath, d.stdin)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if r == nil {
+		r = strings.NewReader("")
+	}
+	p := dst.path
+	if strings.HasSuffix(p, "/") && hostPath != "-" {
+		p = path.Join(p, filepath.Base(hostPath))
+	}
+	_, err = d.c.WriteFile(d.ctx, id, p, r, mode)
+	return err
+}
+
+// copyOut downloads a guest file to a host file (renamed into place when
+// complete, with the guest file's permissions) or stdout for "-"; into a
+// host directory it keeps the base name.
+func (d *daemonCmd) copyOut(src sbTarget, hostPath string) error {
+	id, err := d.c.Resolve(d.ctx, src.sandbox)
+	if err != nil {
+		return err
+	}
+	return writeHostCopy(hostPath, src.path, d.stdout, func(w io.Writer) (os.FileMode, error) {
+		return d.c.ReadFile(d.ctx, id, src.path, w)
+	})
+}
+
+// sandboxLine prints a sandbox's id and status.
+func (d *daemonCmd) sandboxLine(s *client.Sandbox) { fmt.Fprintf(d.stdout, "%s %s\n", s.ID, s.Status) }
+
+func sbPauseCmd(d *daemonCmd) func() int {
+	toDisk := d.fs.Bool("to-disk", false, "snapshot the sandbox and stop its VMM (status suspended; resume restores it)")
+	return func() int {
+		s, err := d.c.Pause(d.ctx, d.id, *toDisk, d.progress("pause"))
+		return show(d, s, err, d.sandboxLine)
+	}
+}
+
+func sbResumeCmd(d *daemonCmd) func() int {
+	return func() int {
+		s, err := d.c.Resume(d.ctx, d.id, d.progress("resume"))
+		return show(d, s, err, d.sandboxLine)
+	}
+}
+
+const sbSnapshotUsage = "snapshot [--incremental] [--name NAME] SANDBOX\n" +
+	"       warren snapshot --every D [--keep N] SANDBOX   (rolling; --every 0 stops them)\n" +
+	"       warren snapshot --list SANDBOX"
+
+func sbSnapshotCmd(d *daemonCmd) func() int {
+	incremental := d.fs.Bool("incremental", false, "store only the pages written since the sandbox's previous snapshot")
+	name := d.fs.String("name", "", "the snapshot's name (default snap-N)")
+	every := d.fs.String("every", "", "take rolling snapshots at this interval, kept by the daemon (0: stop them)")
+	keep := d.fs.Int("keep", 0, "with --every: layers in a chain before a new full snapshot (daemon default 8)")
+	list := d.fs.Bool("list", false, "list the sandbox's snapshots")
+	return func() int {
+		switch {
+		case *list:
+			snaps, rolling, err := d.c.Snapshots(d.ctx, d.id)
+			return show(d, map[string]any{"snapshots": snaps, "rolling": rolling}, err, func(map[string]any) {
+				tw := tabwriter.NewWriter(d.stdout, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tKIND\tBYTES\tROLLING\tTIME")
+				for _, s := range snaps {
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%s\n", s.Name, s.Kind, s.Bytes, s.Rolling, s.Time.Local().Format(time.DateTime))
+				}
+				tw.Flush()
+				if rolling != nil {
+					fmt.Fprintf(d.stdout, "rolling: every %s, keep %d\n", rolling.Every, rolling.Keep)
+				}
+			})
+		case *every != "":
+			var dur time.Duration
+			if *every != "0" && *every != "off" {
+				var err error
+				if dur, err = time.ParseDuration(*every); err != nil || dur <= 0 {
+					fmt.Fprintf(d.stderr, "warren snapshot: --every %q is not a duration\n", *every)
+					return 2
+				}
+			}
+			r, err := d.c.SetRolling(d.ctx, d.id, dur, *keep)
+			return show(d, map[string]any{"rolling": r}, err, func(map[string]any) {
+				if r == nil {
+					fmt.Fprintf(d.stdout, "%s: rolling snapshots off\n", d.id)
+				} else {
+					fmt.Fprintf(d.stdout, "%s: rolling snapshots every %s, keep %d\n", d.id, r.Every, r.Keep)
+				}
+			})
+		}
+		s, err := d.c.Snapshot(d.ctx, d.id, wire.SnapshotRequest{Name: *name, Incremental: *incremental})
+		return show(d, s, err, func(s *client.Snapshot) { fmt.Fprintln(d.stdout, s.Name) })
+	}
+}
+
+func sbForkCmd(d *daemonCmd) func() int {
+	n := d.fs.Int("n", 1, "number of children (1-64)")
+	return func() int {
+		if *n < 1 {
+			return d.usageErr()
+		}
+		r, err := d.c.Fork(d.ctx, d.id, *n, d.progress("fork"))
+		code := show(d, r, err, func(r *wire.ForkResult) {
+			for _, c := range r.Children {
+				fmt.Fprintln(d.stdout, c.ID)
+			}
+			fmt.Fprintf(d.stderr, "warren fork: %d of %d children; parent paused %.1f ms\n", len(r.Children), *n, r.PauseMS)
+		})
+		if code != 0 {
+			return code
+		}
+		for _, e := range r.Errors {
+			fmt.Fprintf(d.stderr, "warren fork: %s\n", e)
+		}
+		if len(r.Children) < *n {
+			return 1
+		}
+		return 0
+	}
+}
+
+func sbRollbackCmd(d *daemonCmd) func() int {
+	return func() int {
+		rep, err := d.c.Rollback(d.ctx, d.id, d.fs.Arg(1))
+		return show(d, rep, err, func(rep map[string]any) {
+			if line, ok := rep["line"].(string); ok && line != "" {
+				fmt.Fprintln(d.stdout, line)
+			} else {
+				fmt.Fprintf(d.stdout, "%s rolled back to %s\n", d.id, d.fs.Arg(1))
+			}
+		})
+	}
+}
+
+// readPolicy reads an egress policy file (checked by the daemon; here
+// only that it is JSON).
+func readPolicy(path string) (json.RawMessage, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if !json.Valid(b) {
+		return nil, fmt.Errorf("%s: not JSON", path)
+	}
+	return b, nil
+}
+
+// sbEgressCmd is `warren egress [--policy FILE] SANDBOX`, the daemon's
+// spelling of the VM-level `warren egress [--policy FILE] API`: it prints
+// the JSON answer, with or without --json.
+func sbEgressCmd(d *daemonCmd) func() int {
+	pol := d.fs.String("policy", "", "replace the sandbox's egress policy with this one (JSON)")
+	return func() int {
+		var rep *wire.EgressReply
+		var err error
+		if *pol == "" {
+			rep, err = d.c.Egress(d.ctx, d.id)
+		} else if b, rerr := readPolicy(*pol); rerr != nil {
+			err = rerr
+		} else {
+			rep, err = d.c.SetEgress(d.ctx, d.id, b)
+		}
+		return show(d, rep, err, func(rep *wire.EgressReply) { printJSON(d.stdout, rep) })
+	}
+}
