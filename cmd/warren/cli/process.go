@@ -1,24 +1,18 @@
 package cli
 
 // The verbs that run the VMM process (run, restore, jail-init): their
-// flags, parsed into vmmproc's specs. fork-child and jail-spawn take no
+// command lines parsed and turned into specs by vmmproc (ParseRunArgs
+// and RunArgs.Spec, ...), then run. fork-child and jail-spawn take no
 // flags of a user's (cli.go hands them over as they are).
 
 import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
-	"os"
-	"path/filepath"
-	"strings"
 
-	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/vmmctl"
 	"github.com/warrenvm/warren/vmmproc"
-	"github.com/warrenvm/warren/vmmproc/credproxy"
-	"github.com/warrenvm/warren/vmmproc/egress"
 )
 
 // restoreCmd is `warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] DIR/NAME`:
@@ -30,17 +24,10 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err != nil {
 		return 2
 	}
-	js, jerr := vmmproc.ParseJail(a.Jail)
-	if jerr != nil {
-		fmt.Fprintf(stderr, "warren restore: %v\n", jerr)
-		return 2
+	s, err := a.Spec(stdout, stderr)
+	if err == nil {
+		err = vmmproc.Restore(s, stdin)
 	}
-	err = vmmproc.Restore(vmmproc.RestoreSpec{
-		Snapshot: a.Snapshot, Lazy: a.Lazy, API: a.API, Vsock: a.Vsock,
-		ConsoleFile: a.Console, Stdout: stdout, KVMPath: a.KVMPath, Log: vmmproc.NewLogger(stderr, a.Verbose),
-		Timing: a.Timing, Egress: vmmproc.EgressOverrides{Policy: a.Egress, Secrets: a.Secrets, Audit: a.Audit},
-		DiskPaths: vmmproc.DiskPaths(a.DiskPaths), Jail: js,
-	}, stdin)
 	var usage *vmmproc.UsageError
 	if errors.As(err, &usage) {
 		fmt.Fprintf(stderr, "warren restore: %v\n", err)
@@ -53,82 +40,6 @@ func restoreCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// netOptions turns a's network flags into egress options (nil without
-// --egress) and the kernel command-line arguments that configure the
-// guest's network.
-func netOptions(a vmmproc.RunArgs) (*vmmproc.EgressOptions, string, error) {
-	var cmdline string
-	var host netip.Prefix
-	var guest netip.Addr
-	var err error
-	if a.HostIP != "" {
-		if a.Tap == "" {
-			return nil, "", errors.New("--host-ip needs --tap")
-		}
-		if host, err = netip.ParsePrefix(a.HostIP); err != nil || !host.Addr().Is4() {
-			return nil, "", fmt.Errorf("--host-ip %q: want an IPv4 address with a prefix length", a.HostIP)
-		}
-	}
-	if a.GuestIP != "" {
-		if !host.IsValid() {
-			return nil, "", errors.New("--guest-ip needs --host-ip")
-		}
-		if guest, err = netip.ParseAddr(a.GuestIP); err != nil || !host.Contains(guest) || guest == host.Addr() {
-			return nil, "", fmt.Errorf("--guest-ip %q: want another address in %v", a.GuestIP, host.Masked())
-		}
-		cmdline = fmt.Sprintf("warren.ip=%v/%d warren.gw=%v warren.dns=%v", guest, host.Bits(), host.Addr(), host.Addr())
-	}
-	if a.Egress == "" {
-		for _, s := range []string{a.Audit, a.Secrets, a.Hosts, a.DNSUpstream, a.UpstreamCA} {
-			if s != "" {
-				return nil, "", errors.New("--audit, --secrets, --hosts, --dns-upstream and --upstream-ca need --egress")
-			}
-		}
-		return nil, cmdline, nil
-	}
-	if !host.IsValid() {
-		return nil, "", errors.New("--egress needs --tap and --host-ip")
-	}
-	allow, err := policy.ParsePrefixes(a.UpstreamAllow)
-	if err != nil {
-		return nil, "", fmt.Errorf("--upstream-allow: %w", err)
-	}
-	p, err := policy.LoadWith(a.Egress, policy.Options{WildcardCredentials: a.WildcardCredentials})
-	if err != nil {
-		return nil, "", err
-	}
-	e := &vmmproc.EgressOptions{HostAddr: host, GuestAddr: guest, Audit: a.Audit, DNSUpstream: a.DNSUpstream,
-		Attach: a.EgressAttach, Sandbox: a.Tap, State: egress.State{Policy: p}, UpstreamAllow: allow, WildcardCredentials: a.WildcardCredentials}
-	if e.Audit == "" {
-		e.Audit = "warren-egress-" + a.Tap + ".jsonl"
-	}
-	for _, p := range []struct {
-		in  string
-		out *string
-	}{{e.Audit, &e.Audit}, {a.Secrets, &e.Secrets}, {a.Hosts, &e.Hosts}, {a.UpstreamCA, &e.UpstreamCA}} {
-		if p.in != "" {
-			if *p.out, err = filepath.Abs(p.in); err != nil {
-				return nil, "", err
-			}
-		}
-	}
-	if _, err := vmmproc.ParseAttach(e.Attach); err != nil {
-		return nil, "", err
-	}
-	// Read what can be checked now, so that a mistake fails before the VM.
-	if e.Secrets != "" {
-		if err := (credproxy.FileStore{Path: e.Secrets}).Check(); err != nil {
-			return nil, "", err
-		}
-	}
-	if e.Hosts != "" {
-		if _, err := egress.ReadHosts(e.Hosts); err != nil {
-			return nil, "", err
-		}
-	}
-	return e, cmdline, nil
-}
-
 // run is `warren run`: its flags are vmmproc.ParseRunArgs's
 // (vmmctl.Launch's decoder).
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -136,113 +47,17 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err != nil {
 		return 2
 	}
-	fail := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "warren run: "+format+"\n", a...)
+	s, closeOut, err := a.Spec(stdout, stderr)
+	if err == nil {
+		defer closeOut()
+		err = vmmproc.Run(s, stdin)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "warren run: %v\n", err)
 		return 1
-	}
-	if a.Kernel == "" && a.KernelFD == 0 {
-		return fail("--kernel or --kernel-fd is required")
-	}
-	js, err := vmmproc.ParseJail(a.Jail)
-	if err != nil {
-		return fail("%v", err)
-	}
-	if a.MemMiB <= 0 {
-		return fail("--mem must be a positive number of MiB, got %d", a.MemMiB)
-	}
-	k, err := readBootFile("kernel", a.Kernel, fdOrNone(a.KernelFD))
-	if err != nil {
-		return fail("%v", err)
-	}
-	rd, err := readBootFile("initramfs", a.Initramfs, fdOrNone(a.InitramfsFD))
-	if err != nil {
-		return fail("%v", err)
-	}
-	out, closeOut, err := vmmproc.OpenConsole(a.Console, stdout)
-	if err != nil {
-		return fail("%v", err)
-	}
-	defer closeOut()
-	log := vmmproc.NewLogger(stderr, a.Verbose)
-	mac, err := vmmproc.ParseMAC(a.MAC)
-	if err != nil {
-		return fail("%v", err)
-	}
-	if a.MAC != "" && a.Tap == "" {
-		return fail("--mac needs --tap")
-	}
-	eg, netCmdline, err := netOptions(a)
-	if err != nil {
-		return fail("%v", err)
-	}
-	cmdline := a.Cmdline
-	if netCmdline != "" {
-		cmdline = strings.TrimSpace(netCmdline + " " + cmdline)
-	}
-	err = vmmproc.Run(vmmproc.Spec{
-		MemMiB: a.MemMiB, CPUs: a.CPUs, Kernel: k, Initramfs: rd, Cmdline: cmdline, Egress: eg,
-		Console: out, KVMPath: a.KVMPath, Log: log, RNG: !a.NoRNG,
-		Disks: a.Disks, Tap: a.Tap, MAC: mac, Vsock: a.Vsock, CID: a.CID,
-		API: a.API, PrivateNet: a.PrivateNet, Jail: js,
-	}, stdin)
-	if err != nil {
-		return fail("%v", err)
 	}
 	return 0
 }
-
-// fdOrNone is readBootFile's descriptor for a RunArgs one (0: none).
-func fdOrNone(fd int) int {
-	if fd == 0 {
-		return -1
-	}
-	return fd
-}
-
-// readBootFile reads a kernel or initramfs (what) from the file at path
-// or, when fd is not negative, from the inherited descriptor fd (a
-// regular file, closed once read: a forked child of the VMM must not
-// inherit it); neither gives nil. Both at once is an error.
-func readBootFile(what, path string, fd int) ([]byte, error) {
-	switch {
-	case fd < 0 && path == "":
-		return nil, nil
-	case fd < 0:
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", what, err)
-		}
-		return b, nil
-	case path != "":
-		return nil, fmt.Errorf("--%s and --%s-fd: give one", what, what)
-	case fd < 3:
-		return nil, fmt.Errorf("--%s-fd %d: not an inherited descriptor (3 or more)", what, fd)
-	}
-	f := os.NewFile(uintptr(fd), what)
-	if f == nil {
-		return nil, fmt.Errorf("--%s-fd %d: not open", what, fd)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("--%s-fd %d: %w", what, fd, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("--%s-fd %d: not a regular file (%s)", what, fd, fi.Mode().Type())
-	}
-	if fi.Size() > maxBootFile {
-		return nil, fmt.Errorf("--%s-fd %d: %d bytes, more than %d", what, fd, fi.Size(), maxBootFile)
-	}
-	// ReadAt from 0: the descriptor's offset is shared with the daemon's.
-	b := make([]byte, fi.Size())
-	if _, err := f.ReadAt(b, 0); err != nil && !(errors.Is(err, io.EOF) && fi.Size() == 0) {
-		return nil, fmt.Errorf("read %s from descriptor %d: %w", what, fd, err)
-	}
-	return b, nil
-}
-
-// maxBootFile bounds a kernel or initramfs read from a descriptor.
-const maxBootFile = 1 << 30
 
 // jailInitCmd is `warren jail-init [--report-fd N] [--pass-fds N]
 // [--cgroup DIR]... [--net-helper] [--spawn [--cgroup-root DIR]...] --
