@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -156,69 +154,14 @@ func sbExecCmd(d *daemonCmd) func() int {
 	}
 }
 
-// sbTarget is one side of `warren cp`: SANDBOX:/path or a host path.
-type sbTarget struct{ sandbox, path string }
-
-func parseSbTarget(s string) sbTarget {
-	if i := strings.Index(s, ":/"); i > 0 {
-		return sbTarget{s[:i], s[i+1:]}
-	}
-	return sbTarget{path: s}
-}
-
+// sbCpCmd is `warren cp SRC DST` through the daemon (client.Copy).
 func sbCpCmd(d *daemonCmd) func() int {
 	return func() int {
-		src, dst := parseSbTarget(d.fs.Arg(0)), parseSbTarget(d.fs.Arg(1))
-		if (src.sandbox == "") == (dst.sandbox == "") {
-			return d.fail(fmt.Errorf("exactly one of %s and %s must be SANDBOX:/guest/path", d.fs.Arg(0), d.fs.Arg(1)))
-		}
-		var err error
-		if dst.sandbox != "" {
-			err = d.copyIn(src.path, dst)
-		} else {
-			err = d.copyOut(src, dst.path)
-		}
-		if err != nil {
+		if err := d.c.Copy(d.ctx, d.fs.Arg(0), d.fs.Arg(1), d.stdin, d.stdout); err != nil {
 			return d.fail(err)
 		}
 		return 0
 	}
-}
-
-// copyIn uploads a host file (or stdin for "-") with its permission bits;
-// to a guest path ending in / it keeps the base name.
-func (d *daemonCmd) copyIn(hostPath string, dst sbTarget) error {
-	id, err := d.c.Resolve(d.ctx, dst.sandbox)
-	if err != nil {
-		return err
-	}
-	r, mode, done, err := openCopySource(hostPath, d.stdin)
-	if err != nil {
-		return err
-	}
-	defer done()
-	if r == nil {
-		r = strings.NewReader("")
-	}
-	p := dst.path
-	if strings.HasSuffix(p, "/") && hostPath != "-" {
-		p = path.Join(p, filepath.Base(hostPath))
-	}
-	_, err = d.c.WriteFile(d.ctx, id, p, r, mode)
-	return err
-}
-
-// copyOut downloads a guest file to a host file (renamed into place when
-// complete, with the guest file's permissions) or stdout for "-"; into a
-// host directory it keeps the base name.
-func (d *daemonCmd) copyOut(src sbTarget, hostPath string) error {
-	id, err := d.c.Resolve(d.ctx, src.sandbox)
-	if err != nil {
-		return err
-	}
-	return writeHostCopy(hostPath, src.path, d.stdout, func(w io.Writer) (os.FileMode, error) {
-		return d.c.ReadFile(d.ctx, id, src.path, w)
-	})
 }
 
 // sandboxLine prints a sandbox's id and status.
