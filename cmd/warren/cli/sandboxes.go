@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -30,26 +29,18 @@ func createCmd(d *daemonCmd) func() int {
 	d.fs.Var(&secrets, "secret", "a secret of the tenant (warren secrets set) the egress policy's credentials may use (repeatable)")
 	return func() int {
 		req := wire.SandboxRequest{Template: *tpl, MemMiB: *mem, CPUs: *cpus, Env: env, Secrets: secrets}
+		var err error
 		if *egress != "" {
-			b, err := readPolicy(*egress)
-			if err != nil {
+			if req.Egress, err = client.ReadPolicy(*egress); err != nil {
 				return d.fail(err)
 			}
-			req.Egress = b
 		}
 		if *name != "" {
 			labels = append(labels, "name="+*name)
 		}
-		for _, l := range labels {
-			k, v, ok := strings.Cut(l, "=")
-			if !ok || k == "" {
-				fmt.Fprintf(d.stderr, "warren create: --label %q is not KEY=VALUE\n", l)
-				return 2
-			}
-			if req.Labels == nil {
-				req.Labels = map[string]string{}
-			}
-			req.Labels[k] = v
+		if req.Labels, err = client.ParseLabels(labels); err != nil {
+			fmt.Fprintf(d.stderr, "warren create: --label %v\n", err)
+			return 2
 		}
 		if req.Template == "" {
 			ready, err := d.c.ReadyTemplates(d.ctx)
@@ -269,19 +260,6 @@ func sbRollbackCmd(d *daemonCmd) func() int {
 	}
 }
 
-// readPolicy reads an egress policy file (checked by the daemon; here
-// only that it is JSON).
-func readPolicy(path string) (json.RawMessage, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	if !json.Valid(b) {
-		return nil, fmt.Errorf("%s: not JSON", path)
-	}
-	return b, nil
-}
-
 // sbEgressCmd is `warren egress [--policy FILE] SANDBOX`, the daemon's
 // spelling of the VM-level `warren egress [--policy FILE] API`: it prints
 // the JSON answer, with or without --json.
@@ -292,7 +270,7 @@ func sbEgressCmd(d *daemonCmd) func() int {
 		var err error
 		if *pol == "" {
 			rep, err = d.c.Egress(d.ctx, d.id)
-		} else if b, rerr := readPolicy(*pol); rerr != nil {
+		} else if b, rerr := client.ReadPolicy(*pol); rerr != nil {
 			err = rerr
 		} else {
 			rep, err = d.c.SetEgress(d.ctx, d.id, b)
