@@ -11,7 +11,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 
 	"github.com/warrenvm/warren/cow/disk"
@@ -275,20 +274,10 @@ func egressCmd(c *vmCmd) func() int {
 	pol := c.fs.String("policy", "", "replace the running VM's egress policy with this one (JSON)")
 	return func() int {
 		vm := vmmctl.Client{Socket: c.fs.Arg(0)}
-		var rep *vmmctl.EgressReply
-		var err error
 		if *pol != "" {
-			var b []byte
-			if b, err = os.ReadFile(*pol); err == nil {
-				// (The VM checks it with its operator's allowances.)
-				if _, err = policy.ParseWith(b, policy.Options{WildcardCredentials: true}); err == nil {
-					rep, err = vm.SetEgress(c.context(), b)
-				}
-			}
-		} else {
-			rep, err = vm.Egress(c.context())
+			return c.printJSON(vm.SetEgressFile(c.context(), *pol))
 		}
-		return c.printJSON(rep, err)
+		return c.printJSON(vm.Egress(c.context()))
 	}
 }
 
