@@ -4,7 +4,10 @@
 // model, a CONNECT to the agent's guest port) or through any DialFunc
 // (NewDial); and the host side of the clock and RNG re-sync protocol
 // (SyncService, ServeSync), which the VMM process serves on
-// agentwire.SyncPort. The guest's end is guestinit/agent.
+// agentwire.SyncPort. The guest's end is guestinit/agent. Copy
+// (copy.go) is `warren cp`'s copying between the host and a guest, host
+// side included (OpenCopySource, WriteHostCopy), which hostd/client's
+// copies through the daemon share.
 //
 // A VM is addressed by the path of its vsock unix socket (`warren run
 // --vsock PATH`); warren-hostd reaches its sandboxes' agents through this

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -88,5 +90,37 @@ func TestClientRoundTrips(t *testing.T) {
 	}
 	if err := (Client{Socket: filepath.Join(t.TempDir(), "none")}).Pause(ctx); err == nil || errors.As(err, &ve) {
 		t.Errorf("no VMM: %v, want a dial error", err)
+	}
+}
+
+func TestSetEgressFile(t *testing.T) {
+	var got []byte
+	mux := http.NewServeMux()
+	mux.HandleFunc("PUT /v1/egress", func(w http.ResponseWriter, r *http.Request) {
+		got, _ = io.ReadAll(r.Body)
+		json.NewEncoder(w).Encode(EgressReply{Policy: got, Stats: json.RawMessage(`{}`)})
+	})
+	c := serve(t, mux)
+	dir := t.TempDir()
+	write := func(name, data string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// Wildcard credential hosts pass the client's check (the VM has the last word).
+	wild := `{"credentials": [{"secret": "K", "hosts": ["*.example.com"]}]}`
+	if r, err := c.SetEgressFile(context.Background(), write("wild.json", wild)); err != nil || r.Policy == nil || string(got) != wild {
+		t.Errorf("a wildcard policy: %+v %v, sent %q", r, err, got)
+	}
+	got = nil
+	for name, data := range map[string]string{"unknown.json": `{"nope": 1}`, "bad.json": `{`} {
+		if _, err := c.SetEgressFile(context.Background(), write(name, data)); err == nil || !strings.Contains(err.Error(), "egress policy") || got != nil {
+			t.Errorf("%s: %v, want refused before sending", name, err)
+		}
+	}
+	if _, err := c.SetEgressFile(context.Background(), filepath.Join(dir, "none")); !os.IsNotExist(err) {
+		t.Errorf("a missing file: %v", err)
 	}
 }

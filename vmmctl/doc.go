@@ -4,7 +4,8 @@
 // /v1/snapshot, /v1/rollback and /v1/fork, GET /v1/disks, and GET and PUT
 // /v1/egress, and the typed Client that warren-hostd, the warren CLI and
 // the benchmarks call it with. The VMM process (vmmproc's api.go)
-// serves exactly these types.
+// serves exactly these types. SnapshotEvery (schedule.go) is the
+// client's rolling snapshots (`warren snapshot --every`).
 //
 // It is also the contract of a VMM process's start: Launch (launch.go)
 // is what warren-hostd asks a VMM to be (`warren run` for a template's

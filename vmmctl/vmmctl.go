@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/ebpf/policy"
@@ -298,4 +299,18 @@ func (c Client) SetEgress(ctx context.Context, pol []byte) (*EgressReply, error)
 		return nil, err
 	}
 	return &r, nil
+}
+
+// SetEgressFile is SetEgress with the policy of the file path, once it
+// parses as a policy with wildcard credential hosts allowed (the VM
+// checks it with its operator's allowances).
+func (c Client) SetEgressFile(ctx context.Context, path string) (*EgressReply, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := policy.ParseWith(b, policy.Options{WildcardCredentials: true}); err != nil {
+		return nil, err
+	}
+	return c.SetEgress(ctx, b)
 }

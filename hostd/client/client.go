@@ -2,6 +2,10 @@
 // over the daemon's unix socket (the tenant in the X-Warren-Tenant header)
 // or over TCP with a bearer token. Long operations stream their progress
 // (NDJSON) to a callback; exec streams the process's output as it comes.
+// EnvConfig (config.go) is the connection settings of the environment
+// ($WARREN_HOST, ...); copy.go and input.go are what a client does on
+// the host's side of a request: copying files (warren cp), reading
+// policy files, labels and secret values.
 package client
 
 import (

@@ -5,19 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"io/fs"
 	"os"
 	"os/signal"
-	"path"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/agentwire"
-	"github.com/warrenvm/warren/internal/atomicfile"
 )
 
 // Exit codes of `warren exec` that do not come from the guest process,
@@ -137,110 +132,12 @@ func healthCmd(c *vmCmd) func() int {
 }
 
 // cpCmd is `warren cp SRC DST`, where exactly one side is VM:/guest/path
-// and "-" on the host side is standard input or output.
+// and "-" on the host side is standard input or output (agentclient.Copy).
 func cpCmd(c *vmCmd) func() int {
 	return func() int {
-		src, err := agentclient.ParseTarget(c.fs.Arg(0))
-		if err != nil {
-			return c.fail(err)
-		}
-		dst, err := agentclient.ParseTarget(c.fs.Arg(1))
-		if err != nil {
-			return c.fail(err)
-		}
-		if src.InGuest() == dst.InGuest() {
-			return c.fail(fmt.Errorf("exactly one of %s and %s must be VM:/guest/path", src, dst))
-		}
-		if dst.InGuest() {
-			err = copyIn(c.context(), src.Path, dst, c.stdin)
-		} else {
-			err = copyOut(c.context(), src, dst.Path, c.stdout)
-		}
-		if err != nil {
+		if err := agentclient.Copy(c.context(), c.fs.Arg(0), c.fs.Arg(1), c.stdin, c.stdout); err != nil {
 			return c.fail(err)
 		}
 		return 0
 	}
-}
-
-// openCopySource opens what `warren cp` copies into a guest: the host
-// file hostPath with its permission bits, or stdin (mode 0644) for "-".
-// A directory is refused. done closes the file.
-func openCopySource(hostPath string, stdin io.Reader) (r io.Reader, mode fs.FileMode, done func(), err error) {
-	if hostPath == "-" {
-		return stdin, 0o644, func() {}, nil
-	}
-	f, err := os.Open(hostPath)
-	if err != nil {
-		return nil, 0, nil, err
-	}
-	fi, err := f.Stat()
-	if err == nil && fi.IsDir() {
-		err = fmt.Errorf("%s is a directory; warren cp copies files", hostPath)
-	}
-	if err != nil {
-		f.Close()
-		return nil, 0, nil, err
-	}
-	return f, fi.Mode(), func() { f.Close() }, nil
-}
-
-// copyIn copies a host file (or stdin for "-") to the guest, keeping its
-// permission bits; into a guest directory it keeps the base name.
-func copyIn(ctx context.Context, hostPath string, dst agentclient.Target, stdin io.Reader) error {
-	c := agentclient.New(dst.VM)
-	defer c.Close()
-	r, mode, done, err := openCopySource(hostPath, stdin)
-	if err != nil {
-		return err
-	}
-	defer done()
-	guestPath := dst.Path
-	if fi, err := c.Stat(ctx, guestPath); err == nil && fi.IsDir && hostPath != "-" {
-		guestPath = path.Join(guestPath, filepath.Base(hostPath))
-	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	_, err = c.WriteFile(ctx, guestPath, r, mode)
-	return err
-}
-
-// copyOut copies a guest file to the host (or stdout for "-"), writing a
-// temporary file that is renamed into place only when complete, with the
-// guest file's permission bits; into a host directory it keeps the base
-// name.
-func copyOut(ctx context.Context, src agentclient.Target, hostPath string, stdout io.Writer) error {
-	c := agentclient.New(src.VM)
-	defer c.Close()
-	return writeHostCopy(hostPath, src.Path, stdout, func(w io.Writer) (os.FileMode, error) {
-		return c.ReadFile(ctx, src.Path, w)
-	})
-}
-
-// writeHostCopy is the host side of copying a guest file out (warren cp,
-// VM-level and daemon): read(w) writes the guest file guestPath into w
-// and returns its mode. To "-" it goes to stdout; otherwise into a
-// temporary file renamed into place only when complete, with the guest
-// file's permission bits, and into a host directory under its base name.
-func writeHostCopy(hostPath, guestPath string, stdout io.Writer, read func(io.Writer) (os.FileMode, error)) error {
-	if hostPath == "-" {
-		_, err := read(stdout)
-		return err
-	}
-	if fi, err := os.Stat(hostPath); err == nil && fi.IsDir() {
-		hostPath = filepath.Join(hostPath, path.Base(guestPath))
-	}
-	f, err := atomicfile.Create(hostPath, 0o600)
-	if err != nil {
-		return err
-	}
-	mode, err := read(f.File)
-	if err == nil {
-		err = f.Chmod(mode.Perm())
-	}
-	if err != nil {
-		f.Abort()
-		return err
-	}
-	return f.Commit()
 }

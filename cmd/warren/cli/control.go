@@ -11,9 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/ebpf/policy"
@@ -188,51 +186,24 @@ func snapshotCmd(c *vmCmd) func() int {
 		if err != nil {
 			return c.failCode(2, err)
 		}
-		take := func(p string, kind vmsnap.Kind) error {
-			var r vmmctl.SnapshotReply
-			if err := c.call("snapshot", vmmctl.SnapshotRequest{Path: p, Kind: kind}, &r); err != nil {
-				return err
+		vm := vmmctl.Client{Socket: c.fs.Arg(0)}
+		if *every > 0 {
+			sched := vmmctl.SnapshotSchedule{Every: *every, MaxChain: *maxChain, Count: *count, Incremental: *incremental}
+			if err := vm.SnapshotEvery(c.context(), path, sched, func(r *vmmctl.SnapshotReply) { fmt.Fprintln(c.stdout, r.Line) }); err != nil {
+				return c.fail(err)
 			}
-			fmt.Fprintln(c.stdout, r.Line)
-			return nil
+			return 0
 		}
 		kind := vmsnap.Full
 		if *incremental {
 			kind = vmsnap.Incremental
 		}
-		if *every == 0 {
-			if err := take(path, kind); err != nil {
-				return c.fail(err)
-			}
-			return 0
+		r, err := vm.Snapshot(c.context(), vmmctl.SnapshotRequest{Path: path, Kind: kind})
+		if err != nil {
+			return c.fail(err)
 		}
-		ctx := c.context()
-		chain := 0 // layers in the current chain; 0 before the first snapshot
-		if *incremental {
-			chain = 1 // the VM's previous snapshot is the chain's first layer, as far as we know
-		}
-		for seq := 1; ; seq++ {
-			if chain == 0 || chain >= *maxChain {
-				kind, chain = vmsnap.Full, 0
-			} else {
-				kind = vmsnap.Incremental
-			}
-			if err := take(fmt.Sprintf("%s-%04d", path, seq), kind); err != nil {
-				if ctx.Err() != nil {
-					return 0
-				}
-				return c.fail(err)
-			}
-			chain++
-			if seq == *count {
-				return 0
-			}
-			select {
-			case <-ctx.Done():
-				return 0
-			case <-time.After(*every):
-			}
-		}
+		fmt.Fprintln(c.stdout, r.Line)
+		return 0
 	}
 }
 
@@ -303,20 +274,10 @@ func egressCmd(c *vmCmd) func() int {
 	pol := c.fs.String("policy", "", "replace the running VM's egress policy with this one (JSON)")
 	return func() int {
 		vm := vmmctl.Client{Socket: c.fs.Arg(0)}
-		var rep *vmmctl.EgressReply
-		var err error
 		if *pol != "" {
-			var b []byte
-			if b, err = os.ReadFile(*pol); err == nil {
-				// (The VM checks it with its operator's allowances.)
-				if _, err = policy.ParseWith(b, policy.Options{WildcardCredentials: true}); err == nil {
-					rep, err = vm.SetEgress(c.context(), b)
-				}
-			}
-		} else {
-			rep, err = vm.Egress(c.context())
+			return c.printJSON(vm.SetEgressFile(c.context(), *pol))
 		}
-		return c.printJSON(rep, err)
+		return c.printJSON(vm.Egress(c.context()))
 	}
 }
 

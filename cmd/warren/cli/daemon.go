@@ -288,8 +288,7 @@ func (a *app) runDaemon(verb string, args []string) int {
 type daemonCmd struct {
 	name           string
 	fs             *flag.FlagSet
-	host, tenant   *string
-	tls            client.TLS
+	cfg            client.Config // the daemon flags' values (defaults: client.EnvConfig)
 	asJSON         *bool
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -307,16 +306,13 @@ func (a *app) newDaemonCmd(ctx context.Context, verb, usageLine string) *daemonC
 		fmt.Fprintf(d.stderr, "usage: warren %s\n\n", usageLine)
 		d.fs.PrintDefaults()
 	}
-	host := os.Getenv("WARREN_HOST")
-	if host == "" {
-		host = client.DefaultSocket
-	}
-	tenant := os.Getenv("WARREN_TENANT")
-	d.host = d.fs.String("host", host, "the daemon: a unix socket path, or https://HOST:PORT or http://HOST:PORT (token in $WARREN_TOKEN) ($WARREN_HOST)")
-	d.fs.StringVar(&d.tls.CAFile, "ca-file", os.Getenv("WARREN_CA"), "https daemon: PEM roots its certificate must chain to, instead of the system's ($WARREN_CA)")
-	d.fs.StringVar(&d.tls.CertFile, "client-cert", os.Getenv("WARREN_CLIENT_CERT"), "https daemon with mutual TLS: this client's PEM certificate ($WARREN_CLIENT_CERT)")
-	d.fs.StringVar(&d.tls.KeyFile, "client-key", os.Getenv("WARREN_CLIENT_KEY"), "the PEM key of --client-cert ($WARREN_CLIENT_KEY)")
-	d.tenant = d.fs.String("tenant", tenant, "the tenant to act as ($WARREN_TENANT; default \"default\" on the unix socket)")
+	env := client.EnvConfig()
+	d.fs.StringVar(&d.cfg.Host, "host", env.Host, "the daemon: a unix socket path, or https://HOST:PORT or http://HOST:PORT (token in $WARREN_TOKEN) ($WARREN_HOST)")
+	d.fs.StringVar(&d.cfg.TLS.CAFile, "ca-file", env.TLS.CAFile, "https daemon: PEM roots its certificate must chain to, instead of the system's ($WARREN_CA)")
+	d.fs.StringVar(&d.cfg.TLS.CertFile, "client-cert", env.TLS.CertFile, "https daemon with mutual TLS: this client's PEM certificate ($WARREN_CLIENT_CERT)")
+	d.fs.StringVar(&d.cfg.TLS.KeyFile, "client-key", env.TLS.KeyFile, "the PEM key of --client-cert ($WARREN_CLIENT_KEY)")
+	d.fs.StringVar(&d.cfg.Tenant, "tenant", env.Tenant, "the tenant to act as ($WARREN_TENANT; default \"default\" on the unix socket)")
+	d.cfg.Token = env.Token
 	d.asJSON = d.fs.Bool("json", false, "print the daemon's full JSON answers")
 	return d
 }
@@ -326,19 +322,13 @@ func (d *daemonCmd) parse(args []string) (code int) {
 	if err := d.fs.Parse(args); err != nil {
 		return 2
 	}
-	t := d.tls
-	if !strings.HasPrefix(*d.host, "https://") {
-		// $WARREN_CA and friends only apply to https daemons; the flags,
-		// given for another, are an error (NewTLS's).
-		t = client.TLS{}
-		d.fs.Visit(func(f *flag.Flag) {
-			switch f.Name {
-			case "ca-file", "client-cert", "client-key":
-				t = d.tls
-			}
-		})
-	}
-	c, err := client.NewTLS(*d.host, *d.tenant, os.Getenv("WARREN_TOKEN"), t)
+	// $WARREN_CA and friends only apply to https daemons; the flags,
+	// given for another, are an error (client.Config.Connect).
+	explicitTLS := false
+	d.fs.Visit(func(f *flag.Flag) {
+		explicitTLS = explicitTLS || f.Name == "ca-file" || f.Name == "client-cert" || f.Name == "client-key"
+	})
+	c, err := d.cfg.Connect(explicitTLS)
 	if err != nil {
 		fmt.Fprintf(d.stderr, "%s: %v\n", d.name, err)
 		return 2

@@ -7,8 +7,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -81,23 +79,13 @@ func listSecrets(d *daemonCmd) func() int {
 	}
 }
 
-// setSecret is `warren secrets set NAME [FILE|-]`. A value never comes
-// from the command line (it would be in the process list and shell
-// history).
+// setSecret is `warren secrets set NAME [FILE|-]`: the value is
+// client.ReadSecret's, never from the command line.
 func setSecret(d *daemonCmd) func() int {
 	return func() int {
-		var v []byte
-		var err error
-		if src := d.fs.Arg(1); src != "" && src != "-" {
-			v, err = os.ReadFile(src)
-		} else if d.stdin != nil {
-			v, err = io.ReadAll(io.LimitReader(d.stdin, 1<<20))
-		}
+		v, err := client.ReadSecret(d.fs.Arg(1), d.stdin)
 		if err != nil {
 			return d.fail(err)
-		}
-		if t, ok := bytes.CutSuffix(v, []byte("\n")); ok {
-			v = bytes.TrimSuffix(t, []byte("\r"))
 		}
 		if err := d.c.SetSecret(d.ctx, d.fs.Arg(0), bytes.NewReader(v)); err != nil {
 			return d.fail(err)

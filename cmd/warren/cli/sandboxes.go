@@ -9,9 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -32,26 +29,18 @@ func createCmd(d *daemonCmd) func() int {
 	d.fs.Var(&secrets, "secret", "a secret of the tenant (warren secrets set) the egress policy's credentials may use (repeatable)")
 	return func() int {
 		req := wire.SandboxRequest{Template: *tpl, MemMiB: *mem, CPUs: *cpus, Env: env, Secrets: secrets}
+		var err error
 		if *egress != "" {
-			b, err := readPolicy(*egress)
-			if err != nil {
+			if req.Egress, err = client.ReadPolicy(*egress); err != nil {
 				return d.fail(err)
 			}
-			req.Egress = b
 		}
 		if *name != "" {
 			labels = append(labels, "name="+*name)
 		}
-		for _, l := range labels {
-			k, v, ok := strings.Cut(l, "=")
-			if !ok || k == "" {
-				fmt.Fprintf(d.stderr, "warren create: --label %q is not KEY=VALUE\n", l)
-				return 2
-			}
-			if req.Labels == nil {
-				req.Labels = map[string]string{}
-			}
-			req.Labels[k] = v
+		if req.Labels, err = client.ParseLabels(labels); err != nil {
+			fmt.Fprintf(d.stderr, "warren create: --label %v\n", err)
+			return 2
 		}
 		if req.Template == "" {
 			ready, err := d.c.ReadyTemplates(d.ctx)
@@ -156,69 +145,14 @@ func sbExecCmd(d *daemonCmd) func() int {
 	}
 }
 
-// sbTarget is one side of `warren cp`: SANDBOX:/path or a host path.
-type sbTarget struct{ sandbox, path string }
-
-func parseSbTarget(s string) sbTarget {
-	if i := strings.Index(s, ":/"); i > 0 {
-		return sbTarget{s[:i], s[i+1:]}
-	}
-	return sbTarget{path: s}
-}
-
+// sbCpCmd is `warren cp SRC DST` through the daemon (client.Copy).
 func sbCpCmd(d *daemonCmd) func() int {
 	return func() int {
-		src, dst := parseSbTarget(d.fs.Arg(0)), parseSbTarget(d.fs.Arg(1))
-		if (src.sandbox == "") == (dst.sandbox == "") {
-			return d.fail(fmt.Errorf("exactly one of %s and %s must be SANDBOX:/guest/path", d.fs.Arg(0), d.fs.Arg(1)))
-		}
-		var err error
-		if dst.sandbox != "" {
-			err = d.copyIn(src.path, dst)
-		} else {
-			err = d.copyOut(src, dst.path)
-		}
-		if err != nil {
+		if err := d.c.Copy(d.ctx, d.fs.Arg(0), d.fs.Arg(1), d.stdin, d.stdout); err != nil {
 			return d.fail(err)
 		}
 		return 0
 	}
-}
-
-// copyIn uploads a host file (or stdin for "-") with its permission bits;
-// to a guest path ending in / it keeps the base name.
-func (d *daemonCmd) copyIn(hostPath string, dst sbTarget) error {
-	id, err := d.c.Resolve(d.ctx, dst.sandbox)
-	if err != nil {
-		return err
-	}
-	r, mode, done, err := openCopySource(hostPath, d.stdin)
-	if err != nil {
-		return err
-	}
-	defer done()
-	if r == nil {
-		r = strings.NewReader("")
-	}
-	p := dst.path
-	if strings.HasSuffix(p, "/") && hostPath != "-" {
-		p = path.Join(p, filepath.Base(hostPath))
-	}
-	_, err = d.c.WriteFile(d.ctx, id, p, r, mode)
-	return err
-}
-
-// copyOut downloads a guest file to a host file (renamed into place when
-// complete, with the guest file's permissions) or stdout for "-"; into a
-// host directory it keeps the base name.
-func (d *daemonCmd) copyOut(src sbTarget, hostPath string) error {
-	id, err := d.c.Resolve(d.ctx, src.sandbox)
-	if err != nil {
-		return err
-	}
-	return writeHostCopy(hostPath, src.path, d.stdout, func(w io.Writer) (os.FileMode, error) {
-		return d.c.ReadFile(d.ctx, id, src.path, w)
-	})
 }
 
 // sandboxLine prints a sandbox's id and status.
@@ -326,19 +260,6 @@ func sbRollbackCmd(d *daemonCmd) func() int {
 	}
 }
 
-// readPolicy reads an egress policy file (checked by the daemon; here
-// only that it is JSON).
-func readPolicy(path string) (json.RawMessage, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	if !json.Valid(b) {
-		return nil, fmt.Errorf("%s: not JSON", path)
-	}
-	return b, nil
-}
-
 // sbEgressCmd is `warren egress [--policy FILE] SANDBOX`, the daemon's
 // spelling of the VM-level `warren egress [--policy FILE] API`: it prints
 // the JSON answer, with or without --json.
@@ -349,7 +270,7 @@ func sbEgressCmd(d *daemonCmd) func() int {
 		var err error
 		if *pol == "" {
 			rep, err = d.c.Egress(d.ctx, d.id)
-		} else if b, rerr := readPolicy(*pol); rerr != nil {
+		} else if b, rerr := client.ReadPolicy(*pol); rerr != nil {
 			err = rerr
 		} else {
 			rep, err = d.c.SetEgress(d.ctx, d.id, b)
