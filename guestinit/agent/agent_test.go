@@ -31,13 +31,19 @@ func start(t *testing.T) *agentclient.Client { return startWith(t, nil) }
 
 // startWith is start with a Syncer for /health.
 func startWith(t *testing.T, syncer *Syncer) *agentclient.Client {
+	return startOpts(t, ProcessWaiter{}, Options{Sync: syncer})
+}
+
+// startOpts serves an agent with w and opts on a unix socket in a
+// temporary directory.
+func startOpts(t *testing.T, w Waiter, opts Options) *agentclient.Client {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewServer(ProcessWaiter{}, Options{Sync: syncer})
+	s := NewServer(w, opts)
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(l) }()
 	c := agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {

@@ -126,14 +126,24 @@ func writeFile(p string, r io.Reader, mode fs.FileMode) (agentwire.FileInfo, err
 	return fileInfo(p, fi), nil
 }
 
-func (s *Server) handleStat(w http.ResponseWriter, r *http.Request) {
+// getPath checks that r is a GET and returns its path= parameter. When it
+// returns false it has answered r with the error.
+func getPath(w http.ResponseWriter, r *http.Request) (string, bool) {
 	if r.Method != http.MethodGet {
 		methodNotAllowed(w, r, "GET")
-		return
+		return "", false
 	}
 	p, e := queryPath(r)
 	if e != nil {
 		writeError(w, e)
+		return "", false
+	}
+	return p, true
+}
+
+func (s *Server) handleStat(w http.ResponseWriter, r *http.Request) {
+	p, ok := getPath(w, r)
+	if !ok {
 		return
 	}
 	fi, err := os.Lstat(p)
@@ -145,13 +155,8 @@ func (s *Server) handleStat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet {
-		methodNotAllowed(w, r, "GET")
-		return
-	}
-	p, e := queryPath(r)
-	if e != nil {
-		writeError(w, e)
+	p, ok := getPath(w, r)
+	if !ok {
 		return
 	}
 	ents, err := os.ReadDir(p)
