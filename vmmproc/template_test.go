@@ -1,15 +1,16 @@
 package vmmproc
 
 import (
-	"github.com/warrenvm/warren/internal/kvmtest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm/hostprofile"
+	"github.com/warrenvm/warren/vmmproc/jail/jailtest"
 )
 
 // The Linux template: the project's kernel and initramfs booted once per
@@ -35,6 +36,7 @@ func TestMain(m *testing.M) {
 		os.Exit(cliMain(os.Args[1:], nil, os.Stdout, os.Stderr))
 	}
 	code := m.Run()
+	jailtest.Remove()
 	if template.dir != "" {
 		os.RemoveAll(template.dir)
 	}
