@@ -118,28 +118,19 @@ func listenPair(t testing.TB) (net.PacketConn, net.Listener) {
 	return nil, nil
 }
 
-type recorder struct {
-	mu   sync.Mutex
-	recs []audit.Record
-}
-
-func (r *recorder) Record(rec audit.Record) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.recs = append(r.recs, rec)
-}
+// recorder is an audit.Recorder for tests.
+type recorder struct{ audit.Memory }
 
 // last returns the last record for name.
 func (r *recorder) last(t *testing.T, name string) audit.Record {
 	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for i := len(r.recs) - 1; i >= 0; i-- {
-		if r.recs[i].Name == name {
-			return r.recs[i]
+	recs := r.Records()
+	for i := len(recs) - 1; i >= 0; i-- {
+		if recs[i].Name == name {
+			return recs[i]
 		}
 	}
-	t.Fatalf("no audit record for %s in %+v", name, r.recs)
+	t.Fatalf("no audit record for %s in %+v", name, recs)
 	return audit.Record{}
 }
 

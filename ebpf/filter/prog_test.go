@@ -293,10 +293,10 @@ func TestEventsAPI(t *testing.T) {
 	run(t, f, tcpFrame(hostMAC, guestIP, ip("93.184.216.34"), 1234, 443))
 	run(t, f, udpFrame(hostMAC, guestIP, ip("8.8.8.8"), 1235, 53, nil))
 	run(t, f, ethFrame(hostMAC, 0x0800, ipv4Packet(guestIP, ip("198.51.100.3"), 132, 0, false, nil)))
-	if !waitFor(2*time.Second, func() bool { return len(sink.snapshot()) == 3 }) {
-		t.Fatalf("records: %+v", sink.snapshot())
+	if !waitFor(2*time.Second, func() bool { return len(sink.Records()) == 3 }) {
+		t.Fatalf("records: %+v", sink.Records())
 	}
-	recs := sink.snapshot()
+	recs := sink.Records()
 	want := []audit.Record{
 		{Source: audit.SourceFilter, Verdict: audit.Allow, Proto: "tcp", Src: "10.201.0.2", Dst: "93.184.216.34", SrcPort: 1234, DstPort: 443, RuleID: 1},
 		{Source: audit.SourceFilter, Verdict: audit.Deny, Proto: "udp", Src: "10.201.0.2", Dst: "8.8.8.8", SrcPort: 1235, DstPort: 53, Reason: "dns-not-resolver"},
