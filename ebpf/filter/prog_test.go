@@ -37,11 +37,25 @@ func testTable(t *testing.T) []policy.Entry {
 		{ID: 4, CIDR: netip.MustParsePrefix("198.51.100.0/24"), Proto: "any"},
 		{ID: 5, CIDR: netip.MustParsePrefix("203.0.113.0/24"), Proto: "tcp"},
 	}
+	return compile(t, rules)
+}
+
+// compile compiles rules.
+func compile(t *testing.T, rules []policy.Rule) []policy.Entry {
+	t.Helper()
 	table, err := policy.Compile(rules, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return table
+}
+
+// syncRules compiles rules and syncs f to the table.
+func syncRules(t *testing.T, f *Filter, rules []policy.Rule) {
+	t.Helper()
+	if err := f.Sync(compile(t, rules)); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestProgramCases(t *testing.T) {
@@ -238,10 +252,7 @@ func TestFlowAudit(t *testing.T) {
 		t.Fatalf("unchanged policy: %d allow events, want 0", a)
 	}
 	// A policy change audits flows again.
-	table2, err := policy.Compile([]policy.Rule{{ID: 7, CIDR: netip.MustParsePrefix("93.184.216.34/32"), Proto: "tcp", Ports: "443"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	table2 := compile(t, []policy.Rule{{ID: 7, CIDR: netip.MustParsePrefix("93.184.216.34/32"), Proto: "tcp", Ports: "443"}})
 	if err := f.Sync(table2); err != nil {
 		t.Fatal(err)
 	}
