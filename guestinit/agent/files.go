@@ -57,11 +57,7 @@ func (s *Server) handleFiles(w http.ResponseWriter, r *http.Request) {
 			mode = fs.FileMode(v&0o777) | unixModeBits(uint32(v))
 		}
 		fi, err := writeFile(p, r.Body, mode)
-		if err != nil {
-			writeError(w, errorFrom(err))
-			return
-		}
-		writeJSON(w, fi)
+		writeResult(w, fi, err)
 	default:
 		methodNotAllowed(w, r, "GET, PUT")
 	}

@@ -141,6 +141,16 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// writeResult writes err (errorFrom) when it is not nil, else v with
+// status 200.
+func writeResult(w http.ResponseWriter, v any, err error) {
+	if err != nil {
+		writeError(w, errorFrom(err))
+		return
+	}
+	writeJSON(w, v)
+}
+
 // writeError writes e as a JSON body with its status.
 func writeError(w http.ResponseWriter, e *agentwire.Error) {
 	if e.Status == 0 {
