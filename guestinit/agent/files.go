@@ -122,43 +122,38 @@ func writeFile(p string, r io.Reader, mode fs.FileMode) (agentwire.FileInfo, err
 	return fileInfo(p, fi), nil
 }
 
-// getPath checks that r is a GET and returns its path= parameter. When it
-// returns false it has answered r with the error.
-func getPath(w http.ResponseWriter, r *http.Request) (string, bool) {
-	if r.Method != http.MethodGet {
-		methodNotAllowed(w, r, "GET")
-		return "", false
+// getPath answers a GET with the path= parameter: what fn returns for
+// the path, as JSON, or its error.
+func getPath(fn func(p string) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			methodNotAllowed(w, r, "GET")
+			return
+		}
+		p, e := queryPath(r)
+		if e != nil {
+			writeError(w, e)
+			return
+		}
+		v, err := fn(p)
+		writeResult(w, v, err)
 	}
-	p, e := queryPath(r)
-	if e != nil {
-		writeError(w, e)
-		return "", false
-	}
-	return p, true
 }
 
-func (s *Server) handleStat(w http.ResponseWriter, r *http.Request) {
-	p, ok := getPath(w, r)
-	if !ok {
-		return
-	}
+// statFile is GET /stat: the file's lstat.
+func statFile(p string) (any, error) {
 	fi, err := os.Lstat(p)
 	if err != nil {
-		writeError(w, errorFrom(err))
-		return
+		return nil, err
 	}
-	writeJSON(w, fileInfo(p, fi))
+	return fileInfo(p, fi), nil
 }
 
-func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
-	p, ok := getPath(w, r)
-	if !ok {
-		return
-	}
+// listDir is GET /list: the directory's entries, sorted by name.
+func listDir(p string) (any, error) {
 	ents, err := os.ReadDir(p)
 	if err != nil {
-		writeError(w, errorFrom(err))
-		return
+		return nil, err
 	}
 	out := make([]agentwire.FileInfo, 0, len(ents))
 	for _, de := range ents {
@@ -169,5 +164,5 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 		out = append(out, fileInfo(filepath.Join(p, de.Name()), fi))
 	}
 	slices.SortFunc(out, func(a, b agentwire.FileInfo) int { return strings.Compare(a.Name, b.Name) })
-	writeJSON(w, out)
+	return out, nil
 }

@@ -110,8 +110,8 @@ func NewServer(w Waiter, opts Options) *Server {
 	s.mux.HandleFunc("/kill", s.handleKill)
 	s.mux.HandleFunc("/health", s.handleHealth)
 	s.mux.HandleFunc("/files", s.handleFiles)
-	s.mux.HandleFunc("/stat", s.handleStat)
-	s.mux.HandleFunc("/list", s.handleList)
+	s.mux.HandleFunc("/stat", getPath(statFile))
+	s.mux.HandleFunc("/list", getPath(listDir))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &agentwire.Error{Message: "no such endpoint " + r.URL.Path, Code: agentwire.CodeNotFound, Status: http.StatusNotFound})
 	})
