@@ -18,6 +18,14 @@ import (
 // Disk is one --disk of a Spec: the contract's (vmmctl.Disk).
 type Disk = vmmctl.Disk
 
+// LocalArgs are the flags of both verbs that only a person gives, on the
+// host the VMM runs on.
+type LocalArgs struct {
+	// KVMPath is the KVM device (--kvm); Verbose logs diagnostics (-v).
+	KVMPath string
+	Verbose bool
+}
+
 // RunArgs is `warren run`'s command line: the part warren-hostd gives
 // (vmmctl.Run) and the flags only a person gives.
 type RunArgs struct {
@@ -25,9 +33,7 @@ type RunArgs struct {
 	// Kernel and Initramfs are read from these paths instead of
 	// descriptors (--kernel, --initramfs).
 	Kernel, Initramfs string
-	// KVMPath is the KVM device (--kvm); Verbose logs diagnostics (-v).
-	KVMPath string
-	Verbose bool
+	LocalArgs
 	// NoRNG leaves out the virtio-rng device (--no-rng).
 	NoRNG bool
 	// MAC is the guest's MAC address for Tap (--mac; default random).
@@ -46,7 +52,7 @@ type RunArgs struct {
 // as a *UsageError; what the values mean is checked by the caller.
 func ParseRunArgs(args []string, stderr io.Writer) (RunArgs, error) {
 	var a RunArgs
-	fs := newFlagSet("run", stderr, &a.KVMPath, &a.Verbose, &a.Console, &a.Jail)
+	fs := newFlagSet("run", stderr, &a.LocalArgs, &a.Console, &a.Jail)
 	fs.StringVar(&a.Kernel, "kernel", "", "guest kernel: an ELF vmlinux with a PVH note, or a bzImage (required)")
 	fs.StringVar(&a.Initramfs, "initramfs", "", "initramfs (cpio) to pass to the guest")
 	fs.Var(fdFlag{&a.KernelFD}, "kernel-fd", "read the guest kernel from this inherited descriptor (3 or more) instead of --kernel (a regular file; warren-hostd opens a template's kernel itself)")
@@ -88,9 +94,7 @@ func ParseRunArgs(args []string, stderr io.Writer) (RunArgs, error) {
 // gives (vmmctl.Restore) and the flags only a person gives.
 type RestoreArgs struct {
 	vmmctl.Restore
-	// KVMPath is the KVM device (--kvm); Verbose logs diagnostics (-v).
-	KVMPath string
-	Verbose bool
+	LocalArgs
 	// Timing, when set, is where the first KVM_RUN's wall-clock time is
 	// written (--timing).
 	Timing string
@@ -101,7 +105,7 @@ type RestoreArgs struct {
 // returned as a *UsageError.
 func ParseRestoreArgs(args []string, stderr io.Writer) (RestoreArgs, error) {
 	var a RestoreArgs
-	fs := newFlagSet("restore", stderr, &a.KVMPath, &a.Verbose, &a.Console, &a.Jail)
+	fs := newFlagSet("restore", stderr, &a.LocalArgs, &a.Console, &a.Jail)
 	fs.BoolVar(&a.Lazy, "lazy", false, "map the snapshot's memory copy-on-write (flattened once to DIR/NAME.<hash>.wraw) instead of reading it all first")
 	fs.StringVar(&a.API, "api", "", "serve the VM's control API (pause, resume, snapshot) on this unix socket")
 	fs.StringVar(&a.Vsock, "vsock", "", "the vsock unix socket (default: the snapshotted VM's)")
@@ -128,11 +132,11 @@ func ParseRestoreArgs(args []string, stderr io.Writer) (RestoreArgs, error) {
 // newFlagSet returns the flag set of `warren VERB`, which reports its
 // mistakes on stderr, with the flags both verbs take: --kvm, -v,
 // --console and --jail.
-func newFlagSet(verb string, stderr io.Writer, kvmPath *string, verbose *bool, console, jail *string) *flag.FlagSet {
+func newFlagSet(verb string, stderr io.Writer, local *LocalArgs, console, jail *string) *flag.FlagSet {
 	fs := flag.NewFlagSet("warren "+verb, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(kvmPath, "kvm", "/dev/kvm", "KVM device")
-	fs.BoolVar(verbose, "v", false, "log VMM diagnostics to stderr")
+	fs.StringVar(&local.KVMPath, "kvm", "/dev/kvm", "KVM device")
+	fs.BoolVar(&local.Verbose, "v", false, "log VMM diagnostics to stderr")
 	fs.StringVar(console, "console", "", "write the guest console to FILE instead of stdout")
 	fs.StringVar(jail, "jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see vmmproc/jail); vmm when --api may fork")
 	return fs

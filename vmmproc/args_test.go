@@ -30,7 +30,7 @@ func TestLaunchRoundTrip(t *testing.T) {
 		if !reflect.DeepEqual(got.Run, r) {
 			t.Errorf("%q:\n got %+v\nwant %+v", args, got.Run, r)
 		}
-		want := RunArgs{Run: r, KVMPath: "/dev/kvm", CID: 3, EgressAttach: "auto"}
+		want := RunArgs{Run: r, LocalArgs: LocalArgs{KVMPath: "/dev/kvm"}, CID: 3, EgressAttach: "auto"}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%q: the person's flags\n got %+v\nwant %+v", args, got, want)
 		}
@@ -44,7 +44,7 @@ func TestLaunchRoundTrip(t *testing.T) {
 	}
 	for _, r := range restores {
 		got, args := roundTrip(t, vmmctl.Launch{Restore: &r}, r, ParseRestoreArgs)
-		want := RestoreArgs{Restore: r, KVMPath: "/dev/kvm"}
+		want := RestoreArgs{Restore: r, LocalArgs: LocalArgs{KVMPath: "/dev/kvm"}}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%q:\n got %+v\nwant %+v", args, got, want)
 		}
