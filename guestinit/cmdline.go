@@ -1,6 +1,10 @@
 package guestinit
 
-import "strings"
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
 
 // Command-line keys read by PID 1.
 const (
@@ -111,28 +115,31 @@ func (c Cmdline) Get(key, def string) string {
 // Bool reports whether key is set to a true value: a bare flag, "1", "y",
 // "yes", "on" or "true" (case-insensitive).
 func (c Cmdline) Bool(key string) bool {
-	v, ok := c.Lookup(key)
-	if !ok {
-		return false
-	}
-	switch strings.ToLower(v) {
-	case "", "1", "y", "yes", "on", "true":
-		return true
-	}
-	return false
+	return c.is(key, "", "1", "y", "yes", "on", "true")
 }
 
 // False reports whether key is set to a false value: "0", "n", "no",
 // "off" or "false" (case-insensitive). An absent key is not false, so
 // False gives default-on options.
 func (c Cmdline) False(key string) bool {
+	return c.is(key, "0", "n", "no", "off", "false")
+}
+
+// is reports whether key is present with one of values (which are lower
+// case), compared case-insensitively.
+func (c Cmdline) is(key string, values ...string) bool {
 	v, ok := c.Lookup(key)
-	if !ok {
-		return false
+	return ok && slices.Contains(values, strings.ToLower(v))
+}
+
+// validOr checks *v, the value of the command-line key, with valid; an
+// invalid value is replaced by def and reported as the error, naming the
+// key and the value, so that a bad command line never stops the boot.
+func validOr(v *string, key, def string, valid func(string) error) error {
+	if err := valid(*v); err != nil {
+		bad := *v
+		*v = def
+		return fmt.Errorf("%s=%q: %w", key, bad, err)
 	}
-	switch strings.ToLower(v) {
-	case "0", "n", "no", "off", "false":
-		return true
-	}
-	return false
+	return nil
 }

@@ -27,12 +27,8 @@ func ConfigFromCmdline(c Cmdline) (Config, error) {
 		Shell:    c.Bool(KeyShell),
 		Agent:    !c.False(KeyAgent),
 	}
-	if err := ValidHostname(cfg.Hostname); err != nil {
-		bad := cfg.Hostname
-		cfg.Hostname = DefaultHostname
-		return cfg, fmt.Errorf("%s=%q: %w", KeyHostname, bad, err)
-	}
-	return cfg, nil
+	err := validOr(&cfg.Hostname, KeyHostname, DefaultHostname, ValidHostname)
+	return cfg, err
 }
 
 // ValidHostname accepts RFC 1123 host names: dot-separated labels of

@@ -54,12 +54,8 @@ func DataDiskFromCmdline(c Cmdline) (DataDisk, error) {
 	if d.Target == "none" {
 		return DataDisk{}, nil
 	}
-	if err := validMountpoint(d.Target); err != nil {
-		bad := d.Target
-		d.Target = DefaultDataMount
-		return d, fmt.Errorf("%s=%q: %w", KeyData, bad, err)
-	}
-	return d, nil
+	err := validOr(&d.Target, KeyData, DefaultDataMount, validMountpoint)
+	return d, err
 }
 
 // validMountpoint accepts a clean absolute path other than "/" that is

@@ -114,20 +114,20 @@ func isolated(t *testing.T) bool {
 }
 
 // subreaper makes the (isolated) test process a child subreaper, as PID 1
-// is for every process.
-func subreaper(t *testing.T) {
+// is for every process, and returns a new Reaper for it.
+func subreaper(t *testing.T) *Reaper {
 	t.Helper()
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		t.Skipf("PR_SET_CHILD_SUBREAPER: %v", err)
 	}
+	return NewReaper()
 }
 
 func TestReaperCollectsOrphans(t *testing.T) {
 	if !isolated(t) {
 		return
 	}
-	subreaper(t)
-	r := NewReaper()
+	r := subreaper(t)
 
 	// Both the shell and its orphan turn into zombies of ours; ReapAll
 	// collects both.

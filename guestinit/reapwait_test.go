@@ -69,8 +69,7 @@ func TestReaperWaiter(t *testing.T) {
 	if !isolated(t) {
 		return
 	}
-	subreaper(t)
-	r := NewReaper()
+	r := subreaper(t)
 	go r.Run()
 
 	// Exits during registration: SIGCHLD comes while Start holds the lock.
@@ -105,8 +104,40 @@ func TestReaperWaiter(t *testing.T) {
 	}
 	wg.Wait()
 
-	// SignalGroup reaches a running child's group; its status says so.
-	c, err := r.Start(startCmd("exec sleep 60", 0))
+	checkWaiter(t, r)
+
+	// Nothing is left registered, the failed start included.
+	r.mu.Lock()
+	n := len(r.children)
+	r.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d children still registered", n)
+	}
+}
+
+// TestProcessWaiter runs the Waiter contract on agent.ProcessWaiter, the
+// agent's Waiter outside PID 1.
+func TestProcessWaiter(t *testing.T) {
+	checkWaiter(t, agent.ProcessWaiter{})
+}
+
+// checkWaiter runs the contract every agent.Waiter keeps on w: a child's
+// own exit status, agent.ErrReaped from SignalGroup once it is reaped,
+// SignalGroup reaching a running child's group, and a failed start.
+func checkWaiter(t *testing.T, w agent.Waiter) {
+	t.Helper()
+	c, err := w.Start(startCmd("exit 5", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ws := waitChild(t, c); !ws.Exited() || ws.ExitStatus() != 5 {
+		t.Fatalf("status %v", ws)
+	}
+	if err := c.SignalGroup(syscall.SIGKILL); !errors.Is(err, agent.ErrReaped) {
+		t.Fatalf("SignalGroup after reap: %v, want ErrReaped", err)
+	}
+
+	c, err = w.Start(startCmd("exec sleep 60", 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,15 +148,8 @@ func TestReaperWaiter(t *testing.T) {
 		t.Fatalf("status %v", ws)
 	}
 
-	// A failed start registers nothing.
-	if _, err := r.Start(func() (int, error) { return 0, os.ErrNotExist }); !errors.Is(err, os.ErrNotExist) {
+	if _, err := w.Start(func() (int, error) { return 0, os.ErrNotExist }); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("failed start: %v", err)
-	}
-	r.mu.Lock()
-	n := len(r.children)
-	r.mu.Unlock()
-	if n != 0 {
-		t.Fatalf("%d children still registered", n)
 	}
 }
 
@@ -135,8 +159,7 @@ func TestAgentWithReaper(t *testing.T) {
 	if !isolated(t) {
 		return
 	}
-	subreaper(t)
-	r := NewReaper()
+	r := subreaper(t)
 	go r.Run()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	l, err := net.Listen("unix", sock)

@@ -172,24 +172,26 @@ func (r *Run) args() ([]string, error) {
 	e.path("--console", r.Console)
 	e.flag("--private-net", r.PrivateNet)
 	e.str("--tap", r.Tap)
-	if r.HostIP != "" {
-		if r.Tap == "" {
-			e.fail("a host address without a tap")
+	// Each address needs the setting before it, and must parse.
+	for _, a := range []struct {
+		flag, v, what, need, needWhat, want string
+		parse                               func(string) error
+	}{
+		{"--host-ip", r.HostIP, "host address", r.Tap, "a tap", "an address with a prefix length",
+			func(v string) error { _, err := netip.ParsePrefix(v); return err }},
+		{"--guest-ip", r.GuestIP, "guest address", r.HostIP, "a host address", "an address",
+			func(v string) error { _, err := netip.ParseAddr(v); return err }},
+	} {
+		if a.v != "" {
+			if a.need == "" {
+				e.fail("a %s without %s", a.what, a.needWhat)
+			}
+			if a.parse(a.v) != nil {
+				e.fail("%s %q: want %s", a.what, a.v, a.want)
+			}
 		}
-		if _, err := netip.ParsePrefix(r.HostIP); err != nil {
-			e.fail("host address %q: want an address with a prefix length", r.HostIP)
-		}
+		e.str(a.flag, a.v)
 	}
-	e.str("--host-ip", r.HostIP)
-	if r.GuestIP != "" {
-		if r.HostIP == "" {
-			e.fail("a guest address without a host address")
-		}
-		if _, err := netip.ParseAddr(r.GuestIP); err != nil {
-			e.fail("guest address %q: want an address", r.GuestIP)
-		}
-	}
-	e.str("--guest-ip", r.GuestIP)
 	if r.PrivateNet && r.Tap == "" {
 		e.fail("a private network without a tap")
 	}

@@ -151,15 +151,24 @@ func (a *apiServer) snapshot(w http.ResponseWriter, r *http.Request) {
 		replyErr(w, http.StatusInternalServerError, err)
 		return
 	}
-	a.log.Debug("snapshot", "report", rep.String())
-	if rep.DiskWarning != "" {
-		a.log.Warn("snapshot: disks", "path", rep.Path, "warning", rep.DiskWarning)
-	}
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	reply(w, http.StatusOK, vmmctl.SnapshotReply{Path: rep.Path, Kind: string(rep.Kind), PauseMS: ms(rep.Pause), TotalMS: ms(rep.Total),
+	a.logReport("snapshot", rep.String(), rep.Path, rep.DiskWarning)
+	reply(w, http.StatusOK, vmmctl.SnapshotReply{Path: rep.Path, Kind: string(rep.Kind), PauseMS: millis(rep.Pause), TotalMS: millis(rep.Total),
 		Pages: rep.Pages, LayerBytes: rep.LayerBytes, StateBytes: rep.StateBytes, Layer: rep.LayerPath,
 		Disks: withTops(rep.Disks, a.disks.Live()), Line: rep.String()})
 }
+
+// logReport logs the report line of a snapshot or rollback (op) at debug
+// level, and its disk warning, if any, as a warning.
+func (a *apiServer) logReport(op, line, path, diskWarning string) {
+	a.log.Debug(op, "report", line)
+	if diskWarning != "" {
+		a.log.Warn(op+": disks", "path", path, "warning", diskWarning)
+	}
+}
+
+// millis is d in milliseconds, to the microsecond, as the replies give
+// durations.
+func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // withTops names, for each of a snapshot's disk layers, the disk's live
 // top from live.
@@ -206,12 +215,8 @@ func (a *apiServer) rollback(w http.ResponseWriter, r *http.Request) {
 		replyErr(w, http.StatusInternalServerError, err)
 		return
 	}
-	a.log.Debug("rollback", "report", rep.String())
-	if rep.DiskWarning != "" {
-		a.log.Warn("rollback: disks", "path", rep.Path, "warning", rep.DiskWarning)
-	}
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	reply(w, http.StatusOK, vmmctl.RollbackReply{Path: rep.Path, PauseMS: ms(rep.Pause), TotalMS: ms(time.Since(start)), LoadMS: ms(load),
+	a.logReport("rollback", rep.String(), rep.Path, rep.DiskWarning)
+	reply(w, http.StatusOK, vmmctl.RollbackReply{Path: rep.Path, PauseMS: millis(rep.Pause), TotalMS: millis(time.Since(start)), LoadMS: millis(load),
 		Written: rep.Written, Cleared: rep.Cleared, Disks: a.disks.Live(),
-		Line: fmt.Sprintf("%s (load %.1f ms)", rep.String(), ms(load))})
+		Line: fmt.Sprintf("%s (load %.1f ms)", rep.String(), millis(load))})
 }

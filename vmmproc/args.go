@@ -18,6 +18,14 @@ import (
 // Disk is one --disk of a Spec: the contract's (vmmctl.Disk).
 type Disk = vmmctl.Disk
 
+// LocalArgs are the flags of both verbs that only a person gives, on the
+// host the VMM runs on.
+type LocalArgs struct {
+	// KVMPath is the KVM device (--kvm); Verbose logs diagnostics (-v).
+	KVMPath string
+	Verbose bool
+}
+
 // RunArgs is `warren run`'s command line: the part warren-hostd gives
 // (vmmctl.Run) and the flags only a person gives.
 type RunArgs struct {
@@ -25,9 +33,7 @@ type RunArgs struct {
 	// Kernel and Initramfs are read from these paths instead of
 	// descriptors (--kernel, --initramfs).
 	Kernel, Initramfs string
-	// KVMPath is the KVM device (--kvm); Verbose logs diagnostics (-v).
-	KVMPath string
-	Verbose bool
+	LocalArgs
 	// NoRNG leaves out the virtio-rng device (--no-rng).
 	NoRNG bool
 	// MAC is the guest's MAC address for Tap (--mac; default random).
@@ -46,8 +52,7 @@ type RunArgs struct {
 // as a *UsageError; what the values mean is checked by the caller.
 func ParseRunArgs(args []string, stderr io.Writer) (RunArgs, error) {
 	var a RunArgs
-	fs := flag.NewFlagSet("warren run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("run", stderr, &a.LocalArgs, &a.Console, &a.Jail)
 	fs.StringVar(&a.Kernel, "kernel", "", "guest kernel: an ELF vmlinux with a PVH note, or a bzImage (required)")
 	fs.StringVar(&a.Initramfs, "initramfs", "", "initramfs (cpio) to pass to the guest")
 	fs.Var(fdFlag{&a.KernelFD}, "kernel-fd", "read the guest kernel from this inherited descriptor (3 or more) instead of --kernel (a regular file; warren-hostd opens a template's kernel itself)")
@@ -55,9 +60,6 @@ func ParseRunArgs(args []string, stderr io.Writer) (RunArgs, error) {
 	fs.IntVar(&a.MemMiB, "mem", 256, "guest memory in MiB")
 	fs.IntVar(&a.CPUs, "cpus", 1, "number of vCPUs")
 	fs.StringVar(&a.Cmdline, "cmdline", "", "extra kernel command-line arguments")
-	fs.StringVar(&a.Console, "console", "", "write the guest console to FILE instead of stdout")
-	fs.StringVar(&a.KVMPath, "kvm", "/dev/kvm", "KVM device")
-	fs.BoolVar(&a.Verbose, "v", false, "log VMM diagnostics to stderr")
 	fs.BoolVar(&a.NoRNG, "no-rng", false, "do not give the guest a virtio-rng entropy device")
 	fs.Var((*diskFlag)(&a.Disks), "disk", "attach a raw disk image as virtio-blk: PATH[,ro] (repeatable; the first is /dev/vda)")
 	fs.StringVar(&a.Tap, "tap", "", "attach virtio-net on this tap device (created if missing)")
@@ -77,7 +79,6 @@ func ParseRunArgs(args []string, stderr io.Writer) (RunArgs, error) {
 	fs.StringVar(&a.UpstreamAllow, "upstream-allow", "", "with --egress: comma-separated addresses or CIDRs the credential proxy may connect to although loopback, private, link-local or the host's own (the operator's allowance; by default none)")
 	fs.BoolVar(&a.WildcardCredentials, "allow-wildcard-credentials", false, "with --egress: allow credential hosts such as *.example.com (the secret then goes to any name below)")
 	fs.BoolVar(&a.PrivateNet, "private-net", false, "with --tap: put the tap and its egress services in a network namespace of this VMM's own (upstream traffic of the resolver and proxy still leaves through the host's); recorded in snapshots, so restores and forks get their own too")
-	fs.StringVar(&a.Jail, "jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see vmmproc/jail); vmm when --api may fork")
 	if err := fs.Parse(args); err != nil {
 		return RunArgs{}, &UsageError{err}
 	}
@@ -93,9 +94,7 @@ func ParseRunArgs(args []string, stderr io.Writer) (RunArgs, error) {
 // gives (vmmctl.Restore) and the flags only a person gives.
 type RestoreArgs struct {
 	vmmctl.Restore
-	// KVMPath is the KVM device (--kvm); Verbose logs diagnostics (-v).
-	KVMPath string
-	Verbose bool
+	LocalArgs
 	// Timing, when set, is where the first KVM_RUN's wall-clock time is
 	// written (--timing).
 	Timing string
@@ -106,16 +105,11 @@ type RestoreArgs struct {
 // returned as a *UsageError.
 func ParseRestoreArgs(args []string, stderr io.Writer) (RestoreArgs, error) {
 	var a RestoreArgs
-	fs := flag.NewFlagSet("warren restore", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("restore", stderr, &a.LocalArgs, &a.Console, &a.Jail)
 	fs.BoolVar(&a.Lazy, "lazy", false, "map the snapshot's memory copy-on-write (flattened once to DIR/NAME.<hash>.wraw) instead of reading it all first")
 	fs.StringVar(&a.API, "api", "", "serve the VM's control API (pause, resume, snapshot) on this unix socket")
 	fs.StringVar(&a.Vsock, "vsock", "", "the vsock unix socket (default: the snapshotted VM's)")
-	fs.StringVar(&a.Console, "console", "", "write the guest console to FILE instead of stdout")
-	fs.StringVar(&a.KVMPath, "kvm", "/dev/kvm", "KVM device")
-	fs.BoolVar(&a.Verbose, "v", false, "log VMM diagnostics to stderr")
 	fs.StringVar(&a.Timing, "timing", "", "write the wall-clock time of the first KVM_RUN (Unix ns, one decimal line) to FILE, for benchmarks")
-	fs.StringVar(&a.Jail, "jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see vmmproc/jail); vmm when --api may fork")
 	fs.StringVar(&a.Egress, "egress", "", "for a snapshot with egress: the policy in force from the start instead of the snapshot's (JSON; the resolver starts with no allowed addresses)")
 	fs.StringVar(&a.Secrets, "secrets", "", "for a snapshot with egress: the credential proxy's secrets file (JSON name to value, mode 0600) instead of the snapshot's")
 	fs.StringVar(&a.Audit, "audit", "", "for a snapshot with egress: the audit log instead of the snapshot's")
@@ -133,6 +127,19 @@ func ParseRestoreArgs(args []string, stderr io.Writer) (RestoreArgs, error) {
 		a.DiskPaths = dp
 	}
 	return a, nil
+}
+
+// newFlagSet returns the flag set of `warren VERB`, which reports its
+// mistakes on stderr, with the flags both verbs take: --kvm, -v,
+// --console and --jail.
+func newFlagSet(verb string, stderr io.Writer, local *LocalArgs, console, jail *string) *flag.FlagSet {
+	fs := flag.NewFlagSet("warren "+verb, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&local.KVMPath, "kvm", "/dev/kvm", "KVM device")
+	fs.BoolVar(&local.Verbose, "v", false, "log VMM diagnostics to stderr")
+	fs.StringVar(console, "console", "", "write the guest console to FILE instead of stdout")
+	fs.StringVar(jail, "jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see vmmproc/jail); vmm when --api may fork")
+	return fs
 }
 
 // fdFlag is an inherited descriptor's number (--kernel-fd N): 3 or more;

@@ -26,22 +26,11 @@ func TestLaunchRoundTrip(t *testing.T) {
 			WildcardCredentials: true, Jail: "vmm,root=/s/jail/tp,user=100000:100000"},
 	}
 	for _, r := range runs {
-		args, err := vmmctl.Launch{Run: &r}.Args()
-		if err != nil {
-			t.Fatalf("%+v: %v", r, err)
-		}
-		if args[0] != "run" {
-			t.Fatalf("%q: the verb is not first", args)
-		}
-		var stderr strings.Builder
-		got, err := ParseRunArgs(args[1:], &stderr)
-		if err != nil {
-			t.Fatalf("%q: %v (%s)", args, err, stderr.String())
-		}
+		got, args := roundTrip(t, vmmctl.Launch{Run: &r}, r, ParseRunArgs)
 		if !reflect.DeepEqual(got.Run, r) {
 			t.Errorf("%q:\n got %+v\nwant %+v", args, got.Run, r)
 		}
-		want := RunArgs{Run: r, KVMPath: "/dev/kvm", CID: 3, EgressAttach: "auto"}
+		want := RunArgs{Run: r, LocalArgs: LocalArgs{KVMPath: "/dev/kvm"}, CID: 3, EgressAttach: "auto"}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%q: the person's flags\n got %+v\nwant %+v", args, got, want)
 		}
@@ -54,23 +43,32 @@ func TestLaunchRoundTrip(t *testing.T) {
 			Egress: "/s/sb/egress.json", Secrets: "/s/sb/secrets.json", Audit: "/s/sb/egress.jsonl", Jail: "strict"},
 	}
 	for _, r := range restores {
-		args, err := vmmctl.Launch{Restore: &r}.Args()
-		if err != nil {
-			t.Fatalf("%+v: %v", r, err)
-		}
-		if args[0] != "restore" {
-			t.Fatalf("%q: the verb is not first", args)
-		}
-		var stderr strings.Builder
-		got, err := ParseRestoreArgs(args[1:], &stderr)
-		if err != nil {
-			t.Fatalf("%q: %v (%s)", args, err, stderr.String())
-		}
-		want := RestoreArgs{Restore: r, KVMPath: "/dev/kvm"}
+		got, args := roundTrip(t, vmmctl.Launch{Restore: &r}, r, ParseRestoreArgs)
+		want := RestoreArgs{Restore: r, LocalArgs: LocalArgs{KVMPath: "/dev/kvm"}}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%q:\n got %+v\nwant %+v", args, got, want)
 		}
 	}
+}
+
+// roundTrip encodes l, whose Run or Restore is v, checks that its verb
+// comes first, and decodes the rest with parse; it returns what parse
+// gave and the encoding.
+func roundTrip[T any](t *testing.T, l vmmctl.Launch, v any, parse func([]string, io.Writer) (T, error)) (T, []string) {
+	t.Helper()
+	args, err := l.Args()
+	if err != nil {
+		t.Fatalf("%+v: %v", v, err)
+	}
+	if verb := l.Verb(); args[0] != verb {
+		t.Fatalf("%q: the verb %s is not first", args, verb)
+	}
+	var stderr strings.Builder
+	got, err := parse(args[1:], &stderr)
+	if err != nil {
+		t.Fatalf("%q: %v (%s)", args, err, stderr.String())
+	}
+	return got, args
 }
 
 // TestLaunchArgsRefused: Launch.Args refuses what the VMM would not read

@@ -27,8 +27,6 @@ import (
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/internal/testtls"
-	"github.com/warrenvm/warren/memsnap/vmsnap"
-	"github.com/warrenvm/warren/vmm/hostprofile"
 	"github.com/warrenvm/warren/vmmctl"
 	"github.com/warrenvm/warren/vmmproc/egress"
 )
@@ -313,15 +311,9 @@ func TestEgressEndToEnd(t *testing.T) {
 		mustRun(t, "snapshot", api, snapPath)
 		stopAPI()
 		g.stop()
-		snap, err := vmsnap.Load(snapPath, vmsnap.HostFingerprintSource("/dev/kvm", hostprofile.Detect("/sys/module")))
-		if err != nil {
-			t.Fatal(err)
-		}
+		o2 := restoreOptions(t, snapPath)
+		snap := o2.restore
 		defer snap.Close()
-		o2 := vmOptions{restore: snap, trackDirty: true}
-		if err := applyOptions(&o2, snap.Meta.Options); err != nil {
-			t.Fatal(err)
-		}
 		if o2.egress == nil || len(o2.egress.State.Policy.Rules) != 1 || o2.egress.State.Policy.Rules[0].CIDR.String() != "198.51.100.20/32" {
 			t.Fatalf("the snapshot recorded egress %+v, want the policy in force", o2.egress)
 		}

@@ -18,7 +18,6 @@ import (
 // fork. (The benchmark forks the same way, twenty times per guest size.)
 func TestForkRepeated(t *testing.T) {
 	_, dir, sock, api := templateWithAPI(t)
-	mustRun(t, "health", "--wait", "3m", sock)
 	const forks = 10
 	for i := range forks {
 		mustRun(t, "exec", "--timeout", "1m", sock, "--", "sh", "-c",

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/vmmproc/jail"
+	"github.com/warrenvm/warren/vmmproc/jail/jailtest"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,43 +46,6 @@ func TestParseJail(t *testing.T) {
 
 const jailHelperEnv = "WARREN_JAIL_HELPER"
 
-var (
-	jailExeOnce sync.Once
-	jailExe     string
-	jailExeErr  error
-)
-
-// jailTestExe is this test binary, rebuilt without cgo when it has cgo
-// (capabilities are dropped on all threads with AllThreadsSyscall, which
-// refuses cgo binaries; warren itself is built with CGO_ENABLED=0).
-func jailTestExe(t *testing.T) string {
-	jailExeOnce.Do(func() {
-		if _, _, e := syscall.AllThreadsSyscall(syscall.SYS_GETPID, 0, 0, 0); e != syscall.ENOTSUP {
-			jailExe, jailExeErr = os.Executable()
-			return
-		}
-		goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(goBin); err != nil {
-			goBin = "go"
-		}
-		dir, err := os.MkdirTemp("", "warren-jailtest")
-		if err != nil {
-			jailExeErr = err
-			return
-		}
-		jailExe = filepath.Join(dir, "cli.test")
-		cmd := exec.Command(goBin, "test", "-c", "-o", jailExe, ".")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			jailExeErr = fmt.Errorf("rebuilding the test binary with CGO_ENABLED=0: %v\n%s", err, out)
-		}
-	})
-	if jailExeErr != nil {
-		t.Skipf("no cgo-free test binary: %v", jailExeErr)
-	}
-	return jailExe
-}
-
 // TestJailRefusesForbiddenSyscall runs the setup `--jail` runs (enterJail)
 // in a subprocess started the way the daemon starts a VMM (new mount, ipc
 // and uts namespaces, its own session) and checks there that forbidden
@@ -93,7 +57,7 @@ func TestJailRefusesForbiddenSyscall(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (capabilities, namespaces and seccomp are set up for real)")
 	}
-	exe := jailTestExe(t)
+	exe := jailtest.Exe(t)
 	for _, prof := range []string{"strict", "vmm"} {
 		t.Run(prof, func(t *testing.T) {
 			cmd := exec.Command(exe, "-test.run=^TestJailHelper$", "-test.v")

@@ -22,7 +22,6 @@ import (
 func TestRollbackEndToEnd(t *testing.T) {
 	g, dir, sock, api := templateWithAPI(t)
 	run := func(args ...string) string { t.Helper(); return mustRun(t, args...) }
-	run("health", "--wait", "3m", sock)
 	run("exec", sock, "--", "sh", "-c", "echo before > /tmp/state; echo good-step > /proc/sys/kernel/hostname; echo before > /mnt/data/state; sync")
 	snap := filepath.Join(dir, "good")
 	t.Logf("%s", run("snapshot", api, snap))

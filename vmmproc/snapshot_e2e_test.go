@@ -24,7 +24,6 @@ import (
 func TestSnapshotEndToEnd(t *testing.T) {
 	g, dir, sock, api := templateWithAPI(t)
 	run := func(args ...string) string { t.Helper(); return mustRun(t, args...) }
-	run("health", "--wait", "3m", sock)
 	run("exec", sock, "--", "sh", "-c", "echo first > /tmp/first; echo first > /mnt/data/first; sync")
 	snaps := filepath.Join(dir, "snaps")
 	os.Mkdir(snaps, 0o755)

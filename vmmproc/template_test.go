@@ -1,15 +1,16 @@
 package vmmproc
 
 import (
-	"github.com/warrenvm/warren/internal/kvmtest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm/hostprofile"
+	"github.com/warrenvm/warren/vmmproc/jail/jailtest"
 )
 
 // The Linux template: the project's kernel and initramfs booted once per
@@ -35,6 +36,7 @@ func TestMain(m *testing.M) {
 		os.Exit(cliMain(os.Args[1:], nil, os.Stdout, os.Stderr))
 	}
 	code := m.Run()
+	jailtest.Remove()
 	if template.dir != "" {
 		os.RemoveAll(template.dir)
 	}
@@ -84,21 +86,32 @@ func linuxTemplate(t *testing.T) string {
 	return template.path
 }
 
+// restoreOptions loads the snapshot at path, checked against this host,
+// and returns the options of a VM restored from it (o.restore, which the
+// caller closes) with dirty tracking, so it can be snapshotted again.
+func restoreOptions(t *testing.T, path string) vmOptions {
+	t.Helper()
+	snap, err := vmsnap.Load(path, vmsnap.HostFingerprintSource("/dev/kvm", hostprofile.Detect("/sys/module")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := vmOptions{restore: snap, trackDirty: true}
+	if err := applyOptions(&o, snap.Meta.Options); err != nil {
+		snap.Close()
+		t.Fatal(err)
+	}
+	return o
+}
+
 // restoreTemplate restores the Linux template in this process, with its
 // vsock device on sock (and dirty tracking, so the guest can be
 // snapshotted again). The guest is stopped when the test ends.
 func restoreTemplate(t *testing.T, sock string) *guest {
 	t.Helper()
 	path := linuxTemplate(t)
-	snap, err := vmsnap.Load(path, vmsnap.HostFingerprintSource("/dev/kvm", hostprofile.Detect("/sys/module")))
-	if err != nil {
-		t.Fatal(err)
-	}
+	o := restoreOptions(t, path)
+	snap := o.restore
 	defer snap.Close()
-	o := vmOptions{restore: snap, trackDirty: true}
-	if err := applyOptions(&o, snap.Meta.Options); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := restoreDisks(&o, snap, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -112,8 +125,9 @@ func restoreTemplate(t *testing.T, sock string) *guest {
 }
 
 // templateWithAPI restores the Linux template in this process with its
-// vsock socket (sock) and control API (api) in a fresh directory dir; the
-// API stops when the test ends.
+// vsock socket (sock) and control API (api) in a fresh directory dir, and
+// returns once the guest's agent answers (warren health --wait); the API
+// stops when the test ends.
 func templateWithAPI(t *testing.T) (g *guest, dir, sock, api string) {
 	t.Helper()
 	dir = t.TempDir()
@@ -126,6 +140,7 @@ func templateWithAPI(t *testing.T) (g *guest, dir, sock, api string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(stopAPI)
+	mustRun(t, "health", "--wait", "3m", sock)
 	return g, dir, sock, api
 }
 

@@ -66,7 +66,7 @@ type Record struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-// Recorder takes records. *Log implements it; tests use their own.
+// Recorder takes records. *Log implements it; tests use Memory.
 type Recorder interface {
 	Record(Record)
 }
@@ -76,6 +76,27 @@ type Discard struct{}
 
 // Record drops r.
 func (Discard) Record(Record) {}
+
+// Memory is a Recorder that keeps every record in memory, for tests. It
+// is safe for concurrent use; the zero value is empty and ready.
+type Memory struct {
+	mu   sync.Mutex
+	recs []Record
+}
+
+// Record keeps r.
+func (m *Memory) Record(r Record) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recs = append(m.recs, r)
+}
+
+// Records returns a copy of the records kept, oldest first.
+func (m *Memory) Records() []Record {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]Record(nil), m.recs...)
+}
 
 // Default rate limit: a sustained 200 records a second with bursts of 1000.
 const (

@@ -2,7 +2,6 @@ package dnsgate
 
 import (
 	"net"
-	"net/netip"
 	"testing"
 
 	"github.com/miekg/dns"
@@ -80,17 +79,8 @@ func FuzzServeDNS(f *testing.F) {
 			}
 		}
 		for _, rr := range append(append([]dns.RR{}, resp.Answer...), resp.Extra...) {
-			var ip net.IP
-			switch v := rr.(type) {
-			case *dns.A:
-				ip = v.A
-			case *dns.AAAA:
-				ip = v.AAAA
-			default:
-				continue
-			}
-			a, ok := netip.AddrFromSlice(ip)
-			if ok && !e.gate.destination(a.Unmap()) {
+			a, typ := rrAddr(rr)
+			if typ != 0 && a.IsValid() && !e.gate.destination(a) {
 				t.Errorf("answer %v: an address the gate refuses as a destination", rr)
 			}
 		}

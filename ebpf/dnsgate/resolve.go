@@ -293,22 +293,10 @@ func (g *Gate) chain(name string, qtype uint16, ans []dns.RR) (out []dns.RR, dro
 		if h.Class != dns.ClassINET || !onChain[strings.ToLower(h.Name)] {
 			continue
 		}
-		var ip netip.Addr
-		switch v := rr.(type) {
-		case *dns.A:
-			if qtype != dns.TypeA {
-				continue
-			}
-			ip, _ = netip.AddrFromSlice(v.A)
-		case *dns.AAAA:
-			if qtype != dns.TypeAAAA {
-				continue
-			}
-			ip, _ = netip.AddrFromSlice(v.AAAA)
-		default:
+		ip, typ := rrAddr(rr)
+		if typ == 0 || typ != qtype {
 			continue
 		}
-		ip = ip.Unmap()
 		if !g.destination(ip) {
 			dropped++
 			continue
@@ -323,4 +311,23 @@ func (g *Gate) chain(name string, qtype uint16, ans []dns.RR) (out []dns.RR, dro
 // one of the host's own addresses (Config.Guard).
 func (g *Gate) destination(ip netip.Addr) bool {
 	return g.cfg.Guard.Check(ip) == nil
+}
+
+// rrAddr returns the address of an A or AAAA record, unmapped (invalid
+// where the record's bytes are no address), and its type, dns.TypeA or
+// dns.TypeAAAA; 0 for other records.
+func rrAddr(rr dns.RR) (netip.Addr, uint16) {
+	var ip netip.Addr
+	var typ uint16
+	switch v := rr.(type) {
+	case *dns.A:
+		ip, _ = netip.AddrFromSlice(v.A)
+		typ = dns.TypeA
+	case *dns.AAAA:
+		ip, _ = netip.AddrFromSlice(v.AAAA)
+		typ = dns.TypeAAAA
+	default:
+		return netip.Addr{}, 0
+	}
+	return ip.Unmap(), typ
 }

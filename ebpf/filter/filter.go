@@ -622,22 +622,30 @@ func (f *Filter) Detach() error {
 // Close detaches the program, stops Events and releases the program and
 // maps.
 func (f *Filter) Close() error {
+	return f.closeOnce(func() error {
+		err := f.detachLocked()
+		if f.link != nil {
+			f.link.Close()
+			f.link = nil
+		}
+		if rerr := f.reader.Close(); err == nil && rerr != nil {
+			err = rerr
+		}
+		if oerr := f.objs.Close(); err == nil && oerr != nil {
+			err = oerr
+		}
+		return err
+	})
+}
+
+// closeOnce runs release with f.mu held on the first call of Close or
+// Release; later calls return nil.
+func (f *Filter) closeOnce(release func() error) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
 		return nil
 	}
 	f.closed = true
-	err := f.detachLocked()
-	if f.link != nil {
-		f.link.Close()
-		f.link = nil
-	}
-	if rerr := f.reader.Close(); err == nil && rerr != nil {
-		err = rerr
-	}
-	if oerr := f.objs.Close(); err == nil && oerr != nil {
-		err = oerr
-	}
-	return err
+	return release()
 }

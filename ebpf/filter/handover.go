@@ -60,24 +60,20 @@ func (f *Filter) Files() ([]*os.File, error) {
 // Release lets go of the filter's objects without detaching it (after
 // Files: the adopter's descriptors keep the program, maps and link).
 func (f *Filter) Release() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return nil
-	}
-	f.closed = true
-	if f.tcx != nil {
-		// Closing our descriptor of the link leaves it attached while
-		// the adopter's copy is open.
-		f.tcx.Close()
-	}
-	f.tcx, f.clsact, f.qdisc, f.mode = nil, nil, nil, AttachNone
-	if f.nlh != nil {
-		f.nlh.Close()
-		f.nlh = nil
-	}
-	f.reader.Close()
-	return f.objs.Close()
+	return f.closeOnce(func() error {
+		if f.tcx != nil {
+			// Closing our descriptor of the link leaves it attached
+			// while the adopter's copy is open.
+			f.tcx.Close()
+		}
+		f.tcx, f.clsact, f.qdisc, f.mode = nil, nil, nil, AttachNone
+		if f.nlh != nil {
+			f.nlh.Close()
+			f.nlh = nil
+		}
+		f.reader.Close()
+		return f.objs.Close()
+	})
 }
 
 // FromFiles adopts a filter from the files another process's Files gave

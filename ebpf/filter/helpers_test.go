@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -100,26 +99,11 @@ func readEvents(t *testing.T, f *Filter) []Event {
 }
 
 // collector is an audit.Recorder for tests.
-type collector struct {
-	mu   sync.Mutex
-	recs []audit.Record
-}
-
-func (c *collector) Record(r audit.Record) {
-	c.mu.Lock()
-	c.recs = append(c.recs, r)
-	c.mu.Unlock()
-}
-
-func (c *collector) snapshot() []audit.Record {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]audit.Record(nil), c.recs...)
-}
+type collector struct{ audit.Memory }
 
 // find returns the first record matching m.
 func (c *collector) find(m func(audit.Record) bool) (audit.Record, bool) {
-	for _, r := range c.snapshot() {
+	for _, r := range c.Records() {
 		if m(r) {
 			return r, true
 		}

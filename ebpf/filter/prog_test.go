@@ -37,11 +37,25 @@ func testTable(t *testing.T) []policy.Entry {
 		{ID: 4, CIDR: netip.MustParsePrefix("198.51.100.0/24"), Proto: "any"},
 		{ID: 5, CIDR: netip.MustParsePrefix("203.0.113.0/24"), Proto: "tcp"},
 	}
+	return compile(t, rules)
+}
+
+// compile compiles rules.
+func compile(t *testing.T, rules []policy.Rule) []policy.Entry {
+	t.Helper()
 	table, err := policy.Compile(rules, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return table
+}
+
+// syncRules compiles rules and syncs f to the table.
+func syncRules(t *testing.T, f *Filter, rules []policy.Rule) {
+	t.Helper()
+	if err := f.Sync(compile(t, rules)); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestProgramCases(t *testing.T) {
@@ -238,10 +252,7 @@ func TestFlowAudit(t *testing.T) {
 		t.Fatalf("unchanged policy: %d allow events, want 0", a)
 	}
 	// A policy change audits flows again.
-	table2, err := policy.Compile([]policy.Rule{{ID: 7, CIDR: netip.MustParsePrefix("93.184.216.34/32"), Proto: "tcp", Ports: "443"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	table2 := compile(t, []policy.Rule{{ID: 7, CIDR: netip.MustParsePrefix("93.184.216.34/32"), Proto: "tcp", Ports: "443"}})
 	if err := f.Sync(table2); err != nil {
 		t.Fatal(err)
 	}
@@ -293,10 +304,10 @@ func TestEventsAPI(t *testing.T) {
 	run(t, f, tcpFrame(hostMAC, guestIP, ip("93.184.216.34"), 1234, 443))
 	run(t, f, udpFrame(hostMAC, guestIP, ip("8.8.8.8"), 1235, 53, nil))
 	run(t, f, ethFrame(hostMAC, 0x0800, ipv4Packet(guestIP, ip("198.51.100.3"), 132, 0, false, nil)))
-	if !waitFor(2*time.Second, func() bool { return len(sink.snapshot()) == 3 }) {
-		t.Fatalf("records: %+v", sink.snapshot())
+	if !waitFor(2*time.Second, func() bool { return len(sink.Records()) == 3 }) {
+		t.Fatalf("records: %+v", sink.Records())
 	}
-	recs := sink.snapshot()
+	recs := sink.Records()
 	want := []audit.Record{
 		{Source: audit.SourceFilter, Verdict: audit.Allow, Proto: "tcp", Src: "10.201.0.2", Dst: "93.184.216.34", SrcPort: 1234, DstPort: 443, RuleID: 1},
 		{Source: audit.SourceFilter, Verdict: audit.Deny, Proto: "udp", Src: "10.201.0.2", Dst: "8.8.8.8", SrcPort: 1235, DstPort: 53, Reason: "dns-not-resolver"},

@@ -275,17 +275,11 @@ func testTap(t *testing.T, mode AttachMode) {
 	listenUDP(t, r, dstNoRule, 53)
 
 	f := loadOrSkip(t, Config{GuestIP: tapGuest, Gateway: tapHost, ProxyPorts: []uint16{3128}})
-	table, err := policy.Compile([]policy.Rule{
+	syncRules(t, f, []policy.Rule{
 		{ID: 1, CIDR: netip.PrefixFrom(dstWeb, 32), Proto: "tcp", Ports: "8080"},
 		{ID: 2, CIDR: netip.PrefixFrom(dstWeb, 32), Proto: "icmp"},
 		{ID: 3, CIDR: netip.PrefixFrom(dstUDP, 32), Proto: "udp", Ports: "9000-9001"},
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(table); err != nil {
-		t.Fatal(err)
-	}
+	})
 	if err := f.Attach(tapName, mode); err != nil {
 		t.Fatal(err)
 	}
@@ -366,17 +360,11 @@ func testTap(t *testing.T, mode AttachMode) {
 	}
 
 	// A live policy change: 8081 instead of 8080.
-	table2, err := policy.Compile([]policy.Rule{
+	syncRules(t, f, []policy.Rule{
 		{ID: 11, CIDR: netip.PrefixFrom(dstWeb, 32), Proto: "tcp", Ports: "8081"},
 		{ID: 2, CIDR: netip.PrefixFrom(dstWeb, 32), Proto: "icmp"},
 		{ID: 3, CIDR: netip.PrefixFrom(dstUDP, 32), Proto: "udp", Ports: "9000-9001"},
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(table2); err != nil {
-		t.Fatal(err)
-	}
+	})
 	runProbes(t, f, r, sink, write, []probe{
 		tcpProbe("after sync: 8081 allowed", tapGuest, dstWeb, 8081, true, 11, ""),
 		tcpProbe("after sync: 8080 denied", tapGuest, dstWeb, 8080, false, 0, "port"),

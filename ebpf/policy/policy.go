@@ -578,45 +578,20 @@ func (child Policy) Narrows(parent Policy) error {
 	if child.IPv6 && !parent.IPv6 {
 		return errors.New("egress policy: the child allows IPv6, its parent does not")
 	}
-	for _, r := range child.Rules {
-		cr, err := r.PortRule()
-		if err != nil {
-			return err
-		}
-		ok := false
-		for _, pr := range parent.Rules {
-			ppr, err := pr.PortRule()
-			if err != nil {
-				return err
-			}
-			if pr.CIDR.Bits() <= r.CIDR.Bits() && pr.CIDR.Contains(r.CIDR.Addr()) && ppr.Covers(cr) {
-				ok = true
-				break
-			}
-		}
-		if !ok {
-			return fmt.Errorf("egress policy: the child's rule %s %s %s is not within a rule of its parent", r.CIDR, r.Proto, r.Ports)
-		}
+	err := eachWithin(child.Rules, parent.Rules, func(c, p Rule) bool {
+		return p.CIDR.Bits() <= c.CIDR.Bits() && p.CIDR.Contains(c.CIDR.Addr())
+	}, func(r Rule) error {
+		return fmt.Errorf("egress policy: the child's rule %s %s %s is not within a rule of its parent", r.CIDR, r.Proto, r.Ports)
+	})
+	if err != nil {
+		return err
 	}
-	for _, d := range child.Domains {
-		cr, err := d.PortRule()
-		if err != nil {
-			return err
-		}
-		ok := false
-		for _, pd := range parent.Domains {
-			ppr, err := pd.PortRule()
-			if err != nil {
-				return err
-			}
-			if nameWithin(d.Name, pd.Name) && ppr.Covers(cr) {
-				ok = true
-				break
-			}
-		}
-		if !ok {
+	err = eachWithin(child.Domains, parent.Domains, func(c, p Domain) bool { return nameWithin(c.Name, p.Name) },
+		func(d Domain) error {
 			return fmt.Errorf("egress policy: the child's domain %s is not within a domain of its parent", d.Name)
-		}
+		})
+	if err != nil {
+		return err
 	}
 	for _, c := range child.Credentials {
 		ok := false
@@ -645,6 +620,33 @@ func (child Policy) Narrows(parent Policy) error {
 		}
 		if !ok {
 			return fmt.Errorf("egress policy: the child's credential %s is not within one of its parent", c.Secret)
+		}
+	}
+	return nil
+}
+
+// eachWithin reports, as nil, that each of children is within one of
+// parents: within(child, parent) holds and the parent's ports cover the
+// child's. For the first child that is not, it returns outside(child).
+func eachWithin[T interface{ PortRule() (PortRule, error) }](children, parents []T, within func(c, p T) bool, outside func(c T) error) error {
+	for _, c := range children {
+		cr, err := c.PortRule()
+		if err != nil {
+			return err
+		}
+		ok := false
+		for _, p := range parents {
+			pr, err := p.PortRule()
+			if err != nil {
+				return err
+			}
+			if within(c, p) && pr.Covers(cr) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return outside(c)
 		}
 	}
 	return nil

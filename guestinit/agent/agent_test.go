@@ -31,16 +31,32 @@ func start(t *testing.T) *agentclient.Client { return startWith(t, nil) }
 
 // startWith is start with a Syncer for /health.
 func startWith(t *testing.T, syncer *Syncer) *agentclient.Client {
+	return startOpts(t, ProcessWaiter{}, Options{Sync: syncer})
+}
+
+// startOpts serves an agent with w and opts on a unix socket in a
+// temporary directory.
+func startOpts(t *testing.T, w Waiter, opts Options) *agentclient.Client {
+	return serve(t, NewServer(w, opts), nil)
+}
+
+// serve serves s on a unix socket in a temporary directory and returns a
+// client of it; dialed, when not nil, is called at each of the client's
+// dials. The test's end closes both and checks that Serve ended as
+// closed.
+func serve(t *testing.T, s *Server, dialed func()) *agentclient.Client {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewServer(ProcessWaiter{}, Options{Sync: syncer})
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(l) }()
 	c := agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
+		if dialed != nil {
+			dialed()
+		}
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
 	})
@@ -373,21 +389,8 @@ func TestExecStatusFailure(t *testing.T) {
 // to its end, so that back-to-back calls share one connection (benchmarks
 // of the round trip would otherwise time a connect now and then).
 func TestExecReusesConnection(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "agent.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := NewServer(ProcessWaiter{}, Options{})
-	go s.Serve(l)
-	t.Cleanup(func() { s.Close() })
 	var dials atomic.Int32
-	c := agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
-		dials.Add(1)
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	})
-	defer c.Close()
+	c := serve(t, NewServer(ProcessWaiter{}, Options{}), func() { dials.Add(1) })
 	for i := range 10 {
 		var out bytes.Buffer
 		if code, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", "echo " + strconv.Itoa(i)}}, &out, nil); err != nil || code != 0 || out.String() != strconv.Itoa(i)+"\n" {

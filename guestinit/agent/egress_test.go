@@ -4,24 +4,19 @@ package agent
 
 import (
 	"bytes"
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"errors"
 	"math/big"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/agentwire"
 )
 
@@ -79,25 +74,8 @@ func TestApplyTrust(t *testing.T) {
 // TestSyncEgressEnv checks that placeholders a sync delivers reach the
 // processes the agent starts, and that a request's own variables win.
 func TestSyncEgressEnv(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "agent.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
 	s := NewServer(ProcessWaiter{}, Options{})
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(l) }()
-	c := agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	})
-	defer func() {
-		c.Close()
-		s.Close()
-		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
+	c := serve(t, s, nil)
 	s.SetExtraEnv(map[string]string{"API_KEY": "warren-placeholder-API_KEY", "B": "from-sync"})
 	var out bytes.Buffer
 	code, err := c.Exec(ctxT(t), agentwire.ExecRequest{Argv: []string{"sh", "-c", `echo "$API_KEY $B"`}, Env: []string{"B=from-request"}}, &out, nil)

@@ -167,44 +167,42 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	var files []*os.File // closed after start: the child's ends
-	closeAll := func() {
-		for _, f := range files {
+	// files are the child's ends (stdin, stdout, stderr), closed once it
+	// has started; ours the agent's, closed too if it does not start.
+	var files, ours []*os.File
+	closeAll := func(fs []*os.File) {
+		for _, f := range fs {
 			f.Close()
 		}
 	}
 	var stdinR, stdinW *os.File
 	if req.Stdin {
-		if stdinR, stdinW, err = os.Pipe(); err != nil {
-			writeError(w, errorFrom(err))
-			return
+		stdinR, stdinW, err = os.Pipe()
+		if err == nil {
+			ours = append(ours, stdinW)
 		}
-	} else if stdinR, err = os.Open(os.DevNull); err != nil {
+	} else {
+		stdinR, err = os.Open(os.DevNull)
+	}
+	if err != nil {
 		writeError(w, errorFrom(err))
 		return
 	}
 	files = append(files, stdinR)
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		closeAll()
-		if stdinW != nil {
-			stdinW.Close()
+	var outputs [2]*os.File // our ends of stdout and stderr
+	for i := range outputs {
+		r, wr, err := os.Pipe()
+		if err != nil {
+			closeAll(files)
+			closeAll(ours)
+			writeError(w, errorFrom(err))
+			return
 		}
-		writeError(w, errorFrom(err))
-		return
+		outputs[i] = r
+		ours = append(ours, r)
+		files = append(files, wr)
 	}
-	files = append(files, outW)
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		closeAll()
-		outR.Close()
-		if stdinW != nil {
-			stdinW.Close()
-		}
-		writeError(w, errorFrom(err))
-		return
-	}
-	files = append(files, errW)
+	outR, errR := outputs[0], outputs[1]
 
 	child, err := s.waiter.Start(func() (int, error) {
 		process, err := os.StartProcess(l.prog, l.argv, &os.ProcAttr{
@@ -221,13 +219,9 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		_ = process.Release()
 		return pid, nil
 	})
-	closeAll()
+	closeAll(files)
 	if err != nil {
-		outR.Close()
-		errR.Close()
-		if stdinW != nil {
-			stdinW.Close()
-		}
+		closeAll(ours)
 		e := errorFrom(err)
 		if e.Code == agentwire.CodeInternal {
 			e.Code, e.Status = agentwire.CodeStartFailed, http.StatusBadRequest

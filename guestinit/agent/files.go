@@ -57,11 +57,7 @@ func (s *Server) handleFiles(w http.ResponseWriter, r *http.Request) {
 			mode = fs.FileMode(v&0o777) | unixModeBits(uint32(v))
 		}
 		fi, err := writeFile(p, r.Body, mode)
-		if err != nil {
-			writeError(w, errorFrom(err))
-			return
-		}
-		writeJSON(w, fi)
+		writeResult(w, fi, err)
 	default:
 		methodNotAllowed(w, r, "GET, PUT")
 	}
@@ -126,38 +122,38 @@ func writeFile(p string, r io.Reader, mode fs.FileMode) (agentwire.FileInfo, err
 	return fileInfo(p, fi), nil
 }
 
-func (s *Server) handleStat(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet {
-		methodNotAllowed(w, r, "GET")
-		return
+// getPath answers a GET with the path= parameter: what fn returns for
+// the path, as JSON, or its error.
+func getPath(fn func(p string) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			methodNotAllowed(w, r, "GET")
+			return
+		}
+		p, e := queryPath(r)
+		if e != nil {
+			writeError(w, e)
+			return
+		}
+		v, err := fn(p)
+		writeResult(w, v, err)
 	}
-	p, e := queryPath(r)
-	if e != nil {
-		writeError(w, e)
-		return
-	}
-	fi, err := os.Lstat(p)
-	if err != nil {
-		writeError(w, errorFrom(err))
-		return
-	}
-	writeJSON(w, fileInfo(p, fi))
 }
 
-func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet {
-		methodNotAllowed(w, r, "GET")
-		return
+// statFile is GET /stat: the file's lstat.
+func statFile(p string) (any, error) {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return nil, err
 	}
-	p, e := queryPath(r)
-	if e != nil {
-		writeError(w, e)
-		return
-	}
+	return fileInfo(p, fi), nil
+}
+
+// listDir is GET /list: the directory's entries, sorted by name.
+func listDir(p string) (any, error) {
 	ents, err := os.ReadDir(p)
 	if err != nil {
-		writeError(w, errorFrom(err))
-		return
+		return nil, err
 	}
 	out := make([]agentwire.FileInfo, 0, len(ents))
 	for _, de := range ents {
@@ -168,5 +164,5 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 		out = append(out, fileInfo(filepath.Join(p, de.Name()), fi))
 	}
 	slices.SortFunc(out, func(a, b agentwire.FileInfo) int { return strings.Compare(a.Name, b.Name) })
-	writeJSON(w, out)
+	return out, nil
 }

@@ -110,8 +110,8 @@ func NewServer(w Waiter, opts Options) *Server {
 	s.mux.HandleFunc("/kill", s.handleKill)
 	s.mux.HandleFunc("/health", s.handleHealth)
 	s.mux.HandleFunc("/files", s.handleFiles)
-	s.mux.HandleFunc("/stat", s.handleStat)
-	s.mux.HandleFunc("/list", s.handleList)
+	s.mux.HandleFunc("/stat", getPath(statFile))
+	s.mux.HandleFunc("/list", getPath(listDir))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &agentwire.Error{Message: "no such endpoint " + r.URL.Path, Code: agentwire.CodeNotFound, Status: http.StatusNotFound})
 	})
@@ -139,6 +139,16 @@ func (s *Server) Close() error {
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeResult writes err (errorFrom) when it is not nil, else v with
+// status 200.
+func writeResult(w http.ResponseWriter, v any, err error) {
+	if err != nil {
+		writeError(w, errorFrom(err))
+		return
+	}
+	writeJSON(w, v)
 }
 
 // writeError writes e as a JSON body with its status.

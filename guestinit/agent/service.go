@@ -476,11 +476,7 @@ func (s *Server) handleServices(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		st, err := s.services.stop(name, agentwire.ServiceStopGrace)
-		if err != nil {
-			writeError(w, errorFrom(err))
-			return
-		}
-		writeJSON(w, st)
+		writeResult(w, st, err)
 	default:
 		methodNotAllowed(w, r, "GET, POST, DELETE")
 	}

@@ -4,10 +4,7 @@ package agent
 
 import (
 	"bytes"
-	"context"
 	"errors"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -16,7 +13,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/agentwire"
 )
 
@@ -34,31 +30,6 @@ func testEtc(t *testing.T) string {
 		}
 	}
 	return dir
-}
-
-// startOpts serves an agent with opts on a unix socket.
-func startOpts(t *testing.T, w Waiter, opts Options) *agentclient.Client {
-	t.Helper()
-	sock := filepath.Join(t.TempDir(), "agent.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := NewServer(w, opts)
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(l) }()
-	c := agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	})
-	t.Cleanup(func() {
-		c.Close()
-		s.Close()
-		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return c
 }
 
 // statusIDs returns the Uid, Gid and Groups lines of a /proc/PID/status.

@@ -51,18 +51,14 @@ type Group struct {
 // gid that is not a decimal id is an error naming the line, as is input
 // over the bounds.
 func ParsePasswd(b []byte) ([]User, error) {
-	var users []User
-	err := eachLine("passwd", b, func(n int, f []string) error {
-		if len(f) < 4 {
-			return fmt.Errorf("passwd line %d: %d fields, want at least 4", n, len(f))
-		}
+	return parseEntries("passwd", b, 4, func(f []string) (User, error) {
 		u := User{Name: f[0]}
 		var err error
 		if u.UID, err = parseID(f[2]); err != nil {
-			return fmt.Errorf("passwd line %d: uid: %w", n, err)
+			return u, fmt.Errorf("uid: %w", err)
 		}
 		if u.GID, err = parseID(f[3]); err != nil {
-			return fmt.Errorf("passwd line %d: gid: %w", n, err)
+			return u, fmt.Errorf("gid: %w", err)
 		}
 		if len(f) > 5 {
 			u.Home = f[5]
@@ -70,24 +66,18 @@ func ParsePasswd(b []byte) ([]User, error) {
 		if len(f) > 6 {
 			u.Shell = f[6]
 		}
-		users = append(users, u)
-		return nil
+		return u, nil
 	})
-	return users, err
 }
 
 // ParseGroup reads a group(5) file: name:password:gid:member,member lines,
 // with the same rules as ParsePasswd.
 func ParseGroup(b []byte) ([]Group, error) {
-	var groups []Group
-	err := eachLine("group", b, func(n int, f []string) error {
-		if len(f) < 3 {
-			return fmt.Errorf("group line %d: %d fields, want at least 3", n, len(f))
-		}
+	return parseEntries("group", b, 3, func(f []string) (Group, error) {
 		g := Group{Name: f[0]}
 		var err error
 		if g.GID, err = parseID(f[2]); err != nil {
-			return fmt.Errorf("group line %d: gid: %w", n, err)
+			return g, fmt.Errorf("gid: %w", err)
 		}
 		if len(f) > 3 && f[3] != "" {
 			for _, m := range strings.Split(f[3], ",") {
@@ -96,10 +86,27 @@ func ParseGroup(b []byte) ([]Group, error) {
 				}
 			}
 		}
-		groups = append(groups, g)
+		return g, nil
+	})
+}
+
+// parseEntries reads the entry lines of a file called name (eachLine),
+// each of at least minFields fields, into what entry makes of them; an
+// error names the line.
+func parseEntries[T any](name string, b []byte, minFields int, entry func(fields []string) (T, error)) ([]T, error) {
+	var out []T
+	err := eachLine(name, b, func(n int, f []string) error {
+		if len(f) < minFields {
+			return fmt.Errorf("%s line %d: %d fields, want at least %d", name, n, len(f), minFields)
+		}
+		e, err := entry(f)
+		if err != nil {
+			return fmt.Errorf("%s line %d: %w", name, n, err)
+		}
+		out = append(out, e)
 		return nil
 	})
-	return groups, err
+	return out, err
 }
 
 // eachLine calls fn with the colon-separated fields of each entry line of

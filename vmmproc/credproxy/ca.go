@@ -46,11 +46,7 @@ type CA struct {
 // self-signed CA certificate (path length 0) valid for about ten years,
 // back-dated by an hour.
 func NewCA(name string) (*CA, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("credproxy: CA key: %w", err)
-	}
-	serial, err := randSerial()
+	key, serial, err := newKey("CA")
 	if err != nil {
 		return nil, err
 	}
@@ -93,6 +89,20 @@ func caCommonName(name string) string {
 		cn = cn[:64]
 	}
 	return cn
+}
+
+// newKey returns a new ECDSA P-256 key and a random serial number for a
+// certificate of it; what names the key in errors ("CA", "leaf").
+func newKey(what string) (*ecdsa.PrivateKey, *big.Int, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("credproxy: %s key: %w", what, err)
+	}
+	serial, err := randSerial()
+	if err != nil {
+		return nil, nil, err
+	}
+	return key, serial, nil
 }
 
 func randSerial() (*big.Int, error) {
@@ -203,11 +213,7 @@ func (ca *CA) Leaf(name string) (*tls.Certificate, error) {
 }
 
 func (ca *CA) mint(name string, now time.Time) (*tls.Certificate, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("credproxy: leaf key: %w", err)
-	}
-	serial, err := randSerial()
+	key, serial, err := newKey("leaf")
 	if err != nil {
 		return nil, err
 	}

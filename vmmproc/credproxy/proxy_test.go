@@ -40,25 +40,10 @@ func testPolicy() policy.Policy {
 }
 
 // memAudit records audit records in memory.
-type memAudit struct {
-	mu   sync.Mutex
-	recs []audit.Record
-}
-
-func (m *memAudit) Record(r audit.Record) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.recs = append(m.recs, r)
-}
-
-func (m *memAudit) all() []audit.Record {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return append([]audit.Record(nil), m.recs...)
-}
+type memAudit struct{ audit.Memory }
 
 func (m *memAudit) find(reason string) (audit.Record, bool) {
-	for _, r := range m.all() {
+	for _, r := range m.Records() {
 		if r.Reason == reason {
 			return r, true
 		}
@@ -265,42 +250,47 @@ func (g *guest) receivedBytes() []byte {
 // tlsGuest connects to the proxy's TLS listener, trusting only the
 // sandbox CA; sni overrides the server name when not empty.
 func (e *env) tlsGuest(sni string) *guest {
-	g := &guest{}
-	tr := &http.Transport{
-		DisableCompression: true,
-		DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", e.tlsAddr)
-			if err != nil {
-				return nil, err
-			}
-			name, _, _ := net.SplitHostPort(addr)
-			if sni != "" {
-				name = sni
-			}
-			c := tls.Client(raw, &tls.Config{RootCAs: e.ca.Pool(), ServerName: name})
-			if err := c.HandshakeContext(ctx); err != nil {
-				raw.Close()
-				return nil, err
-			}
-			return recordConn{Conn: c, mu: &g.mu, buf: &g.received}, nil
-		},
-	}
-	e.t.Cleanup(tr.CloseIdleConnections)
-	g.Client = &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	return g
+	return e.dialingGuest(true, func(ctx context.Context, addr string) (net.Conn, error) {
+		raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", e.tlsAddr)
+		if err != nil {
+			return nil, err
+		}
+		name, _, _ := net.SplitHostPort(addr)
+		if sni != "" {
+			name = sni
+		}
+		c := tls.Client(raw, &tls.Config{RootCAs: e.ca.Pool(), ServerName: name})
+		if err := c.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return nil, err
+		}
+		return c, nil
+	})
 }
 
+// plainGuest connects to the proxy's plain HTTP listener.
 func (e *env) plainGuest() *guest {
+	return e.dialingGuest(false, func(ctx context.Context, addr string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", e.plainAddr)
+	})
+}
+
+// dialingGuest returns a guest whose client reaches every address over a
+// connection from dial (a TLS one when isTLS), recording what it receives.
+func (e *env) dialingGuest(isTLS bool, dial func(ctx context.Context, addr string) (net.Conn, error)) *guest {
 	g := &guest{}
-	tr := &http.Transport{
-		DisableCompression: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, "tcp", e.plainAddr)
-			if err != nil {
-				return nil, err
-			}
-			return recordConn{Conn: c, mu: &g.mu, buf: &g.received}, nil
-		},
+	recorded := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		return recordConn{Conn: c, mu: &g.mu, buf: &g.received}, nil
+	}
+	tr := &http.Transport{DisableCompression: true}
+	if isTLS {
+		tr.DialTLSContext = recorded
+	} else {
+		tr.DialContext = recorded
 	}
 	e.t.Cleanup(tr.CloseIdleConnections)
 	g.Client = &http.Client{Transport: tr, Timeout: 10 * time.Second}
@@ -331,7 +321,7 @@ func (e *env) do(g *guest, method, url string, hdr map[string]string) (*http.Res
 // noSecrets fails if any secret is in the audit records or in b.
 func (e *env) noSecrets(b []byte) {
 	e.t.Helper()
-	j, _ := json.Marshal(e.audit.all())
+	j, _ := json.Marshal(e.audit.Records())
 	for _, s := range []string{apiSecret, otherSecret} {
 		if bytes.Contains(b, []byte(s)) {
 			e.t.Errorf("the guest received secret %q", s)
@@ -384,7 +374,7 @@ func TestSubstituteTLS(t *testing.T) {
 	if !bytes.Contains(g.receivedBytes(), []byte(apiPH)) {
 		t.Error("recorder saw nothing: the check above is vacuous")
 	}
-	recs := e.audit.all()
+	recs := e.audit.Records()
 	if len(recs) != 1 {
 		t.Fatalf("audit records %+v", recs)
 	}
@@ -407,7 +397,7 @@ func TestPathSubstitution(t *testing.T) {
 	if up := e.lastSeen(); up.Path != "/keys/"+apiSecret+"/info" {
 		t.Errorf("upstream path %q", up.Path)
 	}
-	if r := e.audit.all()[0]; r.Path != "/keys/"+apiPH+"/info" {
+	if r := e.audit.Records()[0]; r.Path != "/keys/"+apiPH+"/info" {
 		t.Errorf("audit path %q", r.Path)
 	}
 	_ = body
@@ -444,7 +434,7 @@ func TestUnscrubbableEncodingRefused(t *testing.T) {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	if r, ok := e.audit.find(ReasonEncoding); !ok || r.Verdict != audit.Deny {
-		t.Fatalf("audit %+v", e.audit.all())
+		t.Fatalf("audit %+v", e.audit.Records())
 	}
 	e.noSecrets(g.receivedBytes())
 }
@@ -471,7 +461,7 @@ func TestOutOfScopePlaceholder(t *testing.T) {
 	}
 	r, ok := e.audit.find(ReasonOutOfScope)
 	if !ok || r.Credential != "OTHER_KEY" || r.Name != "api.test" {
-		t.Fatalf("no out-of-scope record: %+v", e.audit.all())
+		t.Fatalf("no out-of-scope record: %+v", e.audit.Records())
 	}
 	e.noSecrets(g.receivedBytes())
 }
@@ -484,7 +474,7 @@ func TestNotSteered(t *testing.T) {
 	}
 	r, ok := e.audit.find(ReasonNotSteered)
 	if !ok || r.Verdict != audit.Deny || r.Name != "evil.test" || r.Status != 403 || r.Path != "/" {
-		t.Fatalf("audit %+v", e.audit.all())
+		t.Fatalf("audit %+v", e.audit.Records())
 	}
 	// With TLS the handshake itself is refused: no certificate is minted
 	// for a name the policy does not steer.
@@ -492,13 +482,13 @@ func TestNotSteered(t *testing.T) {
 		t.Fatal("TLS to a host not steered: no error")
 	}
 	n := 0
-	for _, r := range e.audit.all() {
+	for _, r := range e.audit.Records() {
 		if r.Reason == ReasonNotSteered && r.Name == "evil.test" && r.Verdict == audit.Deny {
 			n++
 		}
 	}
 	if n != 2 {
-		t.Fatalf("%d not-steered records: %+v", n, e.audit.all())
+		t.Fatalf("%d not-steered records: %+v", n, e.audit.Records())
 	}
 	if e.dialCount() != 0 {
 		t.Fatal("dialed upstream")
@@ -516,7 +506,7 @@ func TestSNIHostMismatch(t *testing.T) {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	if _, ok := e.audit.find(ReasonSNIMismatch); !ok {
-		t.Fatalf("audit %+v", e.audit.all())
+		t.Fatalf("audit %+v", e.audit.Records())
 	}
 	if e.dialCount() != 0 {
 		t.Fatal("dialed upstream")
@@ -535,7 +525,7 @@ func TestNoSNIRefused(t *testing.T) {
 		t.Fatal("handshake without SNI succeeded")
 	}
 	if _, ok := e.audit.find(ReasonNoSNI); !ok {
-		t.Fatalf("audit %+v", e.audit.all())
+		t.Fatalf("audit %+v", e.audit.Records())
 	}
 }
 
@@ -550,7 +540,7 @@ func TestMissingSecret(t *testing.T) {
 	}
 	r, ok := e.audit.find(ReasonSecretUnavailable)
 	if !ok || r.Verdict != audit.Deny || r.Credential != "MISSING" || r.Status != 502 {
-		t.Fatalf("audit %+v", e.audit.all())
+		t.Fatalf("audit %+v", e.audit.Records())
 	}
 	// A missing secret whose placeholder is not used does not matter.
 	resp, _ = e.do(e.tlsGuest(""), "GET", "https://api.test/v1/x", map[string]string{"Authorization": apiPH})

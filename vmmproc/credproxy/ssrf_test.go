@@ -170,13 +170,13 @@ func TestUpstreamAddressRefused(t *testing.T) {
 		t.Fatalf("%d connections reached the loopback listener", n)
 	}
 	n := 0
-	for _, r := range e.audit.all() {
+	for _, r := range e.audit.Records() {
 		if r.Reason == ReasonUpstreamAddr {
 			n++
 		}
 	}
 	if n != len(resolved) {
-		t.Errorf("%d %s records for %d hosts: %+v", n, ReasonUpstreamAddr, len(resolved), e.audit.all())
+		t.Errorf("%d %s records for %d hosts: %+v", n, ReasonUpstreamAddr, len(resolved), e.audit.Records())
 	}
 	e.noSecrets(g.receivedBytes())
 }
@@ -200,7 +200,7 @@ func TestDialledElsewhereRefused(t *testing.T) {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	if _, ok := e.audit.find(ReasonUpstreamAddr); !ok {
-		t.Fatalf("audit %+v", e.audit.all())
+		t.Fatalf("audit %+v", e.audit.Records())
 	}
 }
 
@@ -238,7 +238,7 @@ func TestPlainHTTPNeverForwardsSecrets(t *testing.T) {
 		t.Fatalf("the upstream was contacted over plain HTTP: dials %v", e.dials)
 	}
 	if r, ok := e.audit.find(ReasonPlaintext); !ok || r.Status != 403 || r.Credential == "" {
-		t.Fatalf("audit %+v", e.audit.all())
+		t.Fatalf("audit %+v", e.audit.Records())
 	}
 	// No placeholder: a redirect to the same URL over https, nothing sent.
 	resp, _ := e.do(g, "GET", "http://api.test:8080/v1/x?n=1", nil)

@@ -27,13 +27,16 @@ const (
 )
 
 func (p Profile) String() string {
-	switch p {
-	case ProfileStrict:
-		return "strict"
-	case ProfileVMM:
-		return "vmm"
+	return enumName(p, "Profile", map[Profile]string{ProfileStrict: "strict", ProfileVMM: "vmm"})
+}
+
+// enumName returns v's name from names, or TYPE(N) for a value without
+// one.
+func enumName[T ~int](v T, typ string, names map[T]string) string {
+	if n, ok := names[v]; ok {
+		return n
 	}
-	return fmt.Sprintf("Profile(%d)", int(p))
+	return fmt.Sprintf("%s(%d)", typ, int(v))
 }
 
 // both is shorthand for table entries every profile allows.
@@ -55,15 +58,7 @@ const (
 )
 
 func (m Mode) String() string {
-	switch m {
-	case ModeErrno:
-		return "errno"
-	case ModeKill:
-		return "kill"
-	case ModeLog:
-		return "log"
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
+	return enumName(m, "Mode", map[Mode]string{ModeErrno: "errno", ModeKill: "kill", ModeLog: "log"})
 }
 
 // Seccomp return values (linux/seccomp.h).

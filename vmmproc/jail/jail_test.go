@@ -24,6 +24,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenvm/warren/vmmproc/jail/jailtest"
 )
 
 // The tests that install filters or drop privileges run in a subprocess: the
@@ -106,9 +108,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	code := m.Run()
-	if exeBuilt != "" {
-		os.RemoveAll(exeBuilt)
-	}
+	jailtest.Remove()
 	os.Exit(code)
 }
 
@@ -157,52 +157,10 @@ func needRoot(t *testing.T) {
 	}
 }
 
-var (
-	exeOnce sync.Once
-	exePath string
-	exeErr  error
-	// exeBuilt is the directory of a rebuilt helper binary, removed at exit.
-	exeBuilt string
-)
-
-// helperExe is the test binary the helpers run from. The privilege calls
-// need a binary without cgo (syscall.AllThreadsSyscall refuses cgo, and a
-// test binary importing net links cgo when CGO_ENABLED=1): then this
-// package's tests are rebuilt once with CGO_ENABLED=0.
-func helperExe(t *testing.T) string {
-	t.Helper()
-	exeOnce.Do(func() {
-		if _, _, e := syscall.AllThreadsSyscall(syscall.SYS_GETPID, 0, 0, 0); e != syscall.ENOTSUP {
-			exePath, exeErr = os.Executable()
-			return
-		}
-		goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(goBin); err != nil {
-			goBin = "go"
-		}
-		dir, err := os.MkdirTemp("", "jailtest")
-		if err != nil {
-			exeErr = err
-			return
-		}
-		exeBuilt = dir
-		exePath = filepath.Join(dir, "jail.test")
-		cmd := exec.Command(goBin, "test", "-c", "-o", exePath, ".")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			exeErr = fmt.Errorf("rebuilding the test binary with CGO_ENABLED=0: %v\n%s", err, out)
-		}
-	})
-	if exeErr != nil {
-		t.Skipf("no cgo-free helper binary: %v", exeErr)
-	}
-	return exePath
-}
-
 // runHelper runs a helper and returns its output and wait status.
 func runHelper(t *testing.T, name string, attr *syscall.SysProcAttr, env ...string) (string, syscall.WaitStatus) {
 	t.Helper()
-	cmd := exec.Command(helperExe(t), "-test.run=^$")
+	cmd := exec.Command(jailtest.Exe(t), "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), helperEnv+"="+name, "JAIL_TMP="+t.TempDir()), env...)
 	cmd.SysProcAttr = attr
 	var out bytes.Buffer
@@ -227,17 +185,19 @@ func expectHelperOK(t *testing.T, name string, attr *syscall.SysProcAttr) string
 	return out
 }
 
-func TestStrictRefusesAndGoStillWorks(t *testing.T) {
+// TestHelpersOK runs the helpers that check their case themselves: strict
+// refuses and the Go runtime still works, vmm's fork+exec, log mode
+// allows, capabilities dropped, a long program loads.
+func TestHelpersOK(t *testing.T) {
 	needRoot(t)
-	expectHelperOK(t, "strict", nil)
-}
-
-func TestVMMProfileForkExec(t *testing.T) {
-	needRoot(t)
-	if _, err := os.Stat("/bin/true"); err != nil {
-		t.Skip("no /bin/true")
+	for _, name := range []string{"strict", "vmm", "log", "caps", "long"} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := os.Stat("/bin/true"); err != nil && name == "vmm" {
+				t.Skip("no /bin/true")
+			}
+			expectHelperOK(t, name, nil)
+		})
 	}
-	expectHelperOK(t, "vmm", nil)
 }
 
 func TestGoRuntimeUnderKillMode(t *testing.T) {
@@ -263,21 +223,6 @@ func TestKillMode(t *testing.T) {
 	if !strings.Contains(out, "installed") || strings.Contains(out, "survived") {
 		t.Fatalf("unexpected output:\n%s", out)
 	}
-}
-
-func TestLogModeAllows(t *testing.T) {
-	needRoot(t)
-	expectHelperOK(t, "log", nil)
-}
-
-func TestDropCapabilities(t *testing.T) {
-	needRoot(t)
-	expectHelperOK(t, "caps", nil)
-}
-
-func TestLongProgramLoads(t *testing.T) {
-	needRoot(t)
-	expectHelperOK(t, "long", nil)
 }
 
 func TestSysProcAttrNamespaces(t *testing.T) {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenvm/warren/vmmproc/jail/jailtest"
 )
 
 // spawnedVerb makes this test binary, started by Spawner, write what it
@@ -76,7 +78,7 @@ func testCgroupRoot(t *testing.T) (root, name string) {
 // worldExe is helperExe copied where any uid may run it (the spawned
 // child execs it after leaving root).
 func worldExe(t *testing.T) string {
-	b, err := os.ReadFile(helperExe(t))
+	b, err := os.ReadFile(jailtest.Exe(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,37 +100,13 @@ func worldExe(t *testing.T) string {
 func TestSpawn(t *testing.T) {
 	needRoot(t)
 	root, name := testCgroupRoot(t)
-	key := FamilyKey([]byte("secret"), t.Name())
-	s, err := NewSpawner(key, []string{root})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	s.exe = worldExe(t)
+	s, key := testSpawner(t, []string{root}, worldExe(t))
 	for _, bpf := range []bool{false, true} {
 		signed, err := NewGrant(key, Grant{UID: 54321, GID: 54322, Groups: []int{54323, 54324}, Cgroup: name, BPF: bpf})
 		if err != nil {
 			t.Fatal(err)
 		}
-		outR, outW, _ := os.Pipe()
-		inR, inW, _ := os.Pipe()
-		fmt.Fprint(inW, "hello child")
-		inW.Close()
-		pid, pidfd, err := s.Spawn(signed, []string{spawnedVerb}, []*os.File{outW, inR}, os.Getpid())
-		outW.Close()
-		inR.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if pidfd != nil {
-			pidfd.Close()
-		}
-		var out bytes.Buffer
-		io.Copy(&out, outR)
-		outR.Close()
-		var ws unix.WaitStatus
-		unix.Wait4(pid, &ws, 0, nil)
-		got := out.String()
+		got, ws := spawnChild(t, s, signed, "hello child", os.Getpid())
 		caps := "CapEff: 0000000000000000"
 		if bpf {
 			caps = fmt.Sprintf("CapEff: %016x", uint64(1)<<unix.CAP_BPF)
@@ -201,18 +179,38 @@ func TestSpawnTakesRequestersRoot(t *testing.T) {
 	}
 	defer func() { stdin.Close(); req.Wait() }()
 
+	s, key := testSpawner(t, nil, exe)
+	signed, _ := NewGrant(key, Grant{UID: 54321, GID: 54321})
+	out, _ := spawnChild(t, s, signed, "", req.Process.Pid)
+	if !strings.Contains(out, "etc: false") || !strings.Contains(out, "Uid: 54321") {
+		t.Errorf("the child spawned for a requester chrooted in %s sees the host's /etc, or did not run:\n%s", jailDir, out)
+	}
+}
+
+// testSpawner returns a Spawner for the test's family key (also
+// returned) and the cgroup roots, starting exe; the test's end closes it.
+func testSpawner(t *testing.T, cgroupRoots []string, exe string) (*Spawner, []byte) {
+	t.Helper()
 	key := FamilyKey([]byte("secret"), t.Name())
-	s, err := NewSpawner(key, nil)
+	s, err := NewSpawner(key, cgroupRoots)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(s.Close)
 	s.exe = exe
-	signed, _ := NewGrant(key, Grant{UID: 54321, GID: 54321})
+	return s, key
+}
+
+// spawnChild spawns spawnedVerb under the grant signed for requester, with
+// a pipe it reports on as its standard output and one that holds input as
+// its descriptor 3, and returns the report and the child's wait status.
+func spawnChild(t *testing.T, s *Spawner, signed, input string, requester int) (string, unix.WaitStatus) {
+	t.Helper()
 	outR, outW, _ := os.Pipe()
 	inR, inW, _ := os.Pipe()
+	fmt.Fprint(inW, input)
 	inW.Close()
-	pid, pidfd, err := s.Spawn(signed, []string{spawnedVerb}, []*os.File{outW, inR}, req.Process.Pid)
+	pid, pidfd, err := s.Spawn(signed, []string{spawnedVerb}, []*os.File{outW, inR}, requester)
 	outW.Close()
 	inR.Close()
 	if err != nil {
@@ -223,9 +221,8 @@ func TestSpawnTakesRequestersRoot(t *testing.T) {
 	}
 	var out bytes.Buffer
 	io.Copy(&out, outR)
+	outR.Close()
 	var ws unix.WaitStatus
 	unix.Wait4(pid, &ws, 0, nil)
-	if !strings.Contains(out.String(), "etc: false") || !strings.Contains(out.String(), "Uid: 54321") {
-		t.Errorf("the child spawned for a requester chrooted in %s sees the host's /etc, or did not run:\n%s", jailDir, out.String())
-	}
+	return out.String(), ws
 }
