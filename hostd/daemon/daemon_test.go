@@ -16,6 +16,7 @@ import (
 
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 func TestLifecycleFake(t *testing.T) {
@@ -339,7 +340,7 @@ func TestRestartAdoption(t *testing.T) {
 	// Two VMMs die while no daemon runs.
 	syscall.Kill(lost.PID, syscall.SIGKILL)
 	syscall.Kill(snapped.PID, syscall.SIGKILL)
-	waitFor(t, 5*time.Second, "VMMs to die", func() bool { return !alive(lost.PID, lost.StartTime) && !alive(snapped.PID, snapped.StartTime) })
+	kvmtest.WaitFor(t, 5*time.Second, "VMMs to die", func() bool { return !alive(lost.PID, lost.StartTime) && !alive(snapped.PID, snapped.StartTime) })
 
 	td2 := startDaemon(t, state, f)
 	c = td2.client(t, "alice")
@@ -428,7 +429,7 @@ func TestMonitor(t *testing.T) {
 	c := td.client(t, "alice")
 	sb := c.create(c.template(fakeKernel(t)).ID)
 	syscall.Kill(sb.PID, syscall.SIGKILL)
-	waitFor(t, 5*time.Second, "stopped", func() bool { return c.get(sb.ID).Status == store.Stopped })
+	kvmtest.WaitFor(t, 5*time.Second, "stopped", func() bool { return c.get(sb.ID).Status == store.Stopped })
 	if st, _ := c.do("POST", "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"argv": []string{"true"}}); st != 409 {
 		t.Errorf("exec in a stopped sandbox: %d", st)
 	}
@@ -461,7 +462,7 @@ func TestRollingSnapshots(t *testing.T) {
 		Snapshots []store.Snapshot
 		Rolling   *store.Rolling
 	}
-	waitFor(t, 15*time.Second, "7 rolling snapshots", func() bool {
+	kvmtest.WaitFor(t, 15*time.Second, "7 rolling snapshots", func() bool {
 		c.ok(200, "GET", "/v1/sandboxes/"+sb.ID+"/snapshots", nil, &snaps)
 		return len(snaps.Snapshots) > 0 && snaps.Snapshots[len(snaps.Snapshots)-1].Name == "roll-000007"
 	})
@@ -629,7 +630,7 @@ func TestForkChildWithoutAgent(t *testing.T) {
 		t.Fatalf("%d fake child VMMs, want 1", len(kids))
 	}
 	st, _ := procStartTime(kids[0].cmd.Process.Pid)
-	waitFor(t, 5*time.Second, "the child's VMM to stop", func() bool { return !alive(kids[0].cmd.Process.Pid, st) })
+	kvmtest.WaitFor(t, 5*time.Second, "the child's VMM to stop", func() bool { return !alive(kids[0].cmd.Process.Pid, st) })
 	if out, _, code := c.exec(sb.ID, "echo", "parent"); out != "parent\n" || code != 0 {
 		t.Errorf("parent exec after the failed fork: %q %d", out, code)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 // TestE2EDisks drives sandboxes of a template with a writable disk
@@ -343,7 +344,7 @@ func filesScenario(t *testing.T, c *client, state, tenant string, tp store.Templ
 		}
 		return extra, rec
 	}
-	waitFor(t, 2*time.Minute, "unreferenced layers to be collected", func() bool { extra, _ := leftover(); return len(extra) == 0 })
+	kvmtest.WaitFor(t, 2*time.Minute, "unreferenced layers to be collected", func() bool { extra, _ := leftover(); return len(extra) == 0 })
 	_, rec := leftover()
 	if len(rec.Disks) != 1 {
 		t.Fatalf("the record's live disks: %+v", rec.Disks)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 // sealState reports, for each path, whether it is sealed (true), a
@@ -124,7 +125,7 @@ func TestDisksSealedAtRest(t *testing.T) {
 	// A VMM that exits on its own: its disks are sealed once the daemon
 	// notices.
 	syscall.Kill(a.get(sb.ID).PID, syscall.SIGKILL)
-	waitFor(t, 10*time.Second, "the exited sandbox's disks sealed", func() bool {
+	kvmtest.WaitFor(t, 10*time.Second, "the exited sandbox's disks sealed", func() bool {
 		g := sealState(t, base, ov)
 		return g[0] && g[1]
 	})

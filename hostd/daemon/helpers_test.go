@@ -233,18 +233,6 @@ func parseExec(b []byte) (string, string, int, error) {
 	return out.String(), errb.String(), code, nil
 }
 
-// waitFor polls cond every 50 ms for up to d.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // fakeKernel is the name of the kernel file in every fake-launcher test
 // daemon's guest directory (guestDir).
 func fakeKernel(t testing.TB) string { return "vmlinux" }

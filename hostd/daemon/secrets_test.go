@@ -14,6 +14,7 @@ import (
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 // sealedSecrets checks that the file at path is in the crypt format and
@@ -126,7 +127,7 @@ func TestSecretsAtRest(t *testing.T) {
 	// A VMM that exits: the monitor removes its file.
 	sb, sec = create()
 	syscall.Kill(sb.PID, syscall.SIGKILL)
-	waitFor(t, 10*time.Second, "the monitor to notice", func() bool { return a.get(sb.ID).Status == store.Stopped })
+	kvmtest.WaitFor(t, 10*time.Second, "the monitor to notice", func() bool { return a.get(sb.ID).Status == store.Stopped })
 	gone(t, sec, "after the VMM exited")
 
 	// Revocation stops the running sandbox and removes its file; the
