@@ -111,14 +111,7 @@ func TestLifecycleFake(t *testing.T) {
 		t.Errorf("rollback to a missing snapshot: %d", st)
 	}
 	// Fork.
-	var fr struct {
-		Parent   string
-		Children []store.Sandbox
-	}
-	c.ok(201, "POST", "/v1/sandboxes/"+sb.ID+"/fork", map[string]any{"n": 2}, &fr)
-	if len(fr.Children) != 2 {
-		t.Fatalf("fork: %+v", fr)
-	}
+	fr := c.fork(sb.ID, 2)
 	for _, k := range fr.Children {
 		if k.Status != store.Running || k.Parent != sb.ID || k.Tenant != "alice" || !alive(k.PID, k.StartTime) {
 			t.Fatalf("child %+v", k)
@@ -606,12 +599,8 @@ func TestForkChildWithoutAgent(t *testing.T) {
 		before[pid] = true
 	}
 	f.mu.Unlock()
-	var fr struct {
-		Children []store.Sandbox
-		Errors   []string
-	}
-	c.ok(201, "POST", "/v1/sandboxes/"+sb.ID+"/fork", map[string]any{"n": 1}, &fr)
-	if len(fr.Children) != 1 || len(fr.Errors) != 1 {
+	fr := c.fork(sb.ID, 1)
+	if len(fr.Errors) != 1 {
 		t.Fatalf("fork: %+v", fr)
 	}
 	k := fr.Children[0]

@@ -149,12 +149,7 @@ func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img st
 	}
 	step("%s keeps its bytes across pause to disk and resume", a.ID)
 
-	var fr struct{ Children []store.Sandbox }
-	c.ok(201, "POST", "/v1/sandboxes/"+a.ID+"/fork", map[string]any{"n": 1}, &fr)
-	if len(fr.Children) != 1 {
-		t.Fatalf("fork: %+v", fr)
-	}
-	kid := fr.Children[0]
+	kid := c.fork(a.ID, 1).Children[0]
 	all = append(all, kid)
 	if got := head(kid.ID); got != "AAAA-sandbox-one" {
 		t.Fatalf("the fork child reads %q", got)
@@ -170,19 +165,12 @@ func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img st
 	// The child, a uid of its own, pauses to disk and resumes: its new VMM
 	// reads the parent's frozen layer under its overlay as a member of
 	// the parent's group. Then it forks: the grandchild's chain reads both.
-	c.ok(200, "POST", "/v1/sandboxes/"+kid.ID+"/pause?to_disk=true", nil, nil)
-	var rk store.Sandbox
-	c.ok(200, "POST", "/v1/sandboxes/"+kid.ID+"/resume", nil, &rk)
+	rk := c.suspendResume(kid.ID)
 	all = append(all, rk)
 	if got := head(kid.ID); got != "CCCC-fork-child!" {
 		t.Fatalf("after pause to disk and resume the fork child reads %q", got)
 	}
-	var gr struct{ Children []store.Sandbox }
-	c.ok(201, "POST", "/v1/sandboxes/"+kid.ID+"/fork", map[string]any{"n": 1}, &gr)
-	if len(gr.Children) != 1 {
-		t.Fatalf("the child's fork: %+v", gr)
-	}
-	grand := gr.Children[0]
+	grand := c.fork(kid.ID, 1).Children[0]
 	all = append(all, grand)
 	if got := head(grand.ID); got != "CCCC-fork-child!" {
 		t.Fatalf("the grandchild reads %q", got)
@@ -275,11 +263,7 @@ func filesScenario(t *testing.T, c *client, state, tenant string, tp store.Templ
 	}
 	step("%s: snapshot s1 froze its disk (%s); after a write, the rollback gives the files as at s1", f.ID, filepath.Base(s1.Disks[0].Layer))
 
-	var fr struct{ Children []store.Sandbox }
-	c.ok(201, "POST", "/v1/sandboxes/"+f.ID+"/fork", map[string]any{"n": 2}, &fr)
-	if len(fr.Children) != 2 {
-		t.Fatalf("fork: %+v", fr)
-	}
+	fr := c.fork(f.ID, 2)
 	*all = append(*all, fr.Children...)
 	for k, kid := range fr.Children {
 		if len(kid.Disks) != 1 || filepath.Dir(kid.Disks[0].Top) != sbDir(kid.ID) {

@@ -101,8 +101,7 @@ func TestTemplateWritableDisks(t *testing.T) {
 	}
 
 	// A resume from disk restores the sandbox's own snapshot: no --disk-path.
-	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/pause?to_disk=true", nil, nil)
-	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/resume", nil, nil)
+	c.suspendResume(sb.ID)
 	if got := f.lastRestoreSpec; got.Snapshot == tp.Snapshot || got.DiskPaths != nil {
 		t.Errorf("resume from disk: %+v", got)
 	}
@@ -142,8 +141,7 @@ func TestDeleteDiskParentRefused(t *testing.T) {
 	var tp store.Template
 	c.ok(201, "POST", "/v1/templates", map[string]any{"kernel": fakeKernel(t), "mem_mib": 128, "disks": []string{"rw.img"}}, &tp)
 	sb := c.create(tp.ID)
-	var fr struct{ Children []store.Sandbox }
-	c.ok(201, "POST", "/v1/sandboxes/"+sb.ID+"/fork", map[string]any{"n": 1}, &fr)
+	fr := c.fork(sb.ID, 1)
 	if st, b := c.do("DELETE", "/v1/sandboxes/"+sb.ID, nil); st != 409 || !bytes.Contains(b, []byte(fr.Children[0].ID)) {
 		t.Fatalf("delete of a disk parent with a child: %d %s", st, b)
 	}
@@ -151,6 +149,6 @@ func TestDeleteDiskParentRefused(t *testing.T) {
 	c.ok(200, "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
 
 	plain := c.create(c.template(fakeKernel(t)).ID)
-	c.ok(201, "POST", "/v1/sandboxes/"+plain.ID+"/fork", map[string]any{"n": 1}, &fr)
+	c.fork(plain.ID, 1)
 	c.ok(200, "DELETE", "/v1/sandboxes/"+plain.ID, nil, nil)
 }

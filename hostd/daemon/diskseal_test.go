@@ -55,12 +55,8 @@ func TestDisksSealedAtRest(t *testing.T) {
 	data := bytes.Repeat(needle, 200000) // 4.2 MB
 	gd := guestDir(t, map[string]string{"rw.img": string(data)})
 	const img = "rw.img" // in the guest directory
-	cfg := func(c *Config) {
-		c.Keys = keys
-		c.DecryptDir = filepath.Join(t.TempDir(), "decrypted")
-		c.GuestDir = gd
-	}
-	td := startDaemon(t, state, fl, cfg)
+	cfg := []func(*Config){withKeys(t, keys, ""), func(c *Config) { c.GuestDir = gd }}
+	td := startDaemon(t, state, fl, cfg...)
 	a := td.client(t, "acme")
 	a.ok(201, "POST", "/v1/keys", nil, nil)
 
@@ -146,7 +142,7 @@ func TestDisksSealedAtRest(t *testing.T) {
 	if g := sealState(t, base, ov); g[0] || g[1] {
 		t.Fatal("setup: disks not plaintext")
 	}
-	td = startDaemon(t, state, fl, cfg)
+	td = startDaemon(t, state, fl, cfg...)
 	a = td.client(t, "acme")
 	if g := sealState(t, base, ov); !g[0] || !g[1] {
 		t.Fatalf("after a restart with no VMM: base sealed %v, overlay sealed %v", g[0], g[1])

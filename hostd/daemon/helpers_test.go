@@ -169,12 +169,42 @@ func (c *client) template(kernel string) store.Template {
 	return tp
 }
 
+// create creates a sandbox of template tpl and checks that it runs.
 func (c *client) create(tpl string) store.Sandbox {
+	return c.createWith(map[string]any{"template": tpl})
+}
+
+// createWith creates a sandbox from req (POST /v1/sandboxes's body) and
+// checks that it runs.
+func (c *client) createWith(req map[string]any) store.Sandbox {
+	c.t.Helper()
 	var sb store.Sandbox
-	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tpl}, &sb)
+	c.ok(201, "POST", "/v1/sandboxes", req, &sb)
 	if sb.Status != store.Running {
 		c.t.Fatalf("sandbox %+v", sb)
 	}
+	return sb
+}
+
+// fork forks sandbox id into n children and checks that the answer
+// names n (failed ones included).
+func (c *client) fork(id string, n int) wire.ForkResult {
+	c.t.Helper()
+	var fr wire.ForkResult
+	c.ok(201, "POST", "/v1/sandboxes/"+id+"/fork", map[string]any{"n": n}, &fr)
+	if len(fr.Children) != n {
+		c.t.Fatalf("fork of %s: %+v", id, fr)
+	}
+	return fr
+}
+
+// suspendResume pauses sandbox id to disk and resumes it, and returns
+// its record with the new VMM.
+func (c *client) suspendResume(id string) store.Sandbox {
+	c.t.Helper()
+	var sb store.Sandbox
+	c.ok(200, "POST", "/v1/sandboxes/"+id+"/pause?to_disk=true", nil, nil)
+	c.ok(200, "POST", "/v1/sandboxes/"+id+"/resume", nil, &sb)
 	return sb
 }
 

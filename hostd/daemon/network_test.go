@@ -145,8 +145,7 @@ func TestNetworkCreate(t *testing.T) {
 	// went.
 	os.Remove(filepath.Join(dir, "secrets.json"))
 	os.Remove(filepath.Join(dir, "egress.json"))
-	c.ok(200, "POST", "/v1/sandboxes/"+nsb.ID+"/pause?to_disk=true", nil, nil)
-	c.ok(200, "POST", "/v1/sandboxes/"+nsb.ID+"/resume", nil, nil)
+	c.suspendResume(nsb.ID)
 	if f.lastRestoreSpec.Snapshot == tp.Snapshot {
 		t.Fatal("resume restored the template")
 	}
@@ -331,9 +330,7 @@ func TestEgressForwarding(t *testing.T) {
 	c.setSecret("API_KEY", "v")
 	c.setSecret("OTHER", "w")
 	tp := c.networkTemplate(fakeKernel(t))
-	var sb store.Sandbox
-	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy),
-		"secrets": []string{"API_KEY"}}, &sb)
+	sb := c.createWith(map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy), "secrets": []string{"API_KEY"}})
 
 	samePolicy := func(got json.RawMessage, want string) bool {
 		var g, w any
@@ -363,8 +360,7 @@ func TestEgressForwarding(t *testing.T) {
 		t.Errorf("egress.json: %s", b)
 	}
 	// A later restore starts with it.
-	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/pause?to_disk=true", nil, nil)
-	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/resume", nil, nil)
+	c.suspendResume(sb.ID)
 	if vm := f.vm(c.get(sb.ID).PID); !samePolicy(vm.egress, newPol) {
 		t.Errorf("after a resume the VMM has %s", vm.egress)
 	}
@@ -415,9 +411,7 @@ func TestEgressDeniedMetric(t *testing.T) {
 	td := startDaemon(t, state, f)
 	c := td.client(t, "alice")
 	tp := c.networkTemplate(fakeKernel(t))
-	var a, b store.Sandbox
-	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID}, &a)
-	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID}, &b)
+	a, b := c.create(tp.ID), c.create(tp.ID)
 	c.create(c.template(fakeKernel(t)).ID) // no network: never asked
 	f.vm(a.PID).denied.Store(5)
 	f.vm(b.PID).denied.Store(7)
@@ -426,8 +420,7 @@ func TestEgressDeniedMetric(t *testing.T) {
 	}
 	// a's VMM is replaced (pause to disk, resume): its new filter starts
 	// at 0 and counts 2 more; the total keeps the old 5.
-	c.ok(200, "POST", "/v1/sandboxes/"+a.ID+"/pause?to_disk=true", nil, nil)
-	c.ok(200, "POST", "/v1/sandboxes/"+a.ID+"/resume", nil, nil)
+	c.suspendResume(a.ID)
 	f.vm(c.get(a.ID).PID).denied.Store(2)
 	if got := td.EgressDenied(); got != 14 {
 		t.Fatalf("after a new VMM: total %v, want 14", got)

@@ -48,10 +48,7 @@ func TestSecretsAtRest(t *testing.T) {
 	keys := newProvider(t)
 	state := t.TempDir()
 	work := filepath.Join(t.TempDir(), "decrypted")
-	td := startDaemon(t, state, fl, func(c *Config) {
-		c.Keys = keys
-		c.DecryptDir = work
-	})
+	td := startDaemon(t, state, fl, withKeys(t, keys, work))
 	a := td.client(t, "acme")
 	secFile := filepath.Join(state, "tenants", "acme", "secrets.json")
 
@@ -79,9 +76,7 @@ func TestSecretsAtRest(t *testing.T) {
 	tp := a.networkTemplate(fakeKernel(t))
 	create := func() (store.Sandbox, string) {
 		t.Helper()
-		var sb store.Sandbox
-		a.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy),
-			"secrets": []string{"API_KEY"}}, &sb)
+		sb := a.createWith(map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy), "secrets": []string{"API_KEY"}})
 		fl.mu.Lock()
 		sec := fl.lastRestoreSpec.Secrets
 		fl.mu.Unlock()
@@ -161,10 +156,7 @@ func TestSecretsWithoutKey(t *testing.T) {
 	fl := newFakeLauncher(t)
 	state := t.TempDir()
 	work := filepath.Join(t.TempDir(), "decrypted")
-	td := startDaemon(t, state, fl, func(c *Config) {
-		c.Keys = newProvider(t)
-		c.DecryptDir = work
-	})
+	td := startDaemon(t, state, fl, withKeys(t, newProvider(t), work))
 	c := td.client(t, "plain")
 	c.setSecret("API_KEY", "plain-value")
 	secFile := filepath.Join(state, "tenants", "plain", "secrets.json")
@@ -173,9 +165,7 @@ func TestSecretsWithoutKey(t *testing.T) {
 		t.Fatalf("secrets file: %v %v", mode, m)
 	}
 	tp := c.networkTemplate(fakeKernel(t))
-	var sb store.Sandbox
-	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy),
-		"secrets": []string{"API_KEY"}}, &sb)
+	sb := c.createWith(map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy), "secrets": []string{"API_KEY"}})
 	sec := filepath.Join(state, "tenants", "plain", "sandboxes", sb.ID, "secrets.json")
 	if got := fl.lastRestoreSpec.Secrets; got != sec {
 		t.Fatalf("--secrets %q, want %q", got, sec)
@@ -209,10 +199,7 @@ func TestSecretsSealedAtStart(t *testing.T) {
 	if err := store.WriteFileAtomic(stale, []byte(`{"API_KEY":"stale"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	td := startDaemon(t, state, newFakeLauncher(t), func(c *Config) {
-		c.Keys = keys
-		c.DecryptDir = work
-	})
+	td := startDaemon(t, state, newFakeLauncher(t), withKeys(t, keys, work))
 	sealedSecrets(t, secFile, "left-in-plaintext")
 	gone(t, stale, "a stale sandbox secrets file")
 	var l wire.SecretList
@@ -228,22 +215,14 @@ func TestSecretsForkChild(t *testing.T) {
 	fl := newFakeLauncher(t)
 	keys := newProvider(t)
 	work := filepath.Join(t.TempDir(), "decrypted")
-	td := startDaemon(t, t.TempDir(), fl, func(c *Config) {
-		c.Keys = keys
-		c.DecryptDir = work
-	})
+	td := startDaemon(t, t.TempDir(), fl, withKeys(t, keys, work))
 	a := td.client(t, "acme")
 	a.ok(201, "POST", "/v1/keys", nil, nil)
 	a.setSecret("API_KEY", "v1")
 	tp := a.networkTemplate(fakeKernel(t))
-	var sb store.Sandbox
-	a.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "secrets": []string{"API_KEY"}}, &sb)
+	sb := a.createWith(map[string]any{"template": tp.ID, "secrets": []string{"API_KEY"}})
 	sec := filepath.Join(work, sb.ID+".secrets.json")
-	var fr wire.ForkResult
-	a.ok(201, "POST", "/v1/sandboxes/"+sb.ID+"/fork", map[string]any{"n": 1}, &fr)
-	if len(fr.Children) != 1 {
-		t.Fatalf("fork: %+v", fr)
-	}
+	fr := a.fork(sb.ID, 1)
 	a.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/pause?to_disk=true", nil, nil)
 	a.setSecret("API_KEY", "v2")
 	var m map[string]string
