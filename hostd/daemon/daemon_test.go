@@ -20,10 +20,7 @@ import (
 )
 
 func TestLifecycleFake(t *testing.T) {
-	state := t.TempDir()
-	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
+	td, f, c := aliceDaemon(t)
 
 	// Events, from before anything happens.
 	evc := make(chan wire.Event, 100)
@@ -316,10 +313,8 @@ func TestProgressStreaming(t *testing.T) {
 // the live ones and marks the dead ones stopped; a stopped sandbox with a
 // snapshot resumes from it.
 func TestRestartAdoption(t *testing.T) {
-	state := t.TempDir()
-	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
+	td, f, c := aliceDaemon(t)
+	state := td.state
 	tp := c.template(fakeKernel(t))
 	keep, lost, snapped := c.create(tp.ID), c.create(tp.ID), c.create(tp.ID)
 	c.ok(201, "POST", "/v1/sandboxes/"+snapped.ID+"/snapshots", map[string]any{"name": "s1"}, nil)
@@ -418,8 +413,7 @@ func startSleep(t *testing.T) *osCmd {
 
 // TestMonitor: a VMM that dies while the daemon runs is marked stopped.
 func TestMonitor(t *testing.T) {
-	td := startDaemon(t, t.TempDir(), newFakeLauncher(t))
-	c := td.client(t, "alice")
+	_, _, c := aliceDaemon(t)
 	sb := c.create(c.template(fakeKernel(t)).ID)
 	syscall.Kill(sb.PID, syscall.SIGKILL)
 	kvmtest.WaitFor(t, 5*time.Second, "stopped", func() bool { return c.get(sb.ID).Status == store.Stopped })
@@ -429,8 +423,7 @@ func TestMonitor(t *testing.T) {
 }
 
 func TestPauseToDisk(t *testing.T) {
-	td := startDaemon(t, t.TempDir(), newFakeLauncher(t))
-	c := td.client(t, "alice")
+	_, _, c := aliceDaemon(t)
 	sb := c.create(c.template(fakeKernel(t)).ID)
 	var rec store.Sandbox
 	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/pause?to_disk=true", nil, &rec)
@@ -447,8 +440,7 @@ func TestPauseToDisk(t *testing.T) {
 }
 
 func TestRollingSnapshots(t *testing.T) {
-	td := startDaemon(t, t.TempDir(), newFakeLauncher(t))
-	c := td.client(t, "alice")
+	td, _, c := aliceDaemon(t)
 	sb := c.create(c.template(fakeKernel(t)).ID)
 	c.ok(202, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", map[string]any{"every": "1s", "keep": 2}, nil)
 	var snaps struct {

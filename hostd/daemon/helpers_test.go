@@ -25,6 +25,7 @@ import (
 // testDaemon is a Daemon served on a unix socket in a temp dir.
 type testDaemon struct {
 	*Daemon
+	state string // the state directory
 	sock  string
 	audit *syncBuffer
 	done  chan struct{}
@@ -59,10 +60,19 @@ func startDaemon(t testing.TB, state string, l Launcher, mod ...func(*Config)) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	td := &testDaemon{Daemon: d, sock: sock, audit: audit, done: make(chan struct{})}
+	td := &testDaemon{Daemon: d, state: state, sock: sock, audit: audit, done: make(chan struct{})}
 	go func() { d.Serve(ln, HeaderAuth); close(td.done) }()
 	t.Cleanup(func() { d.Close() })
 	return td
+}
+
+// aliceDaemon starts a test daemon with a fake launcher on a new state
+// directory, and returns it, its launcher and tenant alice's client.
+func aliceDaemon(t testing.TB, mod ...func(*Config)) (*testDaemon, *fakeLauncher, *client) {
+	t.Helper()
+	f := newFakeLauncher(t)
+	td := startDaemon(t, t.TempDir(), f, mod...)
+	return td, f, td.client(t, "alice")
 }
 
 type syncBuffer struct {

@@ -85,10 +85,8 @@ const testPolicy = `{"domains":[{"name":"api.example.com","proto":"tcp","ports":
 	`"credentials":[{"secret":"API_KEY","hosts":["api.example.com"]}]}`
 
 func TestNetworkCreate(t *testing.T) {
-	state := t.TempDir()
-	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
+	td, f, c := aliceDaemon(t)
+	state := td.state
 	c.setSecret("API_KEY", "value-of-api-key")
 	c.setSecret("OTHER", "value-of-other")
 	c.setSecret("UNUSED", "value-of-unused")
@@ -273,10 +271,8 @@ func TestSecretsTenantIsolation(t *testing.T) {
 
 // No answer of the API, and no line of its audit log, carries a value.
 func TestSecretValuesNeverShown(t *testing.T) {
-	state := t.TempDir()
-	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
+	td, _, c := aliceDaemon(t)
+	state := td.state
 	const value = "sUpEr-SeCrEt-VaLuE-42"
 	var bodies []string
 	call := func(method, path string, body any) []byte {
@@ -323,10 +319,8 @@ func TestSecretValuesNeverShown(t *testing.T) {
 }
 
 func TestEgressForwarding(t *testing.T) {
-	state := t.TempDir()
-	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
+	td, f, c := aliceDaemon(t)
+	state := td.state
 	c.setSecret("API_KEY", "v")
 	c.setSecret("OTHER", "w")
 	tp := c.networkTemplate(fakeKernel(t))
@@ -406,10 +400,7 @@ func TestEgressForwarding(t *testing.T) {
 // network VMMs' filter counts and stays monotonic when a sandbox gets a
 // new VMM (whose filter counts from zero) and when it is deleted.
 func TestEgressDeniedMetric(t *testing.T) {
-	state := t.TempDir()
-	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
+	td, f, c := aliceDaemon(t)
 	tp := c.networkTemplate(fakeKernel(t))
 	a, b := c.create(tp.ID), c.create(tp.ID)
 	c.create(c.template(fakeKernel(t)).ID) // no network: never asked
