@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -355,8 +356,13 @@ func readHead(path string, n int) ([]byte, error) {
 		return nil, err
 	}
 	defer f.Close()
+	return readAtHead(f, n)
+}
+
+// readAtHead returns the first n bytes of r.
+func readAtHead(r io.ReaderAt, n int) ([]byte, error) {
 	b := make([]byte, n)
-	_, err = f.ReadAt(b, 0)
+	_, err := r.ReadAt(b, 0)
 	return b, err
 }
 
@@ -373,7 +379,5 @@ func readImageHead(path string, n int) ([]byte, error) {
 		return nil, err
 	}
 	defer o.Close()
-	b := make([]byte, n)
-	_, err = o.ReadAt(b, 0)
-	return b, err
+	return readAtHead(o, n)
 }

@@ -84,14 +84,7 @@ func TestTemplateWritableDisks(t *testing.T) {
 	if h, err := disk.ParseHeader(hb); err != nil || h.BasePath != base {
 		t.Errorf("overlay header %+v, %v; want base %s", h, err, base)
 	}
-	o, err := disk.OpenChain(ov, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(data))
-	if _, err := o.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
-		t.Errorf("the overlay does not read as the template's disk: %v", err)
-	}
+	o := openReading(t, ov, data)
 	if _, err := o.WriteAt([]byte("sandbox"), 0); err != nil {
 		t.Errorf("write to the sandbox's overlay: %v", err)
 	}
@@ -151,4 +144,19 @@ func TestDeleteDiskParentRefused(t *testing.T) {
 	plain := c.create(c.template(fakeKernel(t)).ID)
 	c.fork(plain.ID, 1)
 	c.ok(200, "DELETE", "/v1/sandboxes/"+plain.ID, nil, nil)
+}
+
+// openReading opens the sandbox overlay ov read-write and checks that it
+// reads as data, the template's disk.
+func openReading(t *testing.T, ov string, data []byte) *disk.Overlay {
+	t.Helper()
+	o, err := disk.OpenChain(ov, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(data))
+	if _, err := o.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the overlay does not read as the template's disk: %v", err)
+	}
+	return o
 }

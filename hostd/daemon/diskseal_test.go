@@ -81,14 +81,7 @@ func TestDisksSealedAtRest(t *testing.T) {
 	if fi, _ := os.Stat(base); fi.Mode().Perm() != 0o400 {
 		t.Errorf("unsealed base mode %v, want 0400", fi.Mode().Perm())
 	}
-	o, err := disk.OpenChain(ov, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(data))
-	if _, err := o.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("the overlay does not read as the template's disk: %v", err)
-	}
+	o := openReading(t, ov, data)
 	written := []byte("written-by-the-guest")
 	if _, err := o.WriteAt(written, 3<<20); err != nil {
 		t.Fatal(err)
@@ -108,7 +101,8 @@ func TestDisksSealedAtRest(t *testing.T) {
 	if got := sealState(t, base, ov); got[0] || got[1] {
 		t.Fatalf("resumed sandbox: base sealed %v, overlay sealed %v", got[0], got[1])
 	}
-	if o, err = disk.OpenChain(ov, true); err != nil {
+	o, err := disk.OpenChain(ov, true)
+	if err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, len(written))
