@@ -35,6 +35,14 @@ func sealedSecrets(t *testing.T, path string, values ...string) {
 	}
 }
 
+// emptyDir checks that dir holds nothing (what: else, what is there).
+func emptyDir(t *testing.T, dir, what string) {
+	t.Helper()
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Fatalf("%s: %v", what, entries)
+	}
+}
+
 // gone checks that no file is at path.
 func gone(t *testing.T, path, what string) {
 	t.Helper()
@@ -145,9 +153,7 @@ func TestSecretsAtRest(t *testing.T) {
 		}
 	}
 	sealedSecrets(t, secFile, "rotated-while-suspended", "value-of-other", "after-revoke")
-	if entries, _ := os.ReadDir(work); len(entries) != 0 {
-		t.Fatalf("left in the decrypt directory: %v", entries)
-	}
+	emptyDir(t, work, "left in the decrypt directory")
 }
 
 // TestSecretsWithoutKey: on a daemon with keys, a tenant without one keeps
@@ -176,9 +182,7 @@ func TestSecretsWithoutKey(t *testing.T) {
 	}
 	c.ok(200, "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
 	gone(t, sec, "after delete")
-	if entries, _ := os.ReadDir(work); len(entries) != 0 {
-		t.Fatalf("a tenant without a key wrote to the decrypt directory: %v", entries)
-	}
+	emptyDir(t, work, "a tenant without a key wrote to the decrypt directory")
 }
 
 // TestSecretsSealedAtStart: a plaintext secrets file of a tenant with a
