@@ -551,9 +551,7 @@ func (d *Daemon) putFile(w http.ResponseWriter, r *http.Request, s *sbState) {
 		writeErr(w, agentErr(err))
 		return
 	}
-	// The agent's FileInfo has wire.FileInfo's fields: a field added to
-	// one and not the other stops this conversion compiling.
-	writeJSON(w, 200, wire.FileInfo(fi))
+	writeJSON(w, 200, fi)
 }
 
 // streamEvents streams the tenant's events as NDJSON until the client
