@@ -21,19 +21,27 @@ func EncryptFile(dst, src string, key Key) error {
 	}
 	defer in.Close()
 	err = atomicfile.WriteFunc(dst, 0o600, func(f *os.File) error {
-		w, err := NewWriter(f, key, nil)
-		if err != nil {
+		return sealInto(f, key, func(w io.Writer) error {
+			_, err := io.Copy(w, in)
 			return err
-		}
-		if _, err := io.Copy(w, in); err != nil {
-			return err
-		}
-		return w.Close()
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("crypt: encrypt %s: %w", filepath.Base(src), err)
 	}
 	return nil
+}
+
+// sealInto writes to f, encrypted under key, what fill writes.
+func sealInto(f io.Writer, key Key, fill func(w io.Writer) error) error {
+	w, err := NewWriter(f, key, nil)
+	if err != nil {
+		return err
+	}
+	if err := fill(w); err != nil {
+		return err
+	}
+	return w.Close()
 }
 
 // DecryptFile decrypts src, encrypted for tenant, into dst the same way
