@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"regexp"
 	"slices"
 	"strconv"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/bench/console"
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/bench/vsockpeer"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/boot"
@@ -43,8 +43,7 @@ type system struct {
 func newWarren(c config, dir string) *system {
 	sock := dir + "/warren.vsock"
 	return &system{name: "warren",
-		argv: []string{c.Warren, "run", "--kernel", c.Kernel, "--initramfs", c.Initramfs, "--mem", "256", "--cpus", "1",
-			"--vsock", sock, "--cid", "3", "--cmdline", guestArgs},
+		argv:   c.WarrenArgv(256, sock, "", guestArgs),
 		client: agentclient.New(sock),
 	}
 }
@@ -72,8 +71,6 @@ func newQEMU(c config) *system {
 	}
 }
 
-var ready = regexp.MustCompile(`warren-init: ready uptime=`)
-
 // start starts the VMM.
 func (s *system) start() error {
 	p, err := console.Start(s.argv)
@@ -87,13 +84,9 @@ func (s *system) start() error {
 // waitAgent waits for the guest's ready line and then for the agent to
 // answer, and finds the VMM's outside threads.
 func (s *system) waitAgent(timeout time.Duration) error {
-	if _, err := s.p.Wait(ready, timeout); err != nil {
-		return fmt.Errorf("%s: %w", s.name, err)
+	if err := rig.WaitAgent(s.name, s.p, s.client, timeout); err != nil {
+		return err
 	}
-	if _, err := s.client.WaitHealth(context.Background(), time.Now().Add(timeout), 10*time.Second); err != nil {
-		return fmt.Errorf("%s: agent did not answer: %w", s.name, err)
-	}
-	fmt.Printf("%s: agent answering %s after start\n", s.name, time.Since(s.p.Started()).Round(time.Millisecond))
 	if s.findOutside != nil {
 		var err error
 		if s.outside, err = s.findOutside(s.p.Pid()); err != nil {

@@ -133,24 +133,14 @@ func run(c config) error {
 			fmt.Println("Part 1, the filter, skipped: it needs root (a network namespace, a tap and BPF programs).")
 			fmt.Println()
 			out["filter"] = "skipped: not root"
-		} else {
-			rep, _, err := runFilterBench(c)
-			if err != nil {
-				return fmt.Errorf("filter: %w", err)
-			}
-			printFilter(os.Stdout, rep)
-			fmt.Println()
-			out["filter"] = filterJSON(rep)
+		} else if err := runPart(c, out, "filter", runFilterBench, printFilter, filterJSON); err != nil {
+			return err
 		}
 	}
 	if !c.skipProxy {
-		rep, _, err := proxyBench(c)
-		if err != nil {
-			return fmt.Errorf("proxy: %w", err)
+		if err := runPart(c, out, "proxy", proxyBench, printProxy, proxyJSON); err != nil {
+			return err
 		}
-		printProxy(os.Stdout, rep)
-		fmt.Println()
-		out["proxy"] = proxyJSON(rep)
 	}
 	fmt.Printf("total time %s\n", time.Since(start).Round(100*time.Millisecond))
 	if c.jsonOut != "" {
@@ -158,6 +148,19 @@ func run(c config) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// runPart runs one part of the benchmark, prints its report and puts its
+// JSON in out under name.
+func runPart[R, V any](c config, out map[string]any, name string, bench func(config) (R, V, error), print func(io.Writer, R), toJSON func(R) map[string]any) error {
+	rep, _, err := bench(c)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	print(os.Stdout, rep)
+	fmt.Println()
+	out[name] = toJSON(rep)
 	return nil
 }
 

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/bench/console"
 	"github.com/warrenvm/warren/bench/qemu"
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmmctl"
 )
@@ -38,9 +38,7 @@ type vm struct {
 
 // warrenArgv is `warren run` for the benchmark's guest.
 func warrenArgv(c config, vsockPath, api string) []string {
-	return []string{c.Warren, "run", "--kernel", c.Kernel, "--initramfs", c.Initramfs,
-		"--mem", strconv.Itoa(c.memMiB), "--cpus", "1", "--vsock", vsockPath, "--cid", "3",
-		"--api", api, "--cmdline", guestArgs}
+	return c.WarrenArgv(c.memMiB, vsockPath, api, guestArgs)
 }
 
 // qemuGuest is QEMU's microvm with the same guest (bench/qemu); restores
@@ -60,8 +58,6 @@ func newQEMU(c config, dir string) *vm {
 	return &vm{name: "qemu", argv: qemu.Argv(qemuGuest(c), q), client: qemu.AgentClient(uint32(c.qemuCID), nil), ctl: q}
 }
 
-var ready = regexp.MustCompile(`warren-init: ready uptime=`)
-
 func (v *vm) start() error {
 	p, err := console.Start(v.argv)
 	if err != nil {
@@ -74,13 +70,9 @@ func (v *vm) start() error {
 // waitAgent waits for the ready line and the agent's answer, and for
 // QEMU connects QMP.
 func (v *vm) waitAgent(timeout time.Duration) error {
-	if _, err := v.p.Wait(ready, timeout); err != nil {
-		return fmt.Errorf("%s: %w", v.name, err)
+	if err := rig.WaitAgent(v.name, v.p, v.client, timeout); err != nil {
+		return err
 	}
-	if _, err := v.client.WaitHealth(context.Background(), time.Now().Add(timeout), 10*time.Second); err != nil {
-		return fmt.Errorf("%s: agent did not answer: %w", v.name, err)
-	}
-	fmt.Printf("%s: agent answering %s after start\n", v.name, time.Since(v.p.Started()).Round(time.Millisecond))
 	if v.name == "qemu" {
 		q, err := qemu.DialQMP(v.ctl, 30*time.Second)
 		if err != nil {

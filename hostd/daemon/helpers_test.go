@@ -14,12 +14,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/vmm/testguest"
 )
 
 // testDaemon is a Daemon served on a unix socket in a temp dir.
@@ -27,7 +27,7 @@ type testDaemon struct {
 	*Daemon
 	state string // the state directory
 	sock  string
-	audit *syncBuffer
+	audit *testguest.SyncBuffer
 	done  chan struct{}
 }
 
@@ -48,7 +48,7 @@ func startDaemon(t testing.TB, state string, l Launcher, mod ...func(*Config)) *
 			cfg.GuestDir = filepath.Join(repoRoot(t), "build")
 		}
 	}
-	audit := &syncBuffer{}
+	audit := &testguest.SyncBuffer{}
 	cfg.Audit = audit
 	d, err := New(cfg)
 	if err != nil {
@@ -73,23 +73,6 @@ func aliceDaemon(t testing.TB, mod ...func(*Config)) (*testDaemon, *fakeLauncher
 	f := newFakeLauncher(t)
 	td := startDaemon(t, t.TempDir(), f, mod...)
 	return td, f, td.client(t, "alice")
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 type testWriter struct{ t testing.TB }
