@@ -23,6 +23,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/warrenvm/warren/image/internal/tartest"
 )
 
 func configDigest(t *testing.T, img v1.Image) string {
@@ -264,7 +266,7 @@ func TestArchive(t *testing.T) {
 func archiveOf(t *testing.T, files ...ent) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "a.tar")
-	if err := os.WriteFile(p, tarOf(t, files...), 0o644); err != nil {
+	if err := os.WriteFile(p, tartest.Tar(t, files...), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p
