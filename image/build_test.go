@@ -623,3 +623,18 @@ func BenchmarkBuildCached(b *testing.B) {
 		}
 	}
 }
+
+// TestJournalBytes: e2fsprogs' default journal sizes, at the edges of
+// each row of journalSizes.
+func TestJournalBytes(t *testing.T) {
+	const blk = 4096
+	for _, tc := range []struct{ blocks, journal int64 }{
+		{0, 1024}, {32767, 1024}, {32768, 4096}, {256*1024 - 1, 4096}, {256 * 1024, 8192},
+		{512 * 1024, 16384}, {4096 * 1024, 32768}, {8192 * 1024, 65536}, {16384 * 1024, 131072},
+		{32768*1024 - 1, 131072}, {32768 * 1024, 262144}, {1 << 40, 262144},
+	} {
+		if got := journalBytes(tc.blocks * blk); got != tc.journal*blk {
+			t.Errorf("journalBytes(%d blocks) = %d blocks, want %d", tc.blocks, got/blk, tc.journal)
+		}
+	}
+}

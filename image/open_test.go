@@ -236,13 +236,7 @@ func TestArchive(t *testing.T) {
 	}
 	f.Close()
 	for _, ref := range []string{ArchivePrefix + file, ArchivePrefix + file + ":warren/upload:latest", ArchivePrefix + file + ":index.docker.io/warren/upload"} {
-		got, err := Open(ctx, ref, OpenOptions{})
-		if err != nil {
-			t.Fatalf("%s: %v", ref, err)
-		}
-		if configDigest(t, got) != configDigest(t, img) {
-			t.Fatalf("%s: another image", ref)
-		}
+		openSame(t, ref, img, OpenOptions{})
 	}
 	got, _ := Open(ctx, ArchivePrefix+file, OpenOptions{})
 	w := newWorld(t)
@@ -387,6 +381,18 @@ func TestOpenRegistry(t *testing.T) {
 	}
 }
 
+// openSame opens ref with opts and checks that it is img.
+func openSame(t *testing.T, ref string, img v1.Image, opts OpenOptions) {
+	t.Helper()
+	got, err := Open(context.Background(), ref, opts)
+	if err != nil {
+		t.Fatalf("%s: %v", ref, err)
+	}
+	if configDigest(t, got) != configDigest(t, img) {
+		t.Fatalf("%s: another image", ref)
+	}
+}
+
 // TestOpenRegistryInsecure: a registry that is not on loopback is reached
 // over plain HTTP only with Insecure.
 func TestOpenRegistryInsecure(t *testing.T) {
@@ -398,13 +404,7 @@ func TestOpenRegistryInsecure(t *testing.T) {
 	if _, err := Open(ctx, ref, OpenOptions{Transport: tr}); err == nil {
 		t.Fatal("a plain-HTTP registry opened without Insecure")
 	}
-	got, err := Open(ctx, ref, OpenOptions{Transport: tr, Insecure: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if configDigest(t, got) != configDigest(t, img) {
-		t.Fatal("another image")
-	}
+	openSame(t, ref, img, OpenOptions{Transport: tr, Insecure: true})
 }
 
 // TestOpenRegistryTLS: a registry over verified TLS (the test server's
@@ -415,13 +415,7 @@ func TestOpenRegistryTLS(t *testing.T) {
 	ref := "example.com:443/test/img:1"
 	img := smallImage(t, "tls")
 	push(t, ref, img, tr)
-	got, err := Open(ctx, ref, OpenOptions{Transport: tr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if configDigest(t, got) != configDigest(t, img) {
-		t.Fatal("another image")
-	}
+	openSame(t, ref, img, OpenOptions{Transport: tr})
 	// Without the server's CA the certificate does not verify.
 	plain := http.DefaultTransport.(*http.Transport).Clone()
 	plain.DialContext = tr.DialContext
