@@ -240,16 +240,9 @@ func table(w io.Writer, title string, ours, peer *series) {
 	fmt.Fprintln(w, title)
 	fmt.Fprintf(w, "%-8s %-4s %12s %12s %8s\n", "", "", "warren", "qemu", "ratio")
 	for _, m := range metrics {
-		a, b := stats.Summarise("warren", m.get(ours)), stats.Summarise("qemu", m.get(peer))
-		for i, p := range []struct {
-			label string
-			a, b  time.Duration
-		}{{"p50", a.P50, b.P50}, {"p90", a.P90, b.P90}, {"p99", a.P99, b.P99}} {
-			name := ""
-			if i == 0 {
-				name = m.name
-			}
-			fmt.Fprintf(w, "%-8s %-4s %12s %12s %8.2f\n", name, p.label, stats.Significant(p.a), stats.Significant(p.b), stats.Ratio(p.a, p.b))
+		for _, r := range stats.PercentileRows(m.name, stats.Summarise("warren", m.get(ours)), stats.Summarise("qemu", m.get(peer))) {
+			a, b := r.Values[0], r.Values[1]
+			fmt.Fprintf(w, "%-8s %-4s %12s %12s %8.2f\n", r.Name, r.Label, stats.Significant(a), stats.Significant(b), stats.Ratio(a, b))
 		}
 	}
 }

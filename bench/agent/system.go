@@ -72,13 +72,9 @@ func newQEMU(c config) *system {
 }
 
 // start starts the VMM.
-func (s *system) start() error {
-	p, err := console.Start(s.argv)
-	if err != nil {
-		return fmt.Errorf("%s: %w", s.name, err)
-	}
-	s.p = p
-	return nil
+func (s *system) start() (err error) {
+	s.p, err = rig.Start(s.name, s.argv)
+	return err
 }
 
 // waitAgent waits for the guest's ready line and then for the agent to

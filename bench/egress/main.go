@@ -216,16 +216,9 @@ func printFilter(w io.Writer, r *filterReport) {
 	for i, v := range vs {
 		sums[i] = stats.Summarise(v.Name, v.RTT)
 	}
-	for i, p := range []struct {
-		label string
-		get   func(stats.Summary) time.Duration
-	}{{"p50", func(s stats.Summary) time.Duration { return s.P50 }}, {"p90", func(s stats.Summary) time.Duration { return s.P90 }}, {"p99", func(s stats.Summary) time.Duration { return s.P99 }}} {
-		name := ""
-		if i == 0 {
-			name = "rtt"
-		}
-		a, b, c := p.get(sums[0]), p.get(sums[1]), p.get(sums[2])
-		fmt.Fprintf(w, "%-9s %-5s %12s %12s %12s %9s %12s\n", name, p.label, cell(a), cell(b), cell(c), ratio(b, a), ratio(c, a))
+	for _, r := range stats.PercentileRows("rtt", sums[:3]...) {
+		a, b, c := r.Values[0], r.Values[1], r.Values[2]
+		fmt.Fprintf(w, "%-9s %-5s %12s %12s %12s %9s %12s\n", r.Name, r.Label, cell(a), cell(b), cell(c), ratio(b, a), ratio(c, a))
 	}
 	fmt.Fprintf(w, "%-9s %-5s %12s %12s %12s %9s %12s\n", "cpu/pkt", "mean", cell(none.CPUPerPacket), cell(vs[1].CPUPerPacket), cell(vs[2].CPUPerPacket),
 		ratio(vs[1].CPUPerPacket, none.CPUPerPacket), ratio(vs[2].CPUPerPacket, none.CPUPerPacket))
@@ -261,15 +254,9 @@ func printProxy(w io.Writer, r *proxyReport) {
 		sd, sp := stats.Summarise(direct, d.Latency), stats.Summarise(proxied, p.Latency)
 		fmt.Fprintf(w, "%s (%d requests each)\n", title, len(d.Latency))
 		fmt.Fprintf(w, "%-9s %-5s %12s %12s %8s\n", "", "", "direct", "proxy", "ratio")
-		for i, row := range []struct {
-			label string
-			a, b  time.Duration
-		}{{"p50", sd.P50, sp.P50}, {"p90", sd.P90, sp.P90}, {"p99", sd.P99, sp.P99}} {
-			name := ""
-			if i == 0 {
-				name = "latency"
-			}
-			fmt.Fprintf(w, "%-9s %-5s %12s %12s %8s\n", name, row.label, cell(row.a), cell(row.b), ratio(row.b, row.a))
+		for _, r := range stats.PercentileRows("latency", sd, sp) {
+			a, b := r.Values[0], r.Values[1]
+			fmt.Fprintf(w, "%-9s %-5s %12s %12s %8s\n", r.Name, r.Label, cell(a), cell(b), ratio(b, a))
 		}
 		fmt.Fprintf(w, "%-9s %-5s %12s %12s %8s\n", "cpu/req", "mean", cell(d.CPUPerRequest), cell(p.CPUPerRequest), ratio(p.CPUPerRequest, d.CPUPerRequest))
 		fmt.Fprintf(w, "added per request: latency p50 %s, cpu %s\n", stats.Significant(sp.P50-sd.P50), stats.Significant(p.CPUPerRequest-d.CPUPerRequest))

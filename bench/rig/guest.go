@@ -29,6 +29,16 @@ func (f Files) WarrenArgv(memMiB int, vsock, api, args string) []string {
 	return append(argv, "--cmdline", args)
 }
 
+// Start starts a VMM's argv on a console (bench/console); name names it
+// in the error.
+func Start(name string, argv []string) (*console.Proc, error) {
+	p, err := console.Start(argv)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return p, nil
+}
+
 // WaitAgent waits up to timeout for the guest on p's console to print
 // Ready and then for its agent to answer client, and prints how long
 // after p's start it did; name names the guest in errors and output.

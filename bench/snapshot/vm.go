@@ -58,13 +58,9 @@ func newQEMU(c config, dir string) *vm {
 	return &vm{name: "qemu", argv: qemu.Argv(qemuGuest(c), q), client: qemu.AgentClient(uint32(c.qemuCID), nil), ctl: q}
 }
 
-func (v *vm) start() error {
-	p, err := console.Start(v.argv)
-	if err != nil {
-		return fmt.Errorf("%s: %w", v.name, err)
-	}
-	v.p = p
-	return nil
+func (v *vm) start() (err error) {
+	v.p, err = rig.Start(v.name, v.argv)
+	return err
 }
 
 // waitAgent waits for the ready line and the agent's answer, and for

@@ -66,6 +66,27 @@ func Summarise(name string, samples []time.Duration) Summary {
 		P50: Percentile(samples, 50), P90: Percentile(samples, 90), P99: Percentile(samples, 99)}
 }
 
+// Row is one row of a percentile table (PercentileRows).
+type Row struct {
+	// Name is the first row's name (what the table measures), "" in the
+	// others; Label is the percentile ("p50"); Values are that percentile
+	// of each summary, in order.
+	Name, Label string
+	Values      []time.Duration
+}
+
+// PercentileRows are the p50, p90 and p99 rows of a table of sums, the
+// first named name.
+func PercentileRows(name string, sums ...Summary) []Row {
+	rows := []Row{{Name: name, Label: "p50"}, {Label: "p90"}, {Label: "p99"}}
+	for _, s := range sums {
+		rows[0].Values = append(rows[0].Values, s.P50)
+		rows[1].Values = append(rows[1].Values, s.P90)
+		rows[2].Values = append(rows[2].Values, s.P99)
+	}
+	return rows
+}
+
 // Ratio is a/b of two durations (0 when b is 0).
 func Ratio(a, b time.Duration) float64 {
 	if b == 0 {
