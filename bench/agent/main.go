@@ -59,7 +59,7 @@ func main() {
 	flag.IntVar(&c.warmup, "warmup", 10, "unrecorded calls per operation and system first")
 	flag.IntVar(&c.qemuCID, "qemu-cid", 42, "the QEMU guest's vsock CID")
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "limit for a boot to the agent answering")
-	flag.StringVar(&c.jsonOut, "json", "", "also write results as JSON here")
+	stats.JSONFlag(&c.jsonOut)
 	execCmd := flag.String("exec", "true", "the program /exec runs, split at spaces")
 	flag.Parse()
 	if c.execArgv = strings.Fields(*execCmd); len(c.execArgv) == 0 {

@@ -270,10 +270,20 @@ func printProxy(w io.Writer, r *proxyReport) {
 	fmt.Fprintf(w, "proxy counters: %d requests, %d substituted, %d denied (warm-up included)\n", r.ProxyStats.Requests, r.ProxyStats.Substituted, r.ProxyStats.Denied)
 }
 
+// variantsJSON is the JSON of each of vs, by its name (fn: the name and
+// the JSON of one).
+func variantsJSON[V any](vs []V, fn func(V) (string, map[string]any)) map[string]any {
+	out := map[string]any{}
+	for _, v := range vs {
+		name, j := fn(v)
+		out[name] = j
+	}
+	return out
+}
+
 func filterJSON(r *filterReport) map[string]any {
-	vs := map[string]any{}
-	for _, v := range r.Variants {
-		vs[v.Name] = map[string]any{
+	vs := variantsJSON(r.Variants, func(v filterVariantReport) (string, map[string]any) {
+		return v.Name, map[string]any{
 			"rtt":                 stats.Summarise(v.Name, v.RTT),
 			"lost":                v.Lost,
 			"cpu_ns_per_packet":   v.CPUPerPacket,
@@ -282,7 +292,7 @@ func filterJSON(r *filterReport) map[string]any {
 			"bpf_runs_per_packet": v.BPFRunsPerPkt,
 			"recorded_frames":     v.RecordedFrames,
 		}
-	}
+	})
 	return map[string]any{
 		"packets_per_variant": r.Packets,
 		"rounds":              r.Rounds,
@@ -299,13 +309,12 @@ func filterJSON(r *filterReport) map[string]any {
 }
 
 func proxyJSON(r *proxyReport) map[string]any {
-	vs := map[string]any{}
-	for _, v := range r.Variants {
-		vs[v.Name] = map[string]any{
+	vs := variantsJSON(r.Variants, func(v proxyVariantReport) (string, map[string]any) {
+		return v.Name, map[string]any{
 			"latency":            stats.Summarise(v.Name, v.Latency),
 			"cpu_ns_per_request": v.CPUPerRequest,
 		}
-	}
+	})
 	return map[string]any{
 		"requests_per_variant":            r.Requests,
 		"fresh_conn_requests_per_variant": r.FreshConns,

@@ -83,7 +83,7 @@ func main() {
 	flag.DurationVar(&c.bootTimeout, "boot-timeout", 5*time.Minute, "limit for one boot of a source VM to its agent's answer")
 	flag.IntVar(&c.bootTries, "boot-tries", 1, "boots of a source VM before giving up (in the nested KVM host an L2 boot sometimes hangs; a hung boot is no sample)")
 	flag.DurationVar(&c.restoreTimeout, "restore-timeout", 30*time.Second, "limit for one restore to the agent's answer; a run past it counts as failed")
-	flag.StringVar(&c.jsonOut, "json", "", "also write results as JSON here")
+	stats.JSONFlag(&c.jsonOut)
 	flag.BoolVar(&c.skipIncremental, "skip-incremental", false, "skip measurement 1")
 	flag.BoolVar(&c.skipRestore, "skip-restore", false, "skip measurement 2")
 	variants := flag.String("variants", "eager,lazy,qemu", "restore variants to run: warren eager, warren lazy, qemu")

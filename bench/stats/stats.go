@@ -4,6 +4,7 @@ package stats
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -129,6 +130,13 @@ func Significant(d time.Duration) time.Duration {
 		return d.Round(time.Microsecond)
 	}
 	return d.Round(10 * time.Nanosecond)
+}
+
+// JSONFlag registers a benchmark's --json option on the command line
+// (flag.CommandLine): the file to write its results to (WriteJSON), ""
+// for none.
+func JSONFlag(path *string) {
+	flag.StringVar(path, "json", "", "also write the results as JSON here")
 }
 
 // WriteJSON writes v, indented, to path (a benchmark's --json file).
