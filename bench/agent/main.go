@@ -128,7 +128,7 @@ func run(c config) error {
 		}
 	}()
 	for _, s := range systems { // both boot at once
-		if err := s.start(); err != nil {
+		if err := s.Start(); err != nil {
 			return err
 		}
 	}
@@ -156,14 +156,14 @@ func run(c config) error {
 		if err != nil {
 			return err
 		}
-		idle[s.name] = d
+		idle[s.Name] = d
 	}
 
 	results := map[string]map[string]*series{}
 	for _, op := range operations {
 		results[op.name] = map[string]*series{}
 		for _, s := range systems {
-			results[op.name][s.name] = &series{}
+			results[op.name][s.Name] = &series{}
 		}
 		for i := range c.warmup + c.calls {
 			order := systems
@@ -176,7 +176,7 @@ func run(c config) error {
 					return fmt.Errorf("call %d: %w", i+1, err)
 				}
 				if i >= c.warmup {
-					results[op.name][s.name].add(m)
+					results[op.name][s.Name].add(m)
 				}
 			}
 		}
@@ -197,10 +197,10 @@ func run(c config) error {
 	fmt.Println("for QEMU with its vhost-vsock kernel worker. Ratios are warren/qemu.")
 	fmt.Println("\nbackground in vmm cpu: idle VMM CPU per second times the median window a call's vmm cpu covers")
 	for _, s := range systems {
-		fmt.Printf("%-6s idle %7s/s;", s.name, stats.Significant(idle[s.name]))
+		fmt.Printf("%-6s idle %7s/s;", s.Name, stats.Significant(idle[s.Name]))
 		for _, op := range operations {
-			w := stats.Median(results[op.name][s.name].Window)
-			fmt.Printf("  %s window %s, background ~%s", op.name, stats.Significant(w), stats.Significant(time.Duration(float64(idle[s.name])*w.Seconds())))
+			w := stats.Median(results[op.name][s.Name].Window)
+			fmt.Printf("  %s window %s, background ~%s", op.name, stats.Significant(w), stats.Significant(time.Duration(float64(idle[s.Name])*w.Seconds())))
 		}
 		fmt.Println()
 	}

@@ -29,14 +29,30 @@ func (f Files) WarrenArgv(memMiB int, vsock, api, args string) []string {
 	return append(argv, "--cmdline", args)
 }
 
-// Start starts a VMM's argv on a console (bench/console); name names it
-// in the error.
-func Start(name string, argv []string) (*console.Proc, error) {
-	p, err := console.Start(argv)
+// Guest is a benchmark guest: its VMM's command line, the VMM on a
+// console once started, and the client of the guest's agent.
+type Guest struct {
+	// Name names it in errors and output ("warren", "qemu").
+	Name   string
+	Argv   []string
+	Client *agentclient.Client
+	P      *console.Proc
+}
+
+// Start starts the guest's VMM on a console (bench/console).
+func (g *Guest) Start() error {
+	p, err := console.Start(g.Argv)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+		return fmt.Errorf("%s: %w", g.Name, err)
 	}
-	return p, nil
+	g.P = p
+	return nil
+}
+
+// WaitAgent waits up to timeout for the guest to be up and its agent to
+// answer (the function WaitAgent).
+func (g *Guest) WaitAgent(timeout time.Duration) error {
+	return WaitAgent(g.Name, g.P, g.Client, timeout)
 }
 
 // WaitAgent waits up to timeout for the guest on p's console to print

@@ -156,7 +156,7 @@ func run(c config) error {
 	}()
 	t0 := time.Now()
 	for _, v := range vms { // both boot at once
-		if err := v.start(); err != nil {
+		if err := v.Start(); err != nil {
 			return err
 		}
 	}
@@ -171,14 +171,14 @@ func run(c config) error {
 			}
 			// Only the source boots are retried: no timing is taken
 			// from them, so a retry biases nothing.
-			fmt.Printf("%s: boot %d of %d failed (%v); booting it again\n", vms[i].name, try, c.bootTries, err)
+			fmt.Printf("%s: boot %d of %d failed (%v); booting it again\n", vms[i].Name, try, c.bootTries, err)
 			vms[i].stop()
-			if vms[i].name == "qemu" {
+			if vms[i].Name == "qemu" {
 				vms[i] = newQEMU(c, work)
 			} else {
 				vms[i] = newWarren(c, work)
 			}
-			if err := vms[i].start(); err != nil {
+			if err := vms[i].Start(); err != nil {
 				return err
 			}
 		}

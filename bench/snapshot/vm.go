@@ -13,7 +13,6 @@ import (
 
 	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/agentwire"
-	"github.com/warrenvm/warren/bench/console"
 	"github.com/warrenvm/warren/bench/qemu"
 	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
@@ -27,13 +26,10 @@ const guestArgs = "random.trust_cpu=1"
 // vm is one VMM under test: booted once, driven through its guest agent
 // and its control socket (Warren's API, QEMU's QMP).
 type vm struct {
-	name   string
-	argv   []string
-	client *agentclient.Client
-	p      *console.Proc
-	ctl    string // control socket: Warren's --api, QEMU's -qmp
-	qmp    *qemu.QMP
-	mt     *memtouch
+	rig.Guest
+	ctl string // control socket: Warren's --api, QEMU's -qmp
+	qmp *qemu.QMP
+	mt  *memtouch
 }
 
 // warrenArgv is `warren run` for the benchmark's guest.
@@ -50,26 +46,21 @@ func qemuGuest(c config) qemu.Guest {
 
 func newWarren(c config, dir string) *vm {
 	sock, api := dir+"/warren.vsock", dir+"/warren.api"
-	return &vm{name: "warren", argv: warrenArgv(c, sock, api), client: agentclient.New(sock), ctl: api}
+	return &vm{Guest: rig.Guest{Name: "warren", Argv: warrenArgv(c, sock, api), Client: agentclient.New(sock)}, ctl: api}
 }
 
 func newQEMU(c config, dir string) *vm {
 	q := dir + "/qemu.qmp"
-	return &vm{name: "qemu", argv: qemu.Argv(qemuGuest(c), q), client: qemu.AgentClient(uint32(c.qemuCID), nil), ctl: q}
-}
-
-func (v *vm) start() (err error) {
-	v.p, err = rig.Start(v.name, v.argv)
-	return err
+	return &vm{Guest: rig.Guest{Name: "qemu", Argv: qemu.Argv(qemuGuest(c), q), Client: qemu.AgentClient(uint32(c.qemuCID), nil)}, ctl: q}
 }
 
 // waitAgent waits for the ready line and the agent's answer, and for
 // QEMU connects QMP.
 func (v *vm) waitAgent(timeout time.Duration) error {
-	if err := rig.WaitAgent(v.name, v.p, v.client, timeout); err != nil {
+	if err := v.Guest.WaitAgent(timeout); err != nil {
 		return err
 	}
-	if v.name == "qemu" {
+	if v.Name == "qemu" {
 		q, err := qemu.DialQMP(v.ctl, 30*time.Second)
 		if err != nil {
 			return err
@@ -91,10 +82,10 @@ func (v *vm) stop() {
 		v.qmp.Close()
 		v.qmp = nil
 	}
-	v.client.Close()
-	if v.p != nil {
-		v.p.Stop(10 * time.Second)
-		v.p = nil
+	v.Client.Close()
+	if v.P != nil {
+		v.P.Stop(10 * time.Second)
+		v.P = nil
 	}
 }
 
@@ -131,7 +122,7 @@ func (v *vm) startMemtouch(mib int, timeout time.Duration) error {
 	outR, outW := io.Pipe()
 	m := &memtouch{in: inW, lines: make(chan string, 16), done: make(chan error, 1)}
 	go func() {
-		_, err := v.client.Exec(context.Background(), agentwire.ExecRequest{Argv: []string{"memtouch", strconv.Itoa(mib)}, Input: inR}, outW, os.Stderr)
+		_, err := v.Client.Exec(context.Background(), agentwire.ExecRequest{Argv: []string{"memtouch", strconv.Itoa(mib)}, Input: inR}, outW, os.Stderr)
 		outW.CloseWithError(io.EOF)
 		m.done <- err
 	}()
@@ -145,10 +136,10 @@ func (v *vm) startMemtouch(mib int, timeout time.Duration) error {
 	v.mt = m
 	line, err := m.next(timeout)
 	if err != nil {
-		return fmt.Errorf("%s: memtouch: %w", v.name, err)
+		return fmt.Errorf("%s: memtouch: %w", v.Name, err)
 	}
 	if line != "ready "+strconv.Itoa(mib) {
-		return fmt.Errorf("%s: memtouch said %q", v.name, line)
+		return fmt.Errorf("%s: memtouch said %q", v.Name, line)
 	}
 	return nil
 }
@@ -156,14 +147,14 @@ func (v *vm) startMemtouch(mib int, timeout time.Duration) error {
 // dirty has memtouch write one byte in each page of its first k MiB.
 func (v *vm) dirty(k int, timeout time.Duration) error {
 	if _, err := fmt.Fprintf(v.mt.in, "dirty %d\n", k); err != nil {
-		return fmt.Errorf("%s: memtouch: %w", v.name, err)
+		return fmt.Errorf("%s: memtouch: %w", v.Name, err)
 	}
 	line, err := v.mt.next(timeout)
 	if err != nil {
-		return fmt.Errorf("%s: memtouch: %w", v.name, err)
+		return fmt.Errorf("%s: memtouch: %w", v.Name, err)
 	}
 	if line != "ok "+strconv.Itoa(k) {
-		return fmt.Errorf("%s: memtouch said %q", v.name, line)
+		return fmt.Errorf("%s: memtouch said %q", v.Name, line)
 	}
 	return nil
 }
