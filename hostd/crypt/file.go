@@ -49,13 +49,20 @@ func sealInto(f io.Writer, key Key, fill func(w io.Writer) error) error {
 // authentication, dst is not created or replaced and the partial
 // plaintext is removed.
 func DecryptFile(dst, src string, p Provider, tenant string) error {
+	return withReader(src, p, tenant, func(r *Reader) error {
+		return atomicfile.WriteFunc(dst, 0o600, func(f *os.File) error {
+			_, err := io.Copy(f, r)
+			return err
+		})
+	})
+}
+
+// withReader opens src, encrypted for tenant, for use, then closes it.
+func withReader(src string, p Provider, tenant string, use func(r *Reader) error) error {
 	r, err := Open(context.Background(), src, p, tenant)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	return atomicfile.WriteFunc(dst, 0o600, func(f *os.File) error {
-		_, err := io.Copy(f, r)
-		return err
-	})
+	return use(r)
 }

@@ -2,7 +2,6 @@ package crypt
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -144,22 +143,19 @@ func writePacked(w io.Writer, in *os.File, size int64, exts []extent) error {
 // authenticated and the packed form checked before dst is replaced: on
 // any error dst is as it was.
 func DecryptSparseFile(dst, src string, p Provider, tenant string) error {
-	r, err := Open(context.Background(), src, p, tenant)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	fi, err := os.Stat(src)
-	if err != nil {
-		return err
-	}
-	err = writeAtomicMode(dst, fi, func(f *os.File) error {
-		return unpackSparse(f, bufio.NewReaderSize(r, 1<<20), r.Size())
+	return withReader(src, p, tenant, func(r *Reader) error {
+		fi, err := os.Stat(src)
+		if err != nil {
+			return err
+		}
+		err = writeAtomicMode(dst, fi, func(f *os.File) error {
+			return unpackSparse(f, bufio.NewReaderSize(r, 1<<20), r.Size())
+		})
+		if err != nil {
+			return fmt.Errorf("crypt: open %s: %w", filepath.Base(src), err)
+		}
+		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("crypt: open %s: %w", filepath.Base(src), err)
-	}
-	return nil
 }
 
 // ErrSparseFormat is wrapped by the errors of a packed sparse file that
