@@ -26,6 +26,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/warrenvm/warren/guestinit/imageconfig"
+	"github.com/warrenvm/warren/image/internal/tartest"
 )
 
 func needE2fsprogs(t *testing.T) {
@@ -50,20 +51,20 @@ func craftedImage(t *testing.T) v1.Image {
 			dir("bin", 0o755), reg("bin/busybox", "BUSYBOX", 0o755), hardlink("bin/sh", "bin/busybox"),
 			symlink("lib", "usr/lib"), dir("usr", 0o755), dir("usr/lib", 0o755),
 			reg("flip", "first a file", 0o644),
-			ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/sudo", Mode: 0o4755, Size: 4, ModTime: testTime}, data: "sudo"},
-			ent{h: tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777, ModTime: testTime}},
-			ent{h: tar.Header{Typeflag: tar.TypeChar, Name: "dev/null", Mode: 0o666, Devmajor: 1, Devminor: 3, ModTime: testTime}},
-			ent{h: tar.Header{Typeflag: tar.TypeBlock, Name: "dev/vdb", Mode: 0o660, Gid: 6, Devmajor: 254, Devminor: 16, ModTime: testTime}},
-			ent{h: tar.Header{Typeflag: tar.TypeFifo, Name: "run/initctl", Mode: 0o600, ModTime: testTime}},
+			ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/sudo", Mode: 0o4755, Size: 4, ModTime: testTime}, Data: "sudo"},
+			ent{H: tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777, ModTime: testTime}},
+			ent{H: tar.Header{Typeflag: tar.TypeChar, Name: "dev/null", Mode: 0o666, Devmajor: 1, Devminor: 3, ModTime: testTime}},
+			ent{H: tar.Header{Typeflag: tar.TypeBlock, Name: "dev/vdb", Mode: 0o660, Gid: 6, Devmajor: 254, Devminor: 16, ModTime: testTime}},
+			ent{H: tar.Header{Typeflag: tar.TypeFifo, Name: "run/initctl", Mode: 0o600, ModTime: testTime}},
 		),
 		layerOf(t,
 			reg("etc/.wh.gone", "", 0o644),
 			reg("opq/.wh..wh..opq", "", 0o644), reg("opq/new", "new", 0o600),
 			hardlink("usr/bin/sh2", "bin/sh"),
 			dir("flip", 0o750), reg("flip/inside", "in a dir now", 0o644),
-			ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "home/user/.profile", Mode: 0o640, Uid: 1000, Gid: 1000, Size: 5, ModTime: testTime}, data: "umask"},
-			ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/ping", Mode: 0o755, Size: 4, ModTime: testTime,
-				PAXRecords: map[string]string{"SCHILY.xattr.security.capability": "\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00", "SCHILY.xattr.user.note": "hi"}}, data: "ping"},
+			ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "home/user/.profile", Mode: 0o640, Uid: 1000, Gid: 1000, Size: 5, ModTime: testTime}, Data: "umask"},
+			ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/ping", Mode: 0o755, Size: 4, ModTime: testTime,
+				PAXRecords: map[string]string{"SCHILY.xattr.security.capability": "\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00", "SCHILY.xattr.user.note": "hi"}}, Data: "ping"},
 		),
 		// The busybox path is replaced: its links keep the old file.
 		layerOf(t, reg("bin/busybox", "NEW BUSYBOX", 0o755), reg(".warren/image.json", `{"evil":1}`, 0o666)),
@@ -230,10 +231,10 @@ func TestBuildReproducible(t *testing.T) {
 
 func TestBuildCompressions(t *testing.T) {
 	needE2fsprogs(t)
-	raw := tarOf(t, reg("a", "plain", 0o644))
+	raw := tartest.Tar(t, reg("a", "plain", 0o644))
 	var z bytes.Buffer
 	zw, _ := zstd.NewWriter(&z)
-	zw.Write(tarOf(t, reg("b", "zstd", 0o644)))
+	zw.Write(tartest.Tar(t, reg("b", "zstd", 0o644)))
 	zw.Close()
 	gz := layerOf(t, reg("c", "gzip", 0o644))
 	plain := layerFromTar(t, raw, tarball.WithMediaType(types.OCIUncompressedLayer))
@@ -285,9 +286,9 @@ func TestBuildRefusesHostile(t *testing.T) {
 		{"file then children", [][]ent{{reg("f", "x", 0o644)}, {reg("f/child", "x", 0o644)}}, `parent "f" is not a directory`},
 		{"long name", [][]ent{{reg(strings.Repeat("a/", 2100)+"b", "x", 0o644)}}, "more than 4096"},
 		{"long component", [][]ent{{reg(strings.Repeat("n", 300), "x", 0o644)}}, "component of 300 bytes"},
-		{"oversized xattr", [][]ent{{ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "x", PAXRecords: map[string]string{"SCHILY.xattr.user.a": strings.Repeat("v", 5000)}}}}}, "xattrs of more than"},
-		{"acl", [][]ent{{ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "x", PAXRecords: map[string]string{"SCHILY.xattr.system.posix_acl_access": "v"}}}}}, "ACLs"},
-		{"odd entry type", [][]ent{{ent{h: tar.Header{Typeflag: 'V', Name: "volume"}}}}, "tar entry type"},
+		{"oversized xattr", [][]ent{{ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "x", PAXRecords: map[string]string{"SCHILY.xattr.user.a": strings.Repeat("v", 5000)}}}}}, "xattrs of more than"},
+		{"acl", [][]ent{{ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "x", PAXRecords: map[string]string{"SCHILY.xattr.system.posix_acl_access": "v"}}}}}, "ACLs"},
+		{"odd entry type", [][]ent{{ent{H: tar.Header{Typeflag: 'V', Name: "volume"}}}}, "tar entry type"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
@@ -619,6 +620,21 @@ func BenchmarkBuildCached(b *testing.B) {
 	for b.Loop() {
 		if base := w.mustBuild(b, img, BuildOptions{}); !base.Cached {
 			b.Fatal("not cached")
+		}
+	}
+}
+
+// TestJournalBytes: e2fsprogs' default journal sizes, at the edges of
+// each row of journalSizes.
+func TestJournalBytes(t *testing.T) {
+	const blk = 4096
+	for _, tc := range []struct{ blocks, journal int64 }{
+		{0, 1024}, {32767, 1024}, {32768, 4096}, {256*1024 - 1, 4096}, {256 * 1024, 8192},
+		{512 * 1024, 16384}, {4096 * 1024, 32768}, {8192 * 1024, 65536}, {16384 * 1024, 131072},
+		{32768*1024 - 1, 131072}, {32768 * 1024, 262144}, {1 << 40, 262144},
+	} {
+		if got := journalBytes(tc.blocks * blk); got != tc.journal*blk {
+			t.Errorf("journalBytes(%d blocks) = %d blocks, want %d", tc.blocks, got/blk, tc.journal)
 		}
 	}
 }

@@ -231,30 +231,24 @@ func (t Tools) stats(ctx context.Context, img string) (fsStats, error) {
 	return st, nil
 }
 
+// journalSizes is e2fsprogs' ext2fs_default_journal_size in 4 KiB
+// blocks: the journal of a file system of fewer than below blocks, the
+// first row that fits; a larger one's is 262144 blocks.
+var journalSizes = []struct{ below, journal int64 }{
+	{32768, 1024}, {256 * 1024, 4096}, {512 * 1024, 8192}, {4096 * 1024, 16384},
+	{8192 * 1024, 32768}, {16384 * 1024, 65536}, {32768 * 1024, 131072},
+}
+
 // journalBytes is the journal tune2fs makes for a file system of disk
-// bytes (e2fsprogs' ext2fs_default_journal_size, in 4 KiB blocks).
+// bytes (journalSizes).
 func journalBytes(disk int64) int64 {
 	blocks := disk / 4096
-	var j int64
-	switch {
-	case blocks < 32768:
-		j = 1024
-	case blocks < 256*1024:
-		j = 4096
-	case blocks < 512*1024:
-		j = 8192
-	case blocks < 4096*1024:
-		j = 16384
-	case blocks < 8192*1024:
-		j = 32768
-	case blocks < 16384*1024:
-		j = 65536
-	case blocks < 32768*1024:
-		j = 131072
-	default:
-		j = 262144
+	for _, s := range journalSizes {
+		if blocks < s.below {
+			return s.journal * 4096
+		}
 	}
-	return j * 4096
+	return 262144 * 4096
 }
 
 // estimateDisk is about the smallest disk the tree fits in: its data, its

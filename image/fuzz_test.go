@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/warrenvm/warren/guestinit/imageconfig"
+	"github.com/warrenvm/warren/image/internal/tartest"
 )
 
 // Fuzz targets for every parser of image-supplied bytes in this package
@@ -19,9 +20,9 @@ import (
 func archiveSeeds(t testing.TB) [][]byte {
 	man := `[{"Config":"c.json","RepoTags":["a/b:c"],"Layers":["l.tar"]}]`
 	return [][]byte{
-		tarOf(t, reg("manifest.json", man, 0o644), reg("c.json", `{"architecture":"amd64","os":"linux"}`, 0o644), reg("l.tar", "", 0o644)),
-		tarOf(t, reg("manifest.json", man, 0o644), symlink("c.json", "x/../y.json"), reg("y.json", "{}", 0o644), hardlink("l.tar", "c.json")),
-		tarOf(t, reg("manifest.json", `[{},{}]`, 0o644)),
+		tartest.Tar(t, reg("manifest.json", man, 0o644), reg("c.json", `{"architecture":"amd64","os":"linux"}`, 0o644), reg("l.tar", "", 0o644)),
+		tartest.Tar(t, reg("manifest.json", man, 0o644), symlink("c.json", "x/../y.json"), reg("y.json", "{}", 0o644), hardlink("l.tar", "c.json")),
+		tartest.Tar(t, reg("manifest.json", `[{},{}]`, 0o644)),
 	}
 }
 

@@ -19,54 +19,35 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/warrenvm/warren/image/internal/tartest"
 )
 
 // testDisk is the disk size the tests build (small: quick to check).
 const testDisk = 128 << 20
 
 // ent is one entry of a crafted layer.
-type ent struct {
-	h    tar.Header
-	data string
-}
+type ent = tartest.Ent
 
 var testTime = time.Unix(1700000000, 0)
 
 func reg(name, data string, mode int64) ent {
-	return ent{h: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(data)), ModTime: testTime}, data: data}
+	return ent{H: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(data)), ModTime: testTime}, Data: data}
 }
 func dir(name string, mode int64) ent {
-	return ent{h: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: mode, ModTime: testTime}}
+	return ent{H: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: mode, ModTime: testTime}}
 }
 func symlink(name, target string) ent {
-	return ent{h: tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777, ModTime: testTime}}
+	return ent{H: tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777, ModTime: testTime}}
 }
 func hardlink(name, target string) ent {
-	return ent{h: tar.Header{Typeflag: tar.TypeLink, Name: name, Linkname: target, ModTime: testTime}}
-}
-
-// tarOf writes entries as a tar stream.
-func tarOf(t testing.TB, ents ...ent) []byte {
-	t.Helper()
-	var b bytes.Buffer
-	tw := tar.NewWriter(&b)
-	for _, e := range ents {
-		h := e.h
-		if err := tw.WriteHeader(&h); err != nil {
-			t.Fatalf("crafting a layer: %s: %v", h.Name, err)
-		}
-		io.WriteString(tw, e.data)
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes()
+	return ent{H: tar.Header{Typeflag: tar.TypeLink, Name: name, Linkname: target, ModTime: testTime}}
 }
 
 // layerOf is a gzip layer of the entries.
 func layerOf(t testing.TB, ents ...ent) v1.Layer {
 	t.Helper()
-	return layerFromTar(t, tarOf(t, ents...))
+	return layerFromTar(t, tartest.Tar(t, ents...))
 }
 
 func layerFromTar(t testing.TB, b []byte, opts ...tarball.LayerOption) v1.Layer {

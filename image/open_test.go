@@ -23,6 +23,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/warrenvm/warren/image/internal/tartest"
 )
 
 func configDigest(t *testing.T, img v1.Image) string {
@@ -192,32 +194,30 @@ func TestOpenLayoutCorrupt(t *testing.T) {
 			t.Fatalf("got %v", err)
 		}
 	})
-	t.Run("layer longer than declared", func(t *testing.T) {
-		dir := fresh(t)
-		appendTo(blobPath(dir, m.Layers[0].Digest), make([]byte, 100))
-		w := newWorld(t)
-		limg, err := Open(ctx, LayoutPrefix+dir+":x", OpenOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := w.build(t, limg, BuildOptions{}); err == nil || !strings.Contains(err.Error(), "longer than the") {
-			t.Fatalf("got %v", err)
-		}
-		w.checkUntouched(t)
-	})
-	t.Run("layer altered", func(t *testing.T) {
-		dir := fresh(t)
-		flip(blobPath(dir, m.Layers[0].Digest))
-		w := newWorld(t)
-		limg, err := Open(ctx, LayoutPrefix+dir+":x", OpenOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := w.build(t, limg, BuildOptions{}); err == nil || !strings.Contains(err.Error(), "digest mismatch") {
-			t.Fatalf("got %v", err)
-		}
-		w.checkUntouched(t)
-	})
+	// A bad layer opens (layers are read by the build) and fails the
+	// build, which leaves nothing behind.
+	for _, tc := range []struct {
+		name    string
+		corrupt func(path string)
+		want    string
+	}{
+		{"layer longer than declared", func(p string) { appendTo(p, make([]byte, 100)) }, "longer than the"},
+		{"layer altered", flip, "digest mismatch"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := fresh(t)
+			tc.corrupt(blobPath(dir, m.Layers[0].Digest))
+			w := newWorld(t)
+			limg, err := Open(ctx, LayoutPrefix+dir+":x", OpenOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.build(t, limg, BuildOptions{}); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v", err)
+			}
+			w.checkUntouched(t)
+		})
+	}
 }
 
 func TestArchive(t *testing.T) {
@@ -234,13 +234,7 @@ func TestArchive(t *testing.T) {
 	}
 	f.Close()
 	for _, ref := range []string{ArchivePrefix + file, ArchivePrefix + file + ":warren/upload:latest", ArchivePrefix + file + ":index.docker.io/warren/upload"} {
-		got, err := Open(ctx, ref, OpenOptions{})
-		if err != nil {
-			t.Fatalf("%s: %v", ref, err)
-		}
-		if configDigest(t, got) != configDigest(t, img) {
-			t.Fatalf("%s: another image", ref)
-		}
+		openSame(t, ref, img, OpenOptions{})
 	}
 	got, _ := Open(ctx, ArchivePrefix+file, OpenOptions{})
 	w := newWorld(t)
@@ -264,7 +258,7 @@ func TestArchive(t *testing.T) {
 func archiveOf(t *testing.T, files ...ent) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "a.tar")
-	if err := os.WriteFile(p, tarOf(t, files...), 0o644); err != nil {
+	if err := os.WriteFile(p, tartest.Tar(t, files...), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -385,6 +379,18 @@ func TestOpenRegistry(t *testing.T) {
 	}
 }
 
+// openSame opens ref with opts and checks that it is img.
+func openSame(t *testing.T, ref string, img v1.Image, opts OpenOptions) {
+	t.Helper()
+	got, err := Open(context.Background(), ref, opts)
+	if err != nil {
+		t.Fatalf("%s: %v", ref, err)
+	}
+	if configDigest(t, got) != configDigest(t, img) {
+		t.Fatalf("%s: another image", ref)
+	}
+}
+
 // TestOpenRegistryInsecure: a registry that is not on loopback is reached
 // over plain HTTP only with Insecure.
 func TestOpenRegistryInsecure(t *testing.T) {
@@ -396,13 +402,7 @@ func TestOpenRegistryInsecure(t *testing.T) {
 	if _, err := Open(ctx, ref, OpenOptions{Transport: tr}); err == nil {
 		t.Fatal("a plain-HTTP registry opened without Insecure")
 	}
-	got, err := Open(ctx, ref, OpenOptions{Transport: tr, Insecure: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if configDigest(t, got) != configDigest(t, img) {
-		t.Fatal("another image")
-	}
+	openSame(t, ref, img, OpenOptions{Transport: tr, Insecure: true})
 }
 
 // TestOpenRegistryTLS: a registry over verified TLS (the test server's
@@ -413,13 +413,7 @@ func TestOpenRegistryTLS(t *testing.T) {
 	ref := "example.com:443/test/img:1"
 	img := smallImage(t, "tls")
 	push(t, ref, img, tr)
-	got, err := Open(ctx, ref, OpenOptions{Transport: tr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if configDigest(t, got) != configDigest(t, img) {
-		t.Fatal("another image")
-	}
+	openSame(t, ref, img, OpenOptions{Transport: tr})
 	// Without the server's CA the certificate does not verify.
 	plain := http.DefaultTransport.(*http.Transport).Clone()
 	plain.DialContext = tr.DialContext

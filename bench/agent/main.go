@@ -59,7 +59,7 @@ func main() {
 	flag.IntVar(&c.warmup, "warmup", 10, "unrecorded calls per operation and system first")
 	flag.IntVar(&c.qemuCID, "qemu-cid", 42, "the QEMU guest's vsock CID")
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "limit for a boot to the agent answering")
-	flag.StringVar(&c.jsonOut, "json", "", "also write results as JSON here")
+	stats.JSONFlag(&c.jsonOut)
 	execCmd := flag.String("exec", "true", "the program /exec runs, split at spaces")
 	flag.Parse()
 	if c.execArgv = strings.Fields(*execCmd); len(c.execArgv) == 0 {
@@ -128,7 +128,7 @@ func run(c config) error {
 		}
 	}()
 	for _, s := range systems { // both boot at once
-		if err := s.start(); err != nil {
+		if err := s.Start(); err != nil {
 			return err
 		}
 	}
@@ -156,14 +156,14 @@ func run(c config) error {
 		if err != nil {
 			return err
 		}
-		idle[s.name] = d
+		idle[s.Name] = d
 	}
 
 	results := map[string]map[string]*series{}
 	for _, op := range operations {
 		results[op.name] = map[string]*series{}
 		for _, s := range systems {
-			results[op.name][s.name] = &series{}
+			results[op.name][s.Name] = &series{}
 		}
 		for i := range c.warmup + c.calls {
 			order := systems
@@ -176,7 +176,7 @@ func run(c config) error {
 					return fmt.Errorf("call %d: %w", i+1, err)
 				}
 				if i >= c.warmup {
-					results[op.name][s.name].add(m)
+					results[op.name][s.Name].add(m)
 				}
 			}
 		}
@@ -197,10 +197,10 @@ func run(c config) error {
 	fmt.Println("for QEMU with its vhost-vsock kernel worker. Ratios are warren/qemu.")
 	fmt.Println("\nbackground in vmm cpu: idle VMM CPU per second times the median window a call's vmm cpu covers")
 	for _, s := range systems {
-		fmt.Printf("%-6s idle %7s/s;", s.name, stats.Significant(idle[s.name]))
+		fmt.Printf("%-6s idle %7s/s;", s.Name, stats.Significant(idle[s.Name]))
 		for _, op := range operations {
-			w := stats.Median(results[op.name][s.name].Window)
-			fmt.Printf("  %s window %s, background ~%s", op.name, stats.Significant(w), stats.Significant(time.Duration(float64(idle[s.name])*w.Seconds())))
+			w := stats.Median(results[op.name][s.Name].Window)
+			fmt.Printf("  %s window %s, background ~%s", op.name, stats.Significant(w), stats.Significant(time.Duration(float64(idle[s.Name])*w.Seconds())))
 		}
 		fmt.Println()
 	}
@@ -240,16 +240,9 @@ func table(w io.Writer, title string, ours, peer *series) {
 	fmt.Fprintln(w, title)
 	fmt.Fprintf(w, "%-8s %-4s %12s %12s %8s\n", "", "", "warren", "qemu", "ratio")
 	for _, m := range metrics {
-		a, b := stats.Summarise("warren", m.get(ours)), stats.Summarise("qemu", m.get(peer))
-		for i, p := range []struct {
-			label string
-			a, b  time.Duration
-		}{{"p50", a.P50, b.P50}, {"p90", a.P90, b.P90}, {"p99", a.P99, b.P99}} {
-			name := ""
-			if i == 0 {
-				name = m.name
-			}
-			fmt.Fprintf(w, "%-8s %-4s %12s %12s %8.2f\n", name, p.label, stats.Significant(p.a), stats.Significant(p.b), stats.Ratio(p.a, p.b))
+		for _, r := range stats.PercentileRows(m.name, stats.Summarise("warren", m.get(ours)), stats.Summarise("qemu", m.get(peer))) {
+			a, b := r.Values[0], r.Values[1]
+			fmt.Fprintf(w, "%-8s %-4s %12s %12s %8.2f\n", r.Name, r.Label, stats.Significant(a), stats.Significant(b), stats.Ratio(a, b))
 		}
 	}
 }

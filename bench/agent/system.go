@@ -5,14 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"regexp"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/agentwire"
-	"github.com/warrenvm/warren/bench/console"
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/bench/vsockpeer"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/boot"
@@ -27,10 +26,7 @@ const guestArgs = "random.trust_cpu=1"
 // system is one VMM under test with its guest's agent: booted once, then
 // called many times over one client (one kept-alive connection).
 type system struct {
-	name   string
-	argv   []string
-	client *agentclient.Client
-	p      *console.Proc
+	rig.Guest
 	// outside are kernel threads doing the VMM's work outside its process
 	// (QEMU's vhost-vsock worker), counted as VMM CPU; found after boot.
 	outside []int
@@ -42,11 +38,7 @@ type system struct {
 // reaches the agent through the device's unix socket (CONNECT 1024).
 func newWarren(c config, dir string) *system {
 	sock := dir + "/warren.vsock"
-	return &system{name: "warren",
-		argv: []string{c.Warren, "run", "--kernel", c.Kernel, "--initramfs", c.Initramfs, "--mem", "256", "--cpus", "1",
-			"--vsock", sock, "--cid", "3", "--cmdline", guestArgs},
-		client: agentclient.New(sock),
-	}
+	return &system{Guest: rig.Guest{Name: "warren", Argv: c.WarrenArgv(256, sock, "", guestArgs), Client: agentclient.New(sock)}}
 }
 
 // newQEMU runs QEMU's microvm machine with the kernel's vhost-vsock
@@ -59,60 +51,44 @@ func newQEMU(c config) *system {
 	cmd.Add(hostprofile.Detect("/sys/module").KernelArgs()...)
 	cmd.Add(guestArgs)
 	cid := uint32(c.qemuCID)
-	return &system{name: "qemu",
-		argv: []string{c.QEMU, "-name", "qemu,debug-threads=on", "-M", "microvm,acpi=off", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", "256", "-smp", "1",
+	return &system{Guest: rig.Guest{Name: "qemu",
+		Argv: []string{c.QEMU, "-name", "qemu,debug-threads=on", "-M", "microvm,acpi=off", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", "256", "-smp", "1",
 			"-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-monitor", "none",
 			"-kernel", c.Kernel, "-initrd", c.Initramfs, "-append", cmd.String(),
 			"-device", "virtio-rng-device",
 			"-device", "vhost-vsock-device,guest-cid=" + strconv.FormatUint(uint64(cid), 10)},
-		client: agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
+		Client: agentclient.NewDial(func(ctx context.Context) (net.Conn, error) {
 			return vsockpeer.Dial(ctx, cid, agentwire.Port)
-		}),
+		})},
 		findOutside: procfs("/proc").vhostWorkers,
 	}
-}
-
-var ready = regexp.MustCompile(`warren-init: ready uptime=`)
-
-// start starts the VMM.
-func (s *system) start() error {
-	p, err := console.Start(s.argv)
-	if err != nil {
-		return fmt.Errorf("%s: %w", s.name, err)
-	}
-	s.p = p
-	return nil
 }
 
 // waitAgent waits for the guest's ready line and then for the agent to
 // answer, and finds the VMM's outside threads.
 func (s *system) waitAgent(timeout time.Duration) error {
-	if _, err := s.p.Wait(ready, timeout); err != nil {
-		return fmt.Errorf("%s: %w", s.name, err)
+	if err := s.Guest.WaitAgent(timeout); err != nil {
+		return err
 	}
-	if _, err := s.client.WaitHealth(context.Background(), time.Now().Add(timeout), 10*time.Second); err != nil {
-		return fmt.Errorf("%s: agent did not answer: %w", s.name, err)
-	}
-	fmt.Printf("%s: agent answering %s after start\n", s.name, time.Since(s.p.Started()).Round(time.Millisecond))
 	if s.findOutside != nil {
 		var err error
-		if s.outside, err = s.findOutside(s.p.Pid()); err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
+		if s.outside, err = s.findOutside(s.P.Pid()); err != nil {
+			return fmt.Errorf("%s: %w", s.Name, err)
 		}
 	}
 	return nil
 }
 
 func (s *system) stop() {
-	s.client.Close()
-	if s.p != nil {
-		s.p.Kill()
+	s.Client.Close()
+	if s.P != nil {
+		s.P.Kill()
 	}
 }
 
 // threads samples the VMM's threads.
 func (s *system) threads() (map[int]thread, error) {
-	return procfs("/proc").threads(s.p.Pid(), s.outside)
+	return procfs("/proc").threads(s.P.Pid(), s.outside)
 }
 
 // describe lists the VMM's threads as classified: vCPU, VMM, outside.
@@ -139,7 +115,7 @@ func (s *system) describe() (string, error) {
 			own = append(own, label)
 		}
 	}
-	return fmt.Sprintf("%s: vCPU threads %v; VMM threads %d; outside kernel threads %v", s.name, vcpu, len(own), out), nil
+	return fmt.Sprintf("%s: vCPU threads %v; VMM threads %d; outside kernel threads %v", s.Name, vcpu, len(own), out), nil
 }
 
 // sample is one call's measurement. window is the span vmmCPU covers:
@@ -162,10 +138,10 @@ func (s *system) call(op string, argv []string, timeout time.Duration) (sample, 
 	t0 := time.Now()
 	switch op {
 	case "health":
-		_, sm.agent, err = s.client.HealthTimed(ctx)
+		_, sm.agent, err = s.Client.HealthTimed(ctx)
 	case "exec":
 		var st agentwire.ExitStatus
-		st, err = s.client.ExecStatus(ctx, agentwire.ExecRequest{Argv: argv}, nil, nil)
+		st, err = s.Client.ExecStatus(ctx, agentwire.ExecRequest{Argv: argv}, nil, nil)
 		if err == nil && st.Code != 0 {
 			err = fmt.Errorf("exit code %d", st.Code)
 		}
@@ -175,7 +151,7 @@ func (s *system) call(op string, argv []string, timeout time.Duration) (sample, 
 	}
 	sm.total = time.Since(t0)
 	if err != nil {
-		return sample{}, fmt.Errorf("%s %s: %w", s.name, op, err)
+		return sample{}, fmt.Errorf("%s %s: %w", s.Name, op, err)
 	}
 	after, err := s.threads()
 	if err != nil {

@@ -35,7 +35,7 @@ func main() {
 	flag.IntVar(&c.diskMiB, "disk-mib", 256, "size of the raw disk image")
 	flag.IntVar(&c.xferMiB, "xfer-mib", 16, "MiB moved per disk transfer")
 	flag.IntVar(&c.blobMiB, "blob-mib", 16, "MiB fetched per network transfer")
-	flag.StringVar(&c.jsonOut, "json", "", "also write results as JSON here")
+	stats.JSONFlag(&c.jsonOut)
 	flag.Parse()
 	if err := run(c); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/devices:", err)

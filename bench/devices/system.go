@@ -2,12 +2,12 @@ package main
 
 import (
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/warrenvm/warren/bench/console"
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/boot"
 	"github.com/warrenvm/warren/vmm/hostprofile"
@@ -23,8 +23,6 @@ type system struct {
 	p       *console.Proc
 	c       config
 }
-
-var ready = regexp.MustCompile(`warren-init: ready uptime=`)
 
 // guestArgs are the kernel arguments both systems' guests get (besides the
 // base line and the host profile's).
@@ -65,7 +63,7 @@ func (s *system) boot() error {
 	if err := s.host.tapUp(s.tap, 5*time.Second); err != nil {
 		return err
 	}
-	if _, err := p.Wait(ready, 10*time.Minute); err != nil {
+	if _, err := p.Wait(rig.Ready, 10*time.Minute); err != nil {
 		return err
 	}
 	time.Sleep(time.Second) // let the shell start

@@ -133,24 +133,14 @@ func run(c config) error {
 			fmt.Println("Part 1, the filter, skipped: it needs root (a network namespace, a tap and BPF programs).")
 			fmt.Println()
 			out["filter"] = "skipped: not root"
-		} else {
-			rep, _, err := runFilterBench(c)
-			if err != nil {
-				return fmt.Errorf("filter: %w", err)
-			}
-			printFilter(os.Stdout, rep)
-			fmt.Println()
-			out["filter"] = filterJSON(rep)
+		} else if err := runPart(c, out, "filter", runFilterBench, printFilter, filterJSON); err != nil {
+			return err
 		}
 	}
 	if !c.skipProxy {
-		rep, _, err := proxyBench(c)
-		if err != nil {
-			return fmt.Errorf("proxy: %w", err)
+		if err := runPart(c, out, "proxy", proxyBench, printProxy, proxyJSON); err != nil {
+			return err
 		}
-		printProxy(os.Stdout, rep)
-		fmt.Println()
-		out["proxy"] = proxyJSON(rep)
 	}
 	fmt.Printf("total time %s\n", time.Since(start).Round(100*time.Millisecond))
 	if c.jsonOut != "" {
@@ -158,6 +148,19 @@ func run(c config) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// runPart runs one part of the benchmark, prints its report and puts its
+// JSON in out under name.
+func runPart[R, V any](c config, out map[string]any, name string, bench func(config) (R, V, error), print func(io.Writer, R), toJSON func(R) map[string]any) error {
+	rep, _, err := bench(c)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	print(os.Stdout, rep)
+	fmt.Println()
+	out[name] = toJSON(rep)
 	return nil
 }
 
@@ -213,16 +216,9 @@ func printFilter(w io.Writer, r *filterReport) {
 	for i, v := range vs {
 		sums[i] = stats.Summarise(v.Name, v.RTT)
 	}
-	for i, p := range []struct {
-		label string
-		get   func(stats.Summary) time.Duration
-	}{{"p50", func(s stats.Summary) time.Duration { return s.P50 }}, {"p90", func(s stats.Summary) time.Duration { return s.P90 }}, {"p99", func(s stats.Summary) time.Duration { return s.P99 }}} {
-		name := ""
-		if i == 0 {
-			name = "rtt"
-		}
-		a, b, c := p.get(sums[0]), p.get(sums[1]), p.get(sums[2])
-		fmt.Fprintf(w, "%-9s %-5s %12s %12s %12s %9s %12s\n", name, p.label, cell(a), cell(b), cell(c), ratio(b, a), ratio(c, a))
+	for _, r := range stats.PercentileRows("rtt", sums[:3]...) {
+		a, b, c := r.Values[0], r.Values[1], r.Values[2]
+		fmt.Fprintf(w, "%-9s %-5s %12s %12s %12s %9s %12s\n", r.Name, r.Label, cell(a), cell(b), cell(c), ratio(b, a), ratio(c, a))
 	}
 	fmt.Fprintf(w, "%-9s %-5s %12s %12s %12s %9s %12s\n", "cpu/pkt", "mean", cell(none.CPUPerPacket), cell(vs[1].CPUPerPacket), cell(vs[2].CPUPerPacket),
 		ratio(vs[1].CPUPerPacket, none.CPUPerPacket), ratio(vs[2].CPUPerPacket, none.CPUPerPacket))
@@ -258,15 +254,9 @@ func printProxy(w io.Writer, r *proxyReport) {
 		sd, sp := stats.Summarise(direct, d.Latency), stats.Summarise(proxied, p.Latency)
 		fmt.Fprintf(w, "%s (%d requests each)\n", title, len(d.Latency))
 		fmt.Fprintf(w, "%-9s %-5s %12s %12s %8s\n", "", "", "direct", "proxy", "ratio")
-		for i, row := range []struct {
-			label string
-			a, b  time.Duration
-		}{{"p50", sd.P50, sp.P50}, {"p90", sd.P90, sp.P90}, {"p99", sd.P99, sp.P99}} {
-			name := ""
-			if i == 0 {
-				name = "latency"
-			}
-			fmt.Fprintf(w, "%-9s %-5s %12s %12s %8s\n", name, row.label, cell(row.a), cell(row.b), ratio(row.b, row.a))
+		for _, r := range stats.PercentileRows("latency", sd, sp) {
+			a, b := r.Values[0], r.Values[1]
+			fmt.Fprintf(w, "%-9s %-5s %12s %12s %8s\n", r.Name, r.Label, cell(a), cell(b), ratio(b, a))
 		}
 		fmt.Fprintf(w, "%-9s %-5s %12s %12s %8s\n", "cpu/req", "mean", cell(d.CPUPerRequest), cell(p.CPUPerRequest), ratio(p.CPUPerRequest, d.CPUPerRequest))
 		fmt.Fprintf(w, "added per request: latency p50 %s, cpu %s\n", stats.Significant(sp.P50-sd.P50), stats.Significant(p.CPUPerRequest-d.CPUPerRequest))
@@ -280,10 +270,20 @@ func printProxy(w io.Writer, r *proxyReport) {
 	fmt.Fprintf(w, "proxy counters: %d requests, %d substituted, %d denied (warm-up included)\n", r.ProxyStats.Requests, r.ProxyStats.Substituted, r.ProxyStats.Denied)
 }
 
+// variantsJSON is the JSON of each of vs, by its name (fn: the name and
+// the JSON of one).
+func variantsJSON[V any](vs []V, fn func(V) (string, map[string]any)) map[string]any {
+	out := map[string]any{}
+	for _, v := range vs {
+		name, j := fn(v)
+		out[name] = j
+	}
+	return out
+}
+
 func filterJSON(r *filterReport) map[string]any {
-	vs := map[string]any{}
-	for _, v := range r.Variants {
-		vs[v.Name] = map[string]any{
+	vs := variantsJSON(r.Variants, func(v filterVariantReport) (string, map[string]any) {
+		return v.Name, map[string]any{
 			"rtt":                 stats.Summarise(v.Name, v.RTT),
 			"lost":                v.Lost,
 			"cpu_ns_per_packet":   v.CPUPerPacket,
@@ -292,7 +292,7 @@ func filterJSON(r *filterReport) map[string]any {
 			"bpf_runs_per_packet": v.BPFRunsPerPkt,
 			"recorded_frames":     v.RecordedFrames,
 		}
-	}
+	})
 	return map[string]any{
 		"packets_per_variant": r.Packets,
 		"rounds":              r.Rounds,
@@ -309,13 +309,12 @@ func filterJSON(r *filterReport) map[string]any {
 }
 
 func proxyJSON(r *proxyReport) map[string]any {
-	vs := map[string]any{}
-	for _, v := range r.Variants {
-		vs[v.Name] = map[string]any{
+	vs := variantsJSON(r.Variants, func(v proxyVariantReport) (string, map[string]any) {
+		return v.Name, map[string]any{
 			"latency":            stats.Summarise(v.Name, v.Latency),
 			"cpu_ns_per_request": v.CPUPerRequest,
 		}
-	}
+	})
 	return map[string]any{
 		"requests_per_variant":            r.Requests,
 		"fresh_conn_requests_per_variant": r.FreshConns,

@@ -1,17 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/warrenvm/warren/bench/agentdial"
 	"github.com/warrenvm/warren/bench/console"
 	"github.com/warrenvm/warren/bench/qemu"
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/bench/stats"
 )
 
@@ -104,11 +102,7 @@ func warrenRun(c config, reg *registry, w *parent, dir string, rd int, label str
 	r, call, agentT, err := forkToAgent(c, reg, w, filepath.Join(dir, "f"))
 	defer stopChildren(reg, r.Children)
 	if err != nil {
-		msg := fmt.Sprintf("%s: %v", label, err)
-		fmt.Printf("warren fork FAILED, %s\n", msg)
-		if rd >= 0 {
-			s.Failures = append(s.Failures, msg)
-		}
+		recordFailure("warren fork", label, err, rd, &s.Failures)
 		return
 	}
 	fmt.Printf("%-8s warren fork: call %8s pause %8s child running %8s agent %8s (%d layers)\n",
@@ -123,6 +117,16 @@ func warrenRun(c config, reg *registry, w *parent, dir string, rd int, label str
 	s.Layers = append(s.Layers, r.Layers)
 }
 
+// recordFailure prints a failed run of kind (label: which) and, unless
+// rd < 0 (a warm-up run), adds it to failures.
+func recordFailure(kind, label string, err error, rd int, failures *[]string) {
+	msg := fmt.Sprintf("%s: %v", label, err)
+	fmt.Printf("%s FAILED, %s\n", kind, msg)
+	if rd >= 0 {
+		*failures = append(*failures, msg)
+	}
+}
+
 // qemuSource boots the QEMU guest, migrates it to file once and stops it.
 func qemuSource(c config, reg *registry, dir string, size int, file string, s *qemuSeries) error {
 	g := qemu.Guest{Binary: c.QEMU, Kernel: c.Kernel, Initramfs: c.Initramfs, MemMiB: size, CID: c.qemuCID, GuestArgs: guestArgs}
@@ -135,7 +139,7 @@ func qemuSource(c config, reg *registry, dir string, size int, file string, s *q
 	defer func() { p.Kill(); reg.dropProc(p) }()
 	client := qemu.AgentClient(uint32(c.qemuCID), nil)
 	defer client.Close()
-	if err := waitBooted("qemu", p, client, c.timeout); err != nil {
+	if err := rig.WaitAgent("qemu", p, client, c.timeout); err != nil {
 		return err
 	}
 	q, err := qemu.DialQMP(qmpPath, 30*time.Second)
@@ -163,41 +167,30 @@ func qemuRun(c config, reg *registry, dir string, size int, file string, cid, rd
 	argv := append(qemu.Argv(g, ""), "-incoming", "exec:cat "+file)
 	client := qemu.AgentClient(uint32(cid), agentdial.Racing)
 	defer client.Close()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	exited := make(chan struct{})
-	start := time.Now()
-	err := cmd.Start()
+	pg, err := rig.StartGroup(argv)
 	var agentT time.Duration
 	if err == nil {
-		reg.addGroup(cmd.Process.Pid)
-		go func() { cmd.Wait(); close(exited) }()
+		reg.addGroup(pg.Cmd.Process.Pid)
 		gone := func() bool {
 			select {
-			case <-exited:
+			case <-pg.Exited:
 				return true
 			default:
 				return false
 			}
 		}
-		agentT, err = waitAnswer(client, start, start.Add(c.runTimeout), gone)
-		stopGroups(reg, cmd.Process.Pid)
+		agentT, err = waitAnswer(client, pg.Started, pg.Started.Add(c.runTimeout), gone)
+		stopGroups(reg, pg.Cmd.Process.Pid)
 		select { // stopGroups saw it gone: Wait returns soon (then out is whole)
-		case <-exited:
+		case <-pg.Exited:
 		case <-time.After(5 * time.Second):
 		}
 		if err != nil {
-			err = fmt.Errorf("%w; output: %s", err, tail(out.String()))
+			err = fmt.Errorf("%w; output: %s", err, tail(pg.Out.String()))
 		}
 	}
 	if err != nil {
-		msg := fmt.Sprintf("%s: %v", label, err)
-		fmt.Printf("qemu restore FAILED, %s\n", msg)
-		if rd >= 0 {
-			s.Failures = append(s.Failures, msg)
-		}
+		recordFailure("qemu restore", label, err, rd, &s.Failures)
 		return
 	}
 	fmt.Printf("%-8s qemu restore: agent %8s\n", label, stats.Significant(agentT))

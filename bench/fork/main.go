@@ -93,7 +93,7 @@ func main() {
 	flag.StringVar(&c.dir, "dir", os.TempDir(), "directory for sockets, consoles and the QEMU migration file")
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "limit for a boot or a migration")
 	flag.DurationVar(&c.runTimeout, "run-timeout", time.Minute, "limit for one fork or restore to the agent's answer; a run past it counts as failed")
-	flag.StringVar(&c.jsonOut, "json", "", "also write results as JSON here")
+	stats.JSONFlag(&c.jsonOut)
 	flag.BoolVar(&c.skipQEMU, "skip-qemu", false, "measure Warren only")
 	flag.BoolVar(&c.skipDensity, "skip-density", false, "skip measurement 2")
 	flag.Parse()

@@ -7,8 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,6 +16,7 @@ import (
 	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/bench/agentdial"
 	"github.com/warrenvm/warren/bench/console"
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
 	"github.com/warrenvm/warren/vmmctl"
 )
@@ -96,38 +95,21 @@ type parent struct {
 	client *agentclient.Client
 }
 
-var ready = regexp.MustCompile(`warren-init: ready uptime=`)
-
 // bootWarren boots a Warren guest of memMiB MiB with its files named
 // DIR/NAME.* and waits for its agent.
 func bootWarren(c config, reg *registry, dir, name string, memMiB int) (*parent, error) {
 	sock, api := filepath.Join(dir, name+".vsock"), filepath.Join(dir, name+".api")
-	argv := []string{c.Warren, "run", "--kernel", c.Kernel, "--initramfs", c.Initramfs,
-		"--mem", strconv.Itoa(memMiB), "--cpus", "1", "--vsock", sock, "--cid", "3",
-		"--api", api, "--cmdline", guestArgs}
-	p, err := console.Start(argv)
+	p, err := console.Start(c.WarrenArgv(memMiB, sock, api, guestArgs))
 	if err != nil {
 		return nil, fmt.Errorf("warren: %w", err)
 	}
 	reg.addProc(p)
 	w := &parent{p: p, api: api, client: agentclient.New(sock)}
-	if err := waitBooted("warren", p, w.client, c.timeout); err != nil {
+	if err := rig.WaitAgent("warren", p, w.client, c.timeout); err != nil {
 		w.stop(reg)
 		return nil, err
 	}
 	return w, nil
-}
-
-// waitBooted waits for a booted guest's ready line and its agent's answer.
-func waitBooted(name string, p *console.Proc, client *agentclient.Client, timeout time.Duration) error {
-	if _, err := p.Wait(ready, timeout); err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	if _, err := client.WaitHealth(context.Background(), time.Now().Add(timeout), 10*time.Second); err != nil {
-		return fmt.Errorf("%s: agent did not answer: %w", name, err)
-	}
-	fmt.Printf("%s: agent answering %s after start\n", name, time.Since(p.Started()).Round(time.Millisecond))
-	return nil
 }
 
 func (w *parent) stop(reg *registry) {

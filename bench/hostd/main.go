@@ -127,7 +127,7 @@ func main() {
 	flag.BoolVar(&c.useQEMU, "qemu", haveQEMU("qemu-system-x86_64"), "also measure the QEMU -incoming peer (default: on when qemu-system-x86_64 and /dev/vhost-vsock exist)")
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "limit for the template build (and QEMU's source boot and migration)")
 	flag.DurationVar(&c.createTimeout, "create-timeout", 2*time.Minute, "limit for one create (or QEMU restore); past it the run counts as failed")
-	flag.StringVar(&c.jsonOut, "json", "", "also write the results as JSON here")
+	stats.JSONFlag(&c.jsonOut)
 	flag.StringVar(&c.pngOut, "png", "build/bench-hostd.png", `plot of the latency distribution ("" for none)`)
 	tti := flag.String("tti", strings.Join(ttiModes, ","), `time to interactive (create + first exec) in these modes, comma-separated: sequential, staggered, burst ("none": skip)`)
 	flag.IntVar(&c.ttiRuns, "tti-runs", 16, "creates (and QEMU restores) per --tti mode")

@@ -1,16 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -20,15 +17,15 @@ import (
 	"github.com/warrenvm/warren/bench/console"
 	"github.com/warrenvm/warren/bench/proc"
 	"github.com/warrenvm/warren/bench/qemu"
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/bench/vsockpeer"
+	"github.com/warrenvm/warren/vmm/testguest"
 )
 
 // guestArgs are the kernel arguments both guests get besides the base line
 // and the host profile's (as in bench/snapshot and bench/fork): the
 // template gets them as its cmdline.
 const guestArgs = "random.trust_cpu=1"
-
-var ready = regexp.MustCompile(`warren-init: ready uptime=`)
 
 // qemuPeer restores QEMU -M microvm guests from one migration file of the
 // same kernel+initramfs guest, as bench/fork clones QEMU: each restore is
@@ -65,7 +62,7 @@ func newQEMUPeer(c config, work, data string) (*qemuPeer, error) {
 		q.close()
 		return nil, fmt.Errorf("qemu source guest: %w; console: %s", err, tail(p.Output()))
 	}
-	if _, err := p.Wait(ready, c.timeout); err != nil {
+	if _, err := p.Wait(rig.Ready, c.timeout); err != nil {
 		return fail(err)
 	}
 	client := qemu.AgentClient(uint32(c.qemuCID), nil)
@@ -121,7 +118,7 @@ func (q *qemuPeer) start(ctx context.Context, firstExec bool) (time.Duration, er
 	client := qemu.AgentClient(uint32(cid), agentdial.Racing)
 	defer client.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
-	var out syncBuffer
+	var out testguest.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	exited := make(chan struct{})
@@ -159,24 +156,6 @@ func (q *qemuPeer) start(ctx context.Context, firstExec bool) (time.Duration, er
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the process's writes and our reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func tail(s string) string {

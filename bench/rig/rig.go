@@ -1,7 +1,9 @@
 // Package rig is what the VM benchmarks share about the machine they run
 // on: the files they start (the guest kernel and initramfs, the warren
 // binary, the QEMU peer), the flags that name them, and the check, before
-// anything starts, that the host has what a run needs.
+// anything starts, that the host has what a run needs; and how they start
+// their guests: warren's command line, the wait for a guest's agent, a
+// VMM in a process group of its own.
 package rig
 
 import (

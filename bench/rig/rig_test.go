@@ -34,3 +34,15 @@ func TestCheck(t *testing.T) {
 		t.Errorf("present files: %v", err)
 	}
 }
+
+func TestWarrenArgv(t *testing.T) {
+	f := Files{Kernel: "k", Initramfs: "i", Warren: "w"}
+	if got, want := strings.Join(f.WarrenArgv(256, "v.sock", "", "quiet"), " "),
+		"w run --kernel k --initramfs i --mem 256 --cpus 1 --vsock v.sock --cid 3 --cmdline quiet"; got != want {
+		t.Errorf("without --api: %q, want %q", got, want)
+	}
+	if got, want := strings.Join(f.WarrenArgv(512, "v.sock", "a.sock", "quiet"), " "),
+		"w run --kernel k --initramfs i --mem 512 --cpus 1 --vsock v.sock --cid 3 --api a.sock --cmdline quiet"; got != want {
+		t.Errorf("with --api: %q, want %q", got, want)
+	}
+}

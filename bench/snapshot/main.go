@@ -83,7 +83,7 @@ func main() {
 	flag.DurationVar(&c.bootTimeout, "boot-timeout", 5*time.Minute, "limit for one boot of a source VM to its agent's answer")
 	flag.IntVar(&c.bootTries, "boot-tries", 1, "boots of a source VM before giving up (in the nested KVM host an L2 boot sometimes hangs; a hung boot is no sample)")
 	flag.DurationVar(&c.restoreTimeout, "restore-timeout", 30*time.Second, "limit for one restore to the agent's answer; a run past it counts as failed")
-	flag.StringVar(&c.jsonOut, "json", "", "also write results as JSON here")
+	stats.JSONFlag(&c.jsonOut)
 	flag.BoolVar(&c.skipIncremental, "skip-incremental", false, "skip measurement 1")
 	flag.BoolVar(&c.skipRestore, "skip-restore", false, "skip measurement 2")
 	variants := flag.String("variants", "eager,lazy,qemu", "restore variants to run: warren eager, warren lazy, qemu")
@@ -156,7 +156,7 @@ func run(c config) error {
 	}()
 	t0 := time.Now()
 	for _, v := range vms { // both boot at once
-		if err := v.start(); err != nil {
+		if err := v.Start(); err != nil {
 			return err
 		}
 	}
@@ -171,14 +171,14 @@ func run(c config) error {
 			}
 			// Only the source boots are retried: no timing is taken
 			// from them, so a retry biases nothing.
-			fmt.Printf("%s: boot %d of %d failed (%v); booting it again\n", vms[i].name, try, c.bootTries, err)
+			fmt.Printf("%s: boot %d of %d failed (%v); booting it again\n", vms[i].Name, try, c.bootTries, err)
 			vms[i].stop()
-			if vms[i].name == "qemu" {
+			if vms[i].Name == "qemu" {
 				vms[i] = newQEMU(c, work)
 			} else {
 				vms[i] = newWarren(c, work)
 			}
-			if err := vms[i].start(); err != nil {
+			if err := vms[i].Start(); err != nil {
 				return err
 			}
 		}

@@ -1,18 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/warrenvm/warren/agentclient"
@@ -20,6 +17,7 @@ import (
 	"github.com/warrenvm/warren/bench/agentdial"
 	"github.com/warrenvm/warren/bench/proc"
 	"github.com/warrenvm/warren/bench/qemu"
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/bench/stats"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
 )
@@ -245,18 +243,13 @@ func restoreOnce(c config, v variant, src restoreSources, runDir string) (first,
 			return 0, 0, fmt.Errorf("drop caches: %w", err)
 		}
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	exited := make(chan struct{})
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	pg, err := rig.StartGroup(argv)
+	if err != nil {
 		return 0, 0, err
 	}
-	go func() { cmd.Wait(); close(exited) }()
+	start := pg.Started
 	// Stopped as a user would (proc.StopGroup).
-	defer proc.StopGroup(cmd.Process.Pid, exited, argv[0])
+	defer proc.StopGroup(pg.Cmd.Process.Pid, pg.Exited, argv[0])
 	deadline := start.Add(c.restoreTimeout)
 	for {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
@@ -267,12 +260,12 @@ func restoreOnce(c config, v variant, src restoreSources, runDir string) (first,
 			break
 		}
 		select {
-		case <-exited:
-			return 0, 0, fmt.Errorf("%s exited: %s", argv[0], tail(out.String()))
+		case <-pg.Exited:
+			return 0, 0, fmt.Errorf("%s pg.Exited: %s", argv[0], tail(pg.Out.String()))
 		default:
 		}
 		if time.Now().After(deadline) {
-			return 0, 0, fmt.Errorf("agent did not answer in %s: %w; output: %s", c.restoreTimeout, herr, tail(out.String()))
+			return 0, 0, fmt.Errorf("agent did not answer in %s: %w; output: %s", c.restoreTimeout, herr, tail(pg.Out.String()))
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -7,15 +7,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/agentwire"
-	"github.com/warrenvm/warren/bench/console"
 	"github.com/warrenvm/warren/bench/qemu"
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmmctl"
 )
@@ -27,20 +26,15 @@ const guestArgs = "random.trust_cpu=1"
 // vm is one VMM under test: booted once, driven through its guest agent
 // and its control socket (Warren's API, QEMU's QMP).
 type vm struct {
-	name   string
-	argv   []string
-	client *agentclient.Client
-	p      *console.Proc
-	ctl    string // control socket: Warren's --api, QEMU's -qmp
-	qmp    *qemu.QMP
-	mt     *memtouch
+	rig.Guest
+	ctl string // control socket: Warren's --api, QEMU's -qmp
+	qmp *qemu.QMP
+	mt  *memtouch
 }
 
 // warrenArgv is `warren run` for the benchmark's guest.
 func warrenArgv(c config, vsockPath, api string) []string {
-	return []string{c.Warren, "run", "--kernel", c.Kernel, "--initramfs", c.Initramfs,
-		"--mem", strconv.Itoa(c.memMiB), "--cpus", "1", "--vsock", vsockPath, "--cid", "3",
-		"--api", api, "--cmdline", guestArgs}
+	return c.WarrenArgv(c.memMiB, vsockPath, api, guestArgs)
 }
 
 // qemuGuest is QEMU's microvm with the same guest (bench/qemu); restores
@@ -52,36 +46,21 @@ func qemuGuest(c config) qemu.Guest {
 
 func newWarren(c config, dir string) *vm {
 	sock, api := dir+"/warren.vsock", dir+"/warren.api"
-	return &vm{name: "warren", argv: warrenArgv(c, sock, api), client: agentclient.New(sock), ctl: api}
+	return &vm{Guest: rig.Guest{Name: "warren", Argv: warrenArgv(c, sock, api), Client: agentclient.New(sock)}, ctl: api}
 }
 
 func newQEMU(c config, dir string) *vm {
 	q := dir + "/qemu.qmp"
-	return &vm{name: "qemu", argv: qemu.Argv(qemuGuest(c), q), client: qemu.AgentClient(uint32(c.qemuCID), nil), ctl: q}
-}
-
-var ready = regexp.MustCompile(`warren-init: ready uptime=`)
-
-func (v *vm) start() error {
-	p, err := console.Start(v.argv)
-	if err != nil {
-		return fmt.Errorf("%s: %w", v.name, err)
-	}
-	v.p = p
-	return nil
+	return &vm{Guest: rig.Guest{Name: "qemu", Argv: qemu.Argv(qemuGuest(c), q), Client: qemu.AgentClient(uint32(c.qemuCID), nil)}, ctl: q}
 }
 
 // waitAgent waits for the ready line and the agent's answer, and for
 // QEMU connects QMP.
 func (v *vm) waitAgent(timeout time.Duration) error {
-	if _, err := v.p.Wait(ready, timeout); err != nil {
-		return fmt.Errorf("%s: %w", v.name, err)
+	if err := v.Guest.WaitAgent(timeout); err != nil {
+		return err
 	}
-	if _, err := v.client.WaitHealth(context.Background(), time.Now().Add(timeout), 10*time.Second); err != nil {
-		return fmt.Errorf("%s: agent did not answer: %w", v.name, err)
-	}
-	fmt.Printf("%s: agent answering %s after start\n", v.name, time.Since(v.p.Started()).Round(time.Millisecond))
-	if v.name == "qemu" {
+	if v.Name == "qemu" {
 		q, err := qemu.DialQMP(v.ctl, 30*time.Second)
 		if err != nil {
 			return err
@@ -103,10 +82,10 @@ func (v *vm) stop() {
 		v.qmp.Close()
 		v.qmp = nil
 	}
-	v.client.Close()
-	if v.p != nil {
-		v.p.Stop(10 * time.Second)
-		v.p = nil
+	v.Client.Close()
+	if v.P != nil {
+		v.P.Stop(10 * time.Second)
+		v.P = nil
 	}
 }
 
@@ -143,7 +122,7 @@ func (v *vm) startMemtouch(mib int, timeout time.Duration) error {
 	outR, outW := io.Pipe()
 	m := &memtouch{in: inW, lines: make(chan string, 16), done: make(chan error, 1)}
 	go func() {
-		_, err := v.client.Exec(context.Background(), agentwire.ExecRequest{Argv: []string{"memtouch", strconv.Itoa(mib)}, Input: inR}, outW, os.Stderr)
+		_, err := v.Client.Exec(context.Background(), agentwire.ExecRequest{Argv: []string{"memtouch", strconv.Itoa(mib)}, Input: inR}, outW, os.Stderr)
 		outW.CloseWithError(io.EOF)
 		m.done <- err
 	}()
@@ -157,10 +136,10 @@ func (v *vm) startMemtouch(mib int, timeout time.Duration) error {
 	v.mt = m
 	line, err := m.next(timeout)
 	if err != nil {
-		return fmt.Errorf("%s: memtouch: %w", v.name, err)
+		return fmt.Errorf("%s: memtouch: %w", v.Name, err)
 	}
 	if line != "ready "+strconv.Itoa(mib) {
-		return fmt.Errorf("%s: memtouch said %q", v.name, line)
+		return fmt.Errorf("%s: memtouch said %q", v.Name, line)
 	}
 	return nil
 }
@@ -168,14 +147,14 @@ func (v *vm) startMemtouch(mib int, timeout time.Duration) error {
 // dirty has memtouch write one byte in each page of its first k MiB.
 func (v *vm) dirty(k int, timeout time.Duration) error {
 	if _, err := fmt.Fprintf(v.mt.in, "dirty %d\n", k); err != nil {
-		return fmt.Errorf("%s: memtouch: %w", v.name, err)
+		return fmt.Errorf("%s: memtouch: %w", v.Name, err)
 	}
 	line, err := v.mt.next(timeout)
 	if err != nil {
-		return fmt.Errorf("%s: memtouch: %w", v.name, err)
+		return fmt.Errorf("%s: memtouch: %w", v.Name, err)
 	}
 	if line != "ok "+strconv.Itoa(k) {
-		return fmt.Errorf("%s: memtouch said %q", v.name, line)
+		return fmt.Errorf("%s: memtouch said %q", v.Name, line)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ package stats
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -66,6 +67,27 @@ func Summarise(name string, samples []time.Duration) Summary {
 		P50: Percentile(samples, 50), P90: Percentile(samples, 90), P99: Percentile(samples, 99)}
 }
 
+// Row is one row of a percentile table (PercentileRows).
+type Row struct {
+	// Name is the first row's name (what the table measures), "" in the
+	// others; Label is the percentile ("p50"); Values are that percentile
+	// of each summary, in order.
+	Name, Label string
+	Values      []time.Duration
+}
+
+// PercentileRows are the p50, p90 and p99 rows of a table of sums, the
+// first named name.
+func PercentileRows(name string, sums ...Summary) []Row {
+	rows := []Row{{Name: name, Label: "p50"}, {Label: "p90"}, {Label: "p99"}}
+	for _, s := range sums {
+		rows[0].Values = append(rows[0].Values, s.P50)
+		rows[1].Values = append(rows[1].Values, s.P90)
+		rows[2].Values = append(rows[2].Values, s.P99)
+	}
+	return rows
+}
+
 // Ratio is a/b of two durations (0 when b is 0).
 func Ratio(a, b time.Duration) float64 {
 	if b == 0 {
@@ -108,6 +130,13 @@ func Significant(d time.Duration) time.Duration {
 		return d.Round(time.Microsecond)
 	}
 	return d.Round(10 * time.Nanosecond)
+}
+
+// JSONFlag registers a benchmark's --json option on the command line
+// (flag.CommandLine): the file to write its results to (WriteJSON), ""
+// for none.
+func JSONFlag(path *string) {
+	flag.StringVar(path, "json", "", "also write the results as JSON here")
 }
 
 // WriteJSON writes v, indented, to path (a benchmark's --json file).

@@ -1,6 +1,7 @@
 package stats
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -30,5 +31,15 @@ func TestTable(t *testing.T) {
 	Table(&b, "boot", Summarise("warren", []time.Duration{2 * time.Second}), Summarise("qemu", []time.Duration{4 * time.Second}))
 	if !strings.Contains(b.String(), "0.50") || !strings.Contains(b.String(), "warren") {
 		t.Errorf("table:\n%s", b.String())
+	}
+}
+
+func TestPercentileRows(t *testing.T) {
+	a := Summary{P50: 1, P90: 2, P99: 3}
+	b := Summary{P50: 4, P90: 5, P99: 6}
+	rows := PercentileRows("rtt", a, b)
+	want := []Row{{"rtt", "p50", []time.Duration{1, 4}}, {"", "p90", []time.Duration{2, 5}}, {"", "p99", []time.Duration{3, 6}}}
+	if !reflect.DeepEqual(rows, want) {
+		t.Errorf("rows %+v, want %+v", rows, want)
 	}
 }

@@ -2,7 +2,6 @@ package crypt
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -101,40 +100,41 @@ func EncryptSparseFile(dst, src string, key Key) error {
 		return fmt.Errorf("crypt: seal %s: extents: %w", filepath.Base(src), err)
 	}
 	err = writeAtomicMode(dst, fi, func(f *os.File) error {
-		w, err := NewWriter(f, key, nil)
-		if err != nil {
-			return err
-		}
-		bw := bufio.NewWriterSize(w, 1<<20)
-		hdr := make([]byte, 24, 24+16*len(exts))
-		copy(hdr, SparseMagic)
-		binary.BigEndian.PutUint64(hdr[8:], uint64(fi.Size()))
-		binary.BigEndian.PutUint64(hdr[16:], uint64(len(exts)))
-		for _, e := range exts {
-			hdr = binary.BigEndian.AppendUint64(hdr, uint64(e.off))
-			hdr = binary.BigEndian.AppendUint64(hdr, uint64(e.len))
-		}
-		if _, err := bw.Write(hdr); err != nil {
-			return err
-		}
-		for _, e := range exts {
-			n, err := io.Copy(bw, io.NewSectionReader(in, e.off, e.len))
-			if err != nil {
-				return err
-			}
-			if n != e.len {
-				return fmt.Errorf("extent at %d: read %d of %d bytes (the file changed)", e.off, n, e.len)
-			}
-		}
-		if err := bw.Flush(); err != nil {
-			return err
-		}
-		return w.Close()
+		return sealInto(f, key, func(w io.Writer) error {
+			return writePacked(w, in, fi.Size(), exts)
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("crypt: seal %s: %w", filepath.Base(src), err)
 	}
 	return nil
+}
+
+// writePacked writes the packed form of the file in (size bytes, its
+// data in exts) to w: the header, then each extent's bytes.
+func writePacked(w io.Writer, in *os.File, size int64, exts []extent) error {
+	bw := bufio.NewWriterSize(w, 1<<20)
+	hdr := make([]byte, 24, 24+16*len(exts))
+	copy(hdr, SparseMagic)
+	binary.BigEndian.PutUint64(hdr[8:], uint64(size))
+	binary.BigEndian.PutUint64(hdr[16:], uint64(len(exts)))
+	for _, e := range exts {
+		hdr = binary.BigEndian.AppendUint64(hdr, uint64(e.off))
+		hdr = binary.BigEndian.AppendUint64(hdr, uint64(e.len))
+	}
+	if _, err := bw.Write(hdr); err != nil {
+		return err
+	}
+	for _, e := range exts {
+		n, err := io.Copy(bw, io.NewSectionReader(in, e.off, e.len))
+		if err != nil {
+			return err
+		}
+		if n != e.len {
+			return fmt.Errorf("extent at %d: read %d of %d bytes (the file changed)", e.off, n, e.len)
+		}
+	}
+	return bw.Flush()
 }
 
 // DecryptSparseFile decrypts src, made by EncryptSparseFile for tenant,
@@ -143,22 +143,19 @@ func EncryptSparseFile(dst, src string, key Key) error {
 // authenticated and the packed form checked before dst is replaced: on
 // any error dst is as it was.
 func DecryptSparseFile(dst, src string, p Provider, tenant string) error {
-	r, err := Open(context.Background(), src, p, tenant)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	fi, err := os.Stat(src)
-	if err != nil {
-		return err
-	}
-	err = writeAtomicMode(dst, fi, func(f *os.File) error {
-		return unpackSparse(f, bufio.NewReaderSize(r, 1<<20), r.Size())
+	return withReader(src, p, tenant, func(r *Reader) error {
+		fi, err := os.Stat(src)
+		if err != nil {
+			return err
+		}
+		err = writeAtomicMode(dst, fi, func(f *os.File) error {
+			return unpackSparse(f, bufio.NewReaderSize(r, 1<<20), r.Size())
+		})
+		if err != nil {
+			return fmt.Errorf("crypt: open %s: %w", filepath.Base(src), err)
+		}
+		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("crypt: open %s: %w", filepath.Base(src), err)
-	}
-	return nil
 }
 
 // ErrSparseFormat is wrapped by the errors of a packed sparse file that

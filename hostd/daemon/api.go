@@ -162,6 +162,47 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
+// reply answers v with status, or err when it is not nil.
+func reply(w http.ResponseWriter, status int, v any, err error) {
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, status, v)
+}
+
+// nonNil returns l, or an empty slice for nil: a list answers [], not null.
+func nonNil[T any](l []T) []T {
+	if l == nil {
+		return []T{}
+	}
+	return l
+}
+
+// withBody decodes the request's JSON body into a T for h, or answers 400.
+// A is what h is handed besides (the tenant, or its sandbox).
+func withBody[A, T any](h func(w http.ResponseWriter, r *http.Request, a A, req T)) func(w http.ResponseWriter, r *http.Request, a A) {
+	return func(w http.ResponseWriter, r *http.Request, a A) {
+		var req T
+		if err := decode(r, &req); err != nil {
+			writeErr(w, err)
+			return
+		}
+		h(w, r, a, req)
+	}
+}
+
+// lockedOp runs fn as an operation (progress.go) with s locked, answering
+// 200 and what fn returns.
+func (d *Daemon) lockedOp(w http.ResponseWriter, r *http.Request, s *sbState, fn func(ctx context.Context, s *sbState, o *op) (any, error)) {
+	newOp().run(w, r, func(o *op) (int, any, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		res, err := fn(d.ctx, s, o)
+		return 200, res, err
+	})
+}
+
 type handlerFunc func(w http.ResponseWriter, r *http.Request, tenant string)
 
 // Handler returns the API's handler; auth names each request's tenant.
@@ -192,78 +233,54 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 	handle("GET /v1/health", func(w http.ResponseWriter, r *http.Request, tenant string) {
 		writeJSON(w, 200, wire.Health{OK: true, Tenant: tenant, Cgroups: d.cgroupVersion()})
 	})
-	handle("POST /v1/templates", d.postTemplate)
+	handle("POST /v1/templates", withBody(d.postTemplate))
 	handle("GET /v1/templates", d.listTemplates)
-	handle("GET /v1/templates/{id}", d.getTemplate)
-	handle("DELETE /v1/templates/{id}", d.delTemplate)
+	handle("GET /v1/templates/{id}", d.withTemplate(func(w http.ResponseWriter, r *http.Request, t *tplState) {
+		writeJSON(w, 200, *t.view.Load())
+	}))
+	handle("DELETE /v1/templates/{id}", d.withTemplate(func(w http.ResponseWriter, r *http.Request, t *tplState) {
+		reply(w, 200, map[string]string{"deleted": r.PathValue("id")}, d.deleteTemplate(t))
+	}))
 	handle("POST /v1/images", d.postImage)
 	handle("GET /v1/images", d.listImages)
 	handle("DELETE /v1/images/{key}", d.delImage)
-	handle("POST /v1/sandboxes", d.postSandbox)
+	handle("POST /v1/sandboxes", withBody(func(w http.ResponseWriter, r *http.Request, tenant string, req wire.SandboxRequest) {
+		newOp().run(w, r, func(o *op) (int, any, error) { return d.createSandbox(o, tenant, req) })
+	}))
 	handle("GET /v1/sandboxes", func(w http.ResponseWriter, r *http.Request, tenant string) {
-		l := d.listSandboxes(tenant)
-		if l == nil {
-			l = []store.Sandbox{}
-		}
-		writeJSON(w, 200, l)
+		writeJSON(w, 200, nonNil(d.listSandboxes(tenant)))
 	})
 	handle("GET /v1/sandboxes/{id}", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
 		writeJSON(w, 200, d.snapshotRec(s))
 	}))
 	handle("DELETE /v1/sandboxes/{id}", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
-		if err := d.deleteSandbox(s); err != nil {
-			writeErr(w, err)
-			return
-		}
-		writeJSON(w, 200, map[string]string{"deleted": s.rec.ID})
+		err := d.deleteSandbox(s)
+		reply(w, 200, map[string]string{"deleted": s.rec.ID}, err)
 	}))
-	handle("POST /v1/sandboxes/{id}/exec", d.withSandbox(d.exec))
+	handle("POST /v1/sandboxes/{id}/exec", d.withSandbox(withBody(d.exec)))
 	handle("GET /v1/sandboxes/{id}/files", d.withSandbox(d.getFile))
 	handle("PUT /v1/sandboxes/{id}/files", d.withSandbox(d.putFile))
 	handle("POST /v1/sandboxes/{id}/pause", d.withSandbox(d.postPause))
 	handle("POST /v1/sandboxes/{id}/resume", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
-		newOp().run(w, r, func(o *op) (int, any, error) {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			res, err := d.resume(d.ctx, s, o)
-			return 200, res, err
-		})
+		d.lockedOp(w, r, s, d.resume)
 	}))
-	handle("POST /v1/sandboxes/{id}/snapshots", d.withSandbox(d.postSnapshot))
+	handle("POST /v1/sandboxes/{id}/snapshots", d.withSandbox(withBody(d.postSnapshot)))
 	handle("GET /v1/sandboxes/{id}/snapshots", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
 		rec := d.snapshotRec(s)
-		l := rec.Snapshots
-		if l == nil {
-			l = []store.Snapshot{}
-		}
-		writeJSON(w, 200, wire.SnapshotList{Snapshots: l, Rolling: rec.Rolling})
+		writeJSON(w, 200, wire.SnapshotList{Snapshots: nonNil(rec.Snapshots), Rolling: rec.Rolling})
 	}))
-	handle("POST /v1/sandboxes/{id}/rollback", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
-		var req wire.RollbackRequest
-		if err := decode(r, &req); err != nil {
-			writeErr(w, err)
-			return
-		}
+	handle("POST /v1/sandboxes/{id}/rollback", d.withSandbox(withBody(func(w http.ResponseWriter, r *http.Request, s *sbState, req wire.RollbackRequest) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		res, err := d.rollback(r.Context(), s, req.Snapshot)
-		if err != nil {
-			writeErr(w, err)
-			return
-		}
-		writeJSON(w, 200, res)
-	}))
-	handle("POST /v1/sandboxes/{id}/fork", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
-		var req wire.ForkRequest
-		if err := decode(r, &req); err != nil {
-			writeErr(w, err)
-			return
-		}
+		reply(w, 200, res, err)
+	})))
+	handle("POST /v1/sandboxes/{id}/fork", d.withSandbox(withBody(func(w http.ResponseWriter, r *http.Request, s *sbState, req wire.ForkRequest) {
 		if req.N == 0 {
 			req.N = 1
 		}
 		newOp().run(w, r, func(o *op) (int, any, error) { return d.fork(o, s, req.N) })
-	}))
+	})))
 	handle("GET /v1/sandboxes/{id}/egress", d.withNetwork(d.getEgress))
 	handle("PUT /v1/sandboxes/{id}/egress", d.withNetwork(d.putEgress))
 	handle("PUT /v1/secrets/{name}", d.putSecret)
@@ -285,22 +302,28 @@ func (d *Daemon) cgroupVersion() int {
 
 // withSandbox resolves {id} to the tenant's sandbox, or answers 404.
 func (d *Daemon) withSandbox(h func(w http.ResponseWriter, r *http.Request, s *sbState)) handlerFunc {
+	return withOwned("sandbox", d.sandbox, h)
+}
+
+// withTemplate resolves {id} to the tenant's template, or answers 404.
+func (d *Daemon) withTemplate(h func(w http.ResponseWriter, r *http.Request, t *tplState)) handlerFunc {
+	return withOwned("template", d.template, h)
+}
+
+// withOwned resolves {id} with find (nil: the tenant has no such kind),
+// or answers 404.
+func withOwned[S any](kind string, find func(tenant, id string) *S, h func(w http.ResponseWriter, r *http.Request, s *S)) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, tenant string) {
-		s := d.sandbox(tenant, r.PathValue("id"))
+		s := find(tenant, r.PathValue("id"))
 		if s == nil {
-			writeErr(w, errf(404, "sandbox %q not found", r.PathValue("id")))
+			writeErr(w, errf(404, "%s %q not found", kind, r.PathValue("id")))
 			return
 		}
 		h(w, r, s)
 	}
 }
 
-func (d *Daemon) postTemplate(w http.ResponseWriter, r *http.Request, tenant string) {
-	var req wire.TemplateRequest
-	if err := decode(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
+func (d *Daemon) postTemplate(w http.ResponseWriter, r *http.Request, tenant string, req wire.TemplateRequest) {
 	newOp().run(w, r, func(o *op) (int, any, error) { return d.buildTemplate(o, tenant, req) })
 }
 
@@ -316,46 +339,10 @@ func (d *Daemon) listTemplates(w http.ResponseWriter, r *http.Request, tenant st
 	writeJSON(w, 200, out)
 }
 
-func (d *Daemon) getTemplate(w http.ResponseWriter, r *http.Request, tenant string) {
-	t := d.template(tenant, r.PathValue("id"))
-	if t == nil {
-		writeErr(w, errf(404, "template %q not found", r.PathValue("id")))
-		return
-	}
-	writeJSON(w, 200, *t.view.Load())
-}
-
-func (d *Daemon) delTemplate(w http.ResponseWriter, r *http.Request, tenant string) {
-	t := d.template(tenant, r.PathValue("id"))
-	if t == nil {
-		writeErr(w, errf(404, "template %q not found", r.PathValue("id")))
-		return
-	}
-	if err := d.deleteTemplate(t); err != nil {
-		writeErr(w, err)
-		return
-	}
-	writeJSON(w, 200, map[string]string{"deleted": r.PathValue("id")})
-}
-
-func (d *Daemon) postSandbox(w http.ResponseWriter, r *http.Request, tenant string) {
-	var req wire.SandboxRequest
-	if err := decode(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
-	newOp().run(w, r, func(o *op) (int, any, error) { return d.createSandbox(o, tenant, req) })
-}
-
 func (d *Daemon) postPause(w http.ResponseWriter, r *http.Request, s *sbState) {
 	toDisk, _ := strconv.ParseBool(r.URL.Query().Get("to_disk"))
 	if toDisk {
-		newOp().run(w, r, func(o *op) (int, any, error) {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			res, err := d.suspendLocked(d.ctx, s, o)
-			return 200, res, err
-		})
+		d.lockedOp(w, r, s, d.suspendLocked)
 		return
 	}
 	s.mu.Lock()
@@ -367,12 +354,7 @@ func (d *Daemon) postPause(w http.ResponseWriter, r *http.Request, s *sbState) {
 	writeJSON(w, 200, copyRec(s.rec))
 }
 
-func (d *Daemon) postSnapshot(w http.ResponseWriter, r *http.Request, s *sbState) {
-	var req wire.SnapshotRequest
-	if err := decode(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
+func (d *Daemon) postSnapshot(w http.ResponseWriter, r *http.Request, s *sbState, req wire.SnapshotRequest) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if req.Every != "" {
@@ -484,12 +466,7 @@ func (d *Daemon) readyAgent(s *sbState) (*agentclient.Client, []string, error) {
 	return s.agent, rec.Env, nil
 }
 
-func (d *Daemon) exec(w http.ResponseWriter, r *http.Request, s *sbState) {
-	var req wire.ExecRequest
-	if err := decode(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
+func (d *Daemon) exec(w http.ResponseWriter, r *http.Request, s *sbState, req wire.ExecRequest) {
 	if len(req.Argv) == 0 {
 		writeErr(w, errf(400, "argv is required"))
 		return
@@ -574,9 +551,7 @@ func (d *Daemon) putFile(w http.ResponseWriter, r *http.Request, s *sbState) {
 		writeErr(w, agentErr(err))
 		return
 	}
-	// The agent's FileInfo has wire.FileInfo's fields: a field added to
-	// one and not the other stops this conversion compiling.
-	writeJSON(w, 200, wire.FileInfo(fi))
+	writeJSON(w, 200, fi)
 }
 
 // streamEvents streams the tenant's events as NDJSON until the client

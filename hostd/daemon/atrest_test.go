@@ -67,6 +67,17 @@ func newProvider(t *testing.T) *crypt.LocalProvider {
 	return &crypt.LocalProvider{Dir: dir}
 }
 
+// withKeys is a startDaemon option: at-rest encryption with keys, the
+// daemon decrypting into work ("": a new directory for each daemon).
+func withKeys(t *testing.T, keys *crypt.LocalProvider, work string) func(*Config) {
+	return func(c *Config) {
+		c.Keys, c.DecryptDir = keys, work
+		if work == "" {
+			c.DecryptDir = filepath.Join(t.TempDir(), "decrypted")
+		}
+	}
+}
+
 // sealedAll checks that every file in dir is in the crypt format (no
 // plaintext and no temporary file left).
 func sealedAll(t *testing.T, dir string) {
@@ -247,10 +258,7 @@ func TestKeysAPI(t *testing.T) {
 	fl := newFakeLauncher(t)
 	keys := newProvider(t)
 	state := t.TempDir()
-	td := startDaemon(t, state, fl, func(c *Config) {
-		c.Keys = keys
-		c.DecryptDir = filepath.Join(t.TempDir(), "decrypted")
-	})
+	td := startDaemon(t, state, fl, withKeys(t, keys, ""))
 	a := td.client(t, "acme")
 	b := td.client(t, "other")
 
@@ -376,10 +384,7 @@ func TestKeysAPIUnconfigured(t *testing.T) {
 // key are sealed when it gets one.
 func TestKeyCreatedSealsExisting(t *testing.T) {
 	keys := newProvider(t)
-	td := startDaemon(t, t.TempDir(), newFakeLauncher(t), func(c *Config) {
-		c.Keys = keys
-		c.DecryptDir = filepath.Join(t.TempDir(), "decrypted")
-	})
+	td := startDaemon(t, t.TempDir(), newFakeLauncher(t), withKeys(t, keys, ""))
 	a := td.client(t, "acme")
 	tp := a.template(fakeKernel(t))
 	if ok, _ := isSealed(tp.Snapshot + ".wstate"); ok {
@@ -397,10 +402,7 @@ func TestTemplateCopyLifetime(t *testing.T) {
 	fl := newFakeLauncher(t)
 	keys := newProvider(t)
 	state, decrypted := t.TempDir(), filepath.Join(t.TempDir(), "decrypted")
-	cfg := func(c *Config) {
-		c.Keys = keys
-		c.DecryptDir = decrypted
-	}
+	cfg := withKeys(t, keys, decrypted)
 	td := startDaemon(t, state, fl, cfg)
 	a := td.client(t, "acme")
 	a.ok(201, "POST", "/v1/keys", nil, nil)

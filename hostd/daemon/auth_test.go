@@ -199,15 +199,37 @@ func newPKI(t *testing.T) pki {
 	return p
 }
 
-// serveTLS serves td's API with TokenAuth on a TLS listener on loopback
-// and returns its https:// address.
-func serveTLS(t *testing.T, td *testDaemon, cfg *tls.Config, tokens map[string]string) string {
+// tlsToken is tenant-a's bearer token on serveTLS's listener.
+const tlsToken = "token-of-a-0123456789"
+
+// serveTLS starts a daemon and serves its API with TokenAuth (tlsToken
+// for tenant-a) on a TLS listener on loopback with p's server
+// certificate, mutual TLS against clientCA unless it is "". It returns the
+// listener's https:// address and a context for the test's calls.
+func serveTLS(t *testing.T, p pki, clientCA string) (string, context.Context) {
+	td := startDaemon(t, t.TempDir(), newFakeLauncher(t))
+	cfg, err := ServerTLS(p.serverCert, p.serverKey, clientCA)
+	if err != nil {
+		t.Fatal(err)
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	go td.Serve(tls.NewListener(l, cfg), TokenAuth(tokens))
-	return "https://" + l.Addr().String()
+	go td.Serve(tls.NewListener(l, cfg), TokenAuth(map[string]string{tlsToken: "tenant-a"}))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return "https://" + l.Addr().String(), ctx
+}
+
+// tlsClient is a client of url with tlsToken and tl, failing t if there
+// is none.
+func tlsClient(t *testing.T, url string, tl hostclient.TLS) *hostclient.Client {
+	c, err := hostclient.NewTLS(url, "", tlsToken, tl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // TestTLSListener: the TCP API is served over TLS with the operator's
@@ -216,36 +238,20 @@ func serveTLS(t *testing.T, td *testDaemon, cfg *tls.Config, tokens map[string]s
 // token gets no answer of the API's.
 func TestTLSListener(t *testing.T) {
 	p := newPKI(t)
-	td := startDaemon(t, t.TempDir(), newFakeLauncher(t))
-	cfg, err := ServerTLS(p.serverCert, p.serverKey, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok := "token-of-a-0123456789"
-	url := serveTLS(t, td, cfg, map[string]string{tok: "tenant-a"})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	url, ctx := serveTLS(t, p, "")
 
-	c, err := hostclient.NewTLS(url, "", tok, hostclient.TLS{CAFile: p.ca})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if tenant, err := c.Health(ctx); err != nil || tenant != "tenant-a" {
+	if tenant, err := tlsClient(t, url, hostclient.TLS{CAFile: p.ca}).Health(ctx); err != nil || tenant != "tenant-a" {
 		t.Fatalf("Health over TLS = %q, %v", tenant, err)
 	}
 	// The system's roots, or another CA: the daemon is not trusted.
 	for _, tl := range []hostclient.TLS{{}, {CAFile: p.otherCA}} {
-		c, err := hostclient.NewTLS(url, "", tok, tl)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.Health(ctx); err == nil || !strings.Contains(err.Error(), "certificate") {
+		if _, err := tlsClient(t, url, tl).Health(ctx); err == nil || !strings.Contains(err.Error(), "certificate") {
 			t.Errorf("CA %q: Health = %v, want a certificate error", tl.CAFile, err)
 		}
 	}
 	// Plain HTTP with a valid token: no API answer.
 	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+strings.TrimPrefix(url, "https://")+"/v1/health", nil)
-	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Header.Set("Authorization", "Bearer "+tlsToken)
 	if res, err := http.DefaultClient.Do(req); err == nil {
 		var h wire.Health
 		json.NewDecoder(res.Body).Decode(&h)
@@ -255,7 +261,7 @@ func TestTLSListener(t *testing.T) {
 		}
 	}
 	// CA options on a non-https address are a mistake, not ignored.
-	if _, err := hostclient.NewTLS("http://127.0.0.1:1", "", tok, hostclient.TLS{CAFile: p.ca}); err == nil {
+	if _, err := hostclient.NewTLS("http://127.0.0.1:1", "", tlsToken, hostclient.TLS{CAFile: p.ca}); err == nil {
 		t.Error("a CA file with an http:// address was accepted")
 	}
 }
@@ -265,21 +271,9 @@ func TestTLSListener(t *testing.T) {
 // token; one with the CA's client certificate is served.
 func TestMutualTLS(t *testing.T) {
 	p := newPKI(t)
-	td := startDaemon(t, t.TempDir(), newFakeLauncher(t))
-	cfg, err := ServerTLS(p.serverCert, p.serverKey, p.ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok := "token-of-a-0123456789"
-	url := serveTLS(t, td, cfg, map[string]string{tok: "tenant-a"})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	url, ctx := serveTLS(t, p, p.ca)
 
-	noCert, err := hostclient.NewTLS(url, "", tok, hostclient.TLS{CAFile: p.ca})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := noCert.Health(ctx); err == nil {
+	if _, err := tlsClient(t, url, hostclient.TLS{CAFile: p.ca}).Health(ctx); err == nil {
 		t.Fatal("a client without a certificate was served")
 	} else {
 		t.Logf("without a certificate: %v", err)
@@ -288,17 +282,11 @@ func TestMutualTLS(t *testing.T) {
 	// certificate and key, issued for serverAuth by the same CA, would
 	// pass; one self-signed by an attacker must not.
 	other := newPKI(t)
-	forged, err := hostclient.NewTLS(url, "", tok, hostclient.TLS{CAFile: p.ca, CertFile: other.clientCert, KeyFile: other.clientKey})
-	if err != nil {
-		t.Fatal(err)
-	}
+	forged := tlsClient(t, url, hostclient.TLS{CAFile: p.ca, CertFile: other.clientCert, KeyFile: other.clientKey})
 	if _, err := forged.Health(ctx); err == nil {
 		t.Fatal("a client certificate of another CA was accepted")
 	}
-	good, err := hostclient.NewTLS(url, "", tok, hostclient.TLS{CAFile: p.ca, CertFile: p.clientCert, KeyFile: p.clientKey})
-	if err != nil {
-		t.Fatal(err)
-	}
+	good := tlsClient(t, url, hostclient.TLS{CAFile: p.ca, CertFile: p.clientCert, KeyFile: p.clientKey})
 	if tenant, err := good.Health(ctx); err != nil || tenant != "tenant-a" {
 		t.Fatalf("Health with a client certificate = %q, %v", tenant, err)
 	}

@@ -562,22 +562,21 @@ func newID(prefix string) string {
 
 // template returns tenant's template id, or nil.
 func (d *Daemon) template(tenant, id string) *tplState {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	t := d.templates[id]
-	if t == nil || t.rec.Tenant != tenant {
-		return nil
-	}
-	return t
+	return owned(d, d.templates, tenant, id, func(t *tplState) string { return t.rec.Tenant })
 }
 
 // sandbox returns tenant's sandbox id, or nil: another tenant's is
 // indistinguishable from a missing one.
 func (d *Daemon) sandbox(tenant, id string) *sbState {
+	return owned(d, d.sandboxes, tenant, id, func(s *sbState) string { return s.rec.Tenant })
+}
+
+// owned returns m[id] (d.mu held) when owner says tenant's, or nil.
+func owned[S any](d *Daemon, m map[string]*S, tenant, id string, owner func(*S) string) *S {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	s := d.sandboxes[id]
-	if s == nil || s.rec.Tenant != tenant {
+	s := m[id]
+	if s == nil || owner(s) != tenant {
 		return nil
 	}
 	return s

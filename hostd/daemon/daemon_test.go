@@ -16,13 +16,11 @@ import (
 
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 func TestLifecycleFake(t *testing.T) {
-	state := t.TempDir()
-	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
+	td, f, c := aliceDaemon(t)
 
 	// Events, from before anything happens.
 	evc := make(chan wire.Event, 100)
@@ -110,14 +108,7 @@ func TestLifecycleFake(t *testing.T) {
 		t.Errorf("rollback to a missing snapshot: %d", st)
 	}
 	// Fork.
-	var fr struct {
-		Parent   string
-		Children []store.Sandbox
-	}
-	c.ok(201, "POST", "/v1/sandboxes/"+sb.ID+"/fork", map[string]any{"n": 2}, &fr)
-	if len(fr.Children) != 2 {
-		t.Fatalf("fork: %+v", fr)
-	}
+	fr := c.fork(sb.ID, 2)
 	for _, k := range fr.Children {
 		if k.Status != store.Running || k.Parent != sb.ID || k.Tenant != "alice" || !alive(k.PID, k.StartTime) {
 			t.Fatalf("child %+v", k)
@@ -322,10 +313,8 @@ func TestProgressStreaming(t *testing.T) {
 // the live ones and marks the dead ones stopped; a stopped sandbox with a
 // snapshot resumes from it.
 func TestRestartAdoption(t *testing.T) {
-	state := t.TempDir()
-	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
+	td, f, c := aliceDaemon(t)
+	state := td.state
 	tp := c.template(fakeKernel(t))
 	keep, lost, snapped := c.create(tp.ID), c.create(tp.ID), c.create(tp.ID)
 	c.ok(201, "POST", "/v1/sandboxes/"+snapped.ID+"/snapshots", map[string]any{"name": "s1"}, nil)
@@ -339,7 +328,7 @@ func TestRestartAdoption(t *testing.T) {
 	// Two VMMs die while no daemon runs.
 	syscall.Kill(lost.PID, syscall.SIGKILL)
 	syscall.Kill(snapped.PID, syscall.SIGKILL)
-	waitFor(t, 5*time.Second, "VMMs to die", func() bool { return !alive(lost.PID, lost.StartTime) && !alive(snapped.PID, snapped.StartTime) })
+	kvmtest.WaitFor(t, 5*time.Second, "VMMs to die", func() bool { return !alive(lost.PID, lost.StartTime) && !alive(snapped.PID, snapped.StartTime) })
 
 	td2 := startDaemon(t, state, f)
 	c = td2.client(t, "alice")
@@ -424,19 +413,17 @@ func startSleep(t *testing.T) *osCmd {
 
 // TestMonitor: a VMM that dies while the daemon runs is marked stopped.
 func TestMonitor(t *testing.T) {
-	td := startDaemon(t, t.TempDir(), newFakeLauncher(t))
-	c := td.client(t, "alice")
+	_, _, c := aliceDaemon(t)
 	sb := c.create(c.template(fakeKernel(t)).ID)
 	syscall.Kill(sb.PID, syscall.SIGKILL)
-	waitFor(t, 5*time.Second, "stopped", func() bool { return c.get(sb.ID).Status == store.Stopped })
+	kvmtest.WaitFor(t, 5*time.Second, "stopped", func() bool { return c.get(sb.ID).Status == store.Stopped })
 	if st, _ := c.do("POST", "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"argv": []string{"true"}}); st != 409 {
 		t.Errorf("exec in a stopped sandbox: %d", st)
 	}
 }
 
 func TestPauseToDisk(t *testing.T) {
-	td := startDaemon(t, t.TempDir(), newFakeLauncher(t))
-	c := td.client(t, "alice")
+	_, _, c := aliceDaemon(t)
 	sb := c.create(c.template(fakeKernel(t)).ID)
 	var rec store.Sandbox
 	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/pause?to_disk=true", nil, &rec)
@@ -453,15 +440,14 @@ func TestPauseToDisk(t *testing.T) {
 }
 
 func TestRollingSnapshots(t *testing.T) {
-	td := startDaemon(t, t.TempDir(), newFakeLauncher(t))
-	c := td.client(t, "alice")
+	td, _, c := aliceDaemon(t)
 	sb := c.create(c.template(fakeKernel(t)).ID)
 	c.ok(202, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", map[string]any{"every": "1s", "keep": 2}, nil)
 	var snaps struct {
 		Snapshots []store.Snapshot
 		Rolling   *store.Rolling
 	}
-	waitFor(t, 15*time.Second, "7 rolling snapshots", func() bool {
+	kvmtest.WaitFor(t, 15*time.Second, "7 rolling snapshots", func() bool {
 		c.ok(200, "GET", "/v1/sandboxes/"+sb.ID+"/snapshots", nil, &snaps)
 		return len(snaps.Snapshots) > 0 && snaps.Snapshots[len(snaps.Snapshots)-1].Name == "roll-000007"
 	})
@@ -605,12 +591,8 @@ func TestForkChildWithoutAgent(t *testing.T) {
 		before[pid] = true
 	}
 	f.mu.Unlock()
-	var fr struct {
-		Children []store.Sandbox
-		Errors   []string
-	}
-	c.ok(201, "POST", "/v1/sandboxes/"+sb.ID+"/fork", map[string]any{"n": 1}, &fr)
-	if len(fr.Children) != 1 || len(fr.Errors) != 1 {
+	fr := c.fork(sb.ID, 1)
+	if len(fr.Errors) != 1 {
 		t.Fatalf("fork: %+v", fr)
 	}
 	k := fr.Children[0]
@@ -629,7 +611,7 @@ func TestForkChildWithoutAgent(t *testing.T) {
 		t.Fatalf("%d fake child VMMs, want 1", len(kids))
 	}
 	st, _ := procStartTime(kids[0].cmd.Process.Pid)
-	waitFor(t, 5*time.Second, "the child's VMM to stop", func() bool { return !alive(kids[0].cmd.Process.Pid, st) })
+	kvmtest.WaitFor(t, 5*time.Second, "the child's VMM to stop", func() bool { return !alive(kids[0].cmd.Process.Pid, st) })
 	if out, _, code := c.exec(sb.ID, "echo", "parent"); out != "parent\n" || code != 0 {
 		t.Errorf("parent exec after the failed fork: %q %d", out, code)
 	}

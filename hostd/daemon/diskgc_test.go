@@ -11,6 +11,7 @@ import (
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 // TestCollectDisks builds, with real cow/disk files, a tenant's disks as
@@ -118,7 +119,7 @@ func TestCollectDisks(t *testing.T) {
 	// busy sandbox's directory is kept whole while it is being created.
 	c := td.client(t, tenant)
 	c.ok(200, "DELETE", "/v1/sandboxes/"+kid, nil, nil)
-	waitFor(t, 10*time.Second, "the fork parent's layer to be collected", func() bool {
+	kvmtest.WaitFor(t, 10*time.Second, "the fork parent's layer to be collected", func() bool {
 		_, err := os.Stat(p)
 		return os.IsNotExist(err)
 	})

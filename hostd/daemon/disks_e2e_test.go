@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 // TestE2EDisks drives sandboxes of a template with a writable disk
@@ -148,12 +150,7 @@ func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img st
 	}
 	step("%s keeps its bytes across pause to disk and resume", a.ID)
 
-	var fr struct{ Children []store.Sandbox }
-	c.ok(201, "POST", "/v1/sandboxes/"+a.ID+"/fork", map[string]any{"n": 1}, &fr)
-	if len(fr.Children) != 1 {
-		t.Fatalf("fork: %+v", fr)
-	}
-	kid := fr.Children[0]
+	kid := c.fork(a.ID, 1).Children[0]
 	all = append(all, kid)
 	if got := head(kid.ID); got != "AAAA-sandbox-one" {
 		t.Fatalf("the fork child reads %q", got)
@@ -169,19 +166,12 @@ func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img st
 	// The child, a uid of its own, pauses to disk and resumes: its new VMM
 	// reads the parent's frozen layer under its overlay as a member of
 	// the parent's group. Then it forks: the grandchild's chain reads both.
-	c.ok(200, "POST", "/v1/sandboxes/"+kid.ID+"/pause?to_disk=true", nil, nil)
-	var rk store.Sandbox
-	c.ok(200, "POST", "/v1/sandboxes/"+kid.ID+"/resume", nil, &rk)
+	rk := c.suspendResume(kid.ID)
 	all = append(all, rk)
 	if got := head(kid.ID); got != "CCCC-fork-child!" {
 		t.Fatalf("after pause to disk and resume the fork child reads %q", got)
 	}
-	var gr struct{ Children []store.Sandbox }
-	c.ok(201, "POST", "/v1/sandboxes/"+kid.ID+"/fork", map[string]any{"n": 1}, &gr)
-	if len(gr.Children) != 1 {
-		t.Fatalf("the child's fork: %+v", gr)
-	}
-	grand := gr.Children[0]
+	grand := c.fork(kid.ID, 1).Children[0]
 	all = append(all, grand)
 	if got := head(grand.ID); got != "CCCC-fork-child!" {
 		t.Fatalf("the grandchild reads %q", got)
@@ -274,11 +264,7 @@ func filesScenario(t *testing.T, c *client, state, tenant string, tp store.Templ
 	}
 	step("%s: snapshot s1 froze its disk (%s); after a write, the rollback gives the files as at s1", f.ID, filepath.Base(s1.Disks[0].Layer))
 
-	var fr struct{ Children []store.Sandbox }
-	c.ok(201, "POST", "/v1/sandboxes/"+f.ID+"/fork", map[string]any{"n": 2}, &fr)
-	if len(fr.Children) != 2 {
-		t.Fatalf("fork: %+v", fr)
-	}
+	fr := c.fork(f.ID, 2)
 	*all = append(*all, fr.Children...)
 	for k, kid := range fr.Children {
 		if len(kid.Disks) != 1 || filepath.Dir(kid.Disks[0].Top) != sbDir(kid.ID) {
@@ -343,7 +329,7 @@ func filesScenario(t *testing.T, c *client, state, tenant string, tp store.Templ
 		}
 		return extra, rec
 	}
-	waitFor(t, 2*time.Minute, "unreferenced layers to be collected", func() bool { extra, _ := leftover(); return len(extra) == 0 })
+	kvmtest.WaitFor(t, 2*time.Minute, "unreferenced layers to be collected", func() bool { extra, _ := leftover(); return len(extra) == 0 })
 	_, rec := leftover()
 	if len(rec.Disks) != 1 {
 		t.Fatalf("the record's live disks: %+v", rec.Disks)
@@ -370,8 +356,13 @@ func readHead(path string, n int) ([]byte, error) {
 		return nil, err
 	}
 	defer f.Close()
+	return readAtHead(f, n)
+}
+
+// readAtHead returns the first n bytes of r.
+func readAtHead(r io.ReaderAt, n int) ([]byte, error) {
 	b := make([]byte, n)
-	_, err = f.ReadAt(b, 0)
+	_, err := r.ReadAt(b, 0)
 	return b, err
 }
 
@@ -388,7 +379,5 @@ func readImageHead(path string, n int) ([]byte, error) {
 		return nil, err
 	}
 	defer o.Close()
-	b := make([]byte, n)
-	_, err = o.ReadAt(b, 0)
-	return b, err
+	return readAtHead(o, n)
 }

@@ -84,14 +84,7 @@ func TestTemplateWritableDisks(t *testing.T) {
 	if h, err := disk.ParseHeader(hb); err != nil || h.BasePath != base {
 		t.Errorf("overlay header %+v, %v; want base %s", h, err, base)
 	}
-	o, err := disk.OpenChain(ov, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(data))
-	if _, err := o.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
-		t.Errorf("the overlay does not read as the template's disk: %v", err)
-	}
+	o := openReading(t, ov, data)
 	if _, err := o.WriteAt([]byte("sandbox"), 0); err != nil {
 		t.Errorf("write to the sandbox's overlay: %v", err)
 	}
@@ -101,8 +94,7 @@ func TestTemplateWritableDisks(t *testing.T) {
 	}
 
 	// A resume from disk restores the sandbox's own snapshot: no --disk-path.
-	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/pause?to_disk=true", nil, nil)
-	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/resume", nil, nil)
+	c.suspendResume(sb.ID)
 	if got := f.lastRestoreSpec; got.Snapshot == tp.Snapshot || got.DiskPaths != nil {
 		t.Errorf("resume from disk: %+v", got)
 	}
@@ -142,8 +134,7 @@ func TestDeleteDiskParentRefused(t *testing.T) {
 	var tp store.Template
 	c.ok(201, "POST", "/v1/templates", map[string]any{"kernel": fakeKernel(t), "mem_mib": 128, "disks": []string{"rw.img"}}, &tp)
 	sb := c.create(tp.ID)
-	var fr struct{ Children []store.Sandbox }
-	c.ok(201, "POST", "/v1/sandboxes/"+sb.ID+"/fork", map[string]any{"n": 1}, &fr)
+	fr := c.fork(sb.ID, 1)
 	if st, b := c.do("DELETE", "/v1/sandboxes/"+sb.ID, nil); st != 409 || !bytes.Contains(b, []byte(fr.Children[0].ID)) {
 		t.Fatalf("delete of a disk parent with a child: %d %s", st, b)
 	}
@@ -151,6 +142,21 @@ func TestDeleteDiskParentRefused(t *testing.T) {
 	c.ok(200, "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
 
 	plain := c.create(c.template(fakeKernel(t)).ID)
-	c.ok(201, "POST", "/v1/sandboxes/"+plain.ID+"/fork", map[string]any{"n": 1}, &fr)
+	c.fork(plain.ID, 1)
 	c.ok(200, "DELETE", "/v1/sandboxes/"+plain.ID, nil, nil)
+}
+
+// openReading opens the sandbox overlay ov read-write and checks that it
+// reads as data, the template's disk.
+func openReading(t *testing.T, ov string, data []byte) *disk.Overlay {
+	t.Helper()
+	o, err := disk.OpenChain(ov, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(data))
+	if _, err := o.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the overlay does not read as the template's disk: %v", err)
+	}
+	return o
 }

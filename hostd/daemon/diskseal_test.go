@@ -10,6 +10,7 @@ import (
 
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 // sealState reports, for each path, whether it is sealed (true), a
@@ -54,12 +55,8 @@ func TestDisksSealedAtRest(t *testing.T) {
 	data := bytes.Repeat(needle, 200000) // 4.2 MB
 	gd := guestDir(t, map[string]string{"rw.img": string(data)})
 	const img = "rw.img" // in the guest directory
-	cfg := func(c *Config) {
-		c.Keys = keys
-		c.DecryptDir = filepath.Join(t.TempDir(), "decrypted")
-		c.GuestDir = gd
-	}
-	td := startDaemon(t, state, fl, cfg)
+	cfg := []func(*Config){withKeys(t, keys, ""), func(c *Config) { c.GuestDir = gd }}
+	td := startDaemon(t, state, fl, cfg...)
 	a := td.client(t, "acme")
 	a.ok(201, "POST", "/v1/keys", nil, nil)
 
@@ -84,14 +81,7 @@ func TestDisksSealedAtRest(t *testing.T) {
 	if fi, _ := os.Stat(base); fi.Mode().Perm() != 0o400 {
 		t.Errorf("unsealed base mode %v, want 0400", fi.Mode().Perm())
 	}
-	o, err := disk.OpenChain(ov, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(data))
-	if _, err := o.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("the overlay does not read as the template's disk: %v", err)
-	}
+	o := openReading(t, ov, data)
 	written := []byte("written-by-the-guest")
 	if _, err := o.WriteAt(written, 3<<20); err != nil {
 		t.Fatal(err)
@@ -111,7 +101,8 @@ func TestDisksSealedAtRest(t *testing.T) {
 	if got := sealState(t, base, ov); got[0] || got[1] {
 		t.Fatalf("resumed sandbox: base sealed %v, overlay sealed %v", got[0], got[1])
 	}
-	if o, err = disk.OpenChain(ov, true); err != nil {
+	o, err := disk.OpenChain(ov, true)
+	if err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, len(written))
@@ -124,7 +115,7 @@ func TestDisksSealedAtRest(t *testing.T) {
 	// A VMM that exits on its own: its disks are sealed once the daemon
 	// notices.
 	syscall.Kill(a.get(sb.ID).PID, syscall.SIGKILL)
-	waitFor(t, 10*time.Second, "the exited sandbox's disks sealed", func() bool {
+	kvmtest.WaitFor(t, 10*time.Second, "the exited sandbox's disks sealed", func() bool {
 		g := sealState(t, base, ov)
 		return g[0] && g[1]
 	})
@@ -145,7 +136,7 @@ func TestDisksSealedAtRest(t *testing.T) {
 	if g := sealState(t, base, ov); g[0] || g[1] {
 		t.Fatal("setup: disks not plaintext")
 	}
-	td = startDaemon(t, state, fl, cfg)
+	td = startDaemon(t, state, fl, cfg...)
 	a = td.client(t, "acme")
 	if g := sealState(t, base, ov); !g[0] || !g[1] {
 		t.Fatalf("after a restart with no VMM: base sealed %v, overlay sealed %v", g[0], g[1])

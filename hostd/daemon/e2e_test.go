@@ -17,6 +17,7 @@ import (
 
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/vmmproc/jail"
 )
 
@@ -221,7 +222,7 @@ func TestE2E(t *testing.T) {
 	// Rolling snapshots.
 	a.ok(202, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", map[string]any{"every": "5s", "keep": 4}, nil)
 	var snaps struct{ Snapshots []store.Snapshot }
-	waitFor(t, 90*time.Second, "2 rolling snapshots", func() bool {
+	kvmtest.WaitFor(t, 90*time.Second, "2 rolling snapshots", func() bool {
 		a.ok(200, "GET", "/v1/sandboxes/"+sb.ID+"/snapshots", nil, &snaps)
 		n := 0
 		for _, s := range snaps.Snapshots {

@@ -14,19 +14,20 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/vmm/testguest"
 )
 
 // testDaemon is a Daemon served on a unix socket in a temp dir.
 type testDaemon struct {
 	*Daemon
+	state string // the state directory
 	sock  string
-	audit *syncBuffer
+	audit *testguest.SyncBuffer
 	done  chan struct{}
 }
 
@@ -47,7 +48,7 @@ func startDaemon(t testing.TB, state string, l Launcher, mod ...func(*Config)) *
 			cfg.GuestDir = filepath.Join(repoRoot(t), "build")
 		}
 	}
-	audit := &syncBuffer{}
+	audit := &testguest.SyncBuffer{}
 	cfg.Audit = audit
 	d, err := New(cfg)
 	if err != nil {
@@ -59,27 +60,19 @@ func startDaemon(t testing.TB, state string, l Launcher, mod ...func(*Config)) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	td := &testDaemon{Daemon: d, sock: sock, audit: audit, done: make(chan struct{})}
+	td := &testDaemon{Daemon: d, state: state, sock: sock, audit: audit, done: make(chan struct{})}
 	go func() { d.Serve(ln, HeaderAuth); close(td.done) }()
 	t.Cleanup(func() { d.Close() })
 	return td
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+// aliceDaemon starts a test daemon with a fake launcher on a new state
+// directory, and returns it, its launcher and tenant alice's client.
+func aliceDaemon(t testing.TB, mod ...func(*Config)) (*testDaemon, *fakeLauncher, *client) {
+	t.Helper()
+	f := newFakeLauncher(t)
+	td := startDaemon(t, t.TempDir(), f, mod...)
+	return td, f, td.client(t, "alice")
 }
 
 type testWriter struct{ t testing.TB }
@@ -169,12 +162,42 @@ func (c *client) template(kernel string) store.Template {
 	return tp
 }
 
+// create creates a sandbox of template tpl and checks that it runs.
 func (c *client) create(tpl string) store.Sandbox {
+	return c.createWith(map[string]any{"template": tpl})
+}
+
+// createWith creates a sandbox from req (POST /v1/sandboxes's body) and
+// checks that it runs.
+func (c *client) createWith(req map[string]any) store.Sandbox {
+	c.t.Helper()
 	var sb store.Sandbox
-	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tpl}, &sb)
+	c.ok(201, "POST", "/v1/sandboxes", req, &sb)
 	if sb.Status != store.Running {
 		c.t.Fatalf("sandbox %+v", sb)
 	}
+	return sb
+}
+
+// fork forks sandbox id into n children and checks that the answer
+// names n (failed ones included).
+func (c *client) fork(id string, n int) wire.ForkResult {
+	c.t.Helper()
+	var fr wire.ForkResult
+	c.ok(201, "POST", "/v1/sandboxes/"+id+"/fork", map[string]any{"n": n}, &fr)
+	if len(fr.Children) != n {
+		c.t.Fatalf("fork of %s: %+v", id, fr)
+	}
+	return fr
+}
+
+// suspendResume pauses sandbox id to disk and resumes it, and returns
+// its record with the new VMM.
+func (c *client) suspendResume(id string) store.Sandbox {
+	c.t.Helper()
+	var sb store.Sandbox
+	c.ok(200, "POST", "/v1/sandboxes/"+id+"/pause?to_disk=true", nil, nil)
+	c.ok(200, "POST", "/v1/sandboxes/"+id+"/resume", nil, &sb)
 	return sb
 }
 
@@ -231,18 +254,6 @@ func parseExec(b []byte) (string, string, int, error) {
 		}
 	}
 	return out.String(), errb.String(), code, nil
-}
-
-// waitFor polls cond every 50 ms for up to d.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // fakeKernel is the name of the kernel file in every fake-launcher test

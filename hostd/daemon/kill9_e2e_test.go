@@ -253,7 +253,7 @@ func TestE2EKill9(t *testing.T) {
 	// and its record's PID, or while the agent is awaited.
 	go c.try("POST", "/v1/sandboxes", map[string]any{"template": tp.ID})
 	st, _ := store.Open(state)
-	waitFor(t, time.Minute, "the 33rd create's record", func() bool {
+	kvmtest.WaitFor(t, time.Minute, "the 33rd create's record", func() bool {
 		_, recs, _ := st.Load()
 		return slices.ContainsFunc(recs, func(s *store.Sandbox) bool { return s.Status == store.Creating })
 	})
@@ -440,7 +440,7 @@ func TestStrayVMMs(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(unreadable, "sandbox.json"), []byte("{garbled"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the processes' command lines", func() bool {
+	kvmtest.WaitFor(t, 10*time.Second, "the processes' command lines", func() bool {
 		return slices.Equal(pids(strayVMMs(state, map[int]bool{owned.Process.Pid: true})), want)
 	})
 	// A daemon starting on the state directory, whose records own none of

@@ -30,7 +30,9 @@ import (
 func Main(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("warren-hostd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	state := fs.String("state", "/var/lib/warren", "state directory (records, snapshots, sockets)")
+	// The options the daemon takes as given go straight into its Config.
+	var cfg Config
+	fs.StringVar(&cfg.State, "state", "/var/lib/warren", "state directory (records, snapshots, sockets)")
 	sock := fs.String("socket", "/run/warren/hostd.sock", "the API's unix socket (tenant from the X-Warren-Tenant header, for uids --tenant-uid allows)")
 	var tenantUIDs stringList
 	fs.Var(&tenantUIDs, "tenant-uid", "UID=tenant[,tenant...] (repeatable): on the unix socket, processes of local user UID (SO_PEERCRED) act for these tenants (* for any); root and this daemon's uid act for any, every other uid is refused (403)")
@@ -42,27 +44,26 @@ func Main(args []string, stderr io.Writer) int {
 	clientCA := fs.String("client-ca", "", "with --tls-cert: mutual TLS; clients must present a certificate that chains to these PEM roots")
 	insecureTCP := fs.Bool("insecure-tcp", false, "allow --listen on a non-loopback address without TLS (bearer tokens in cleartext)")
 	audit := fs.String("audit", "", "API audit log, JSON lines (default STATE/audit.jsonl; - for stderr)")
-	cgroups := fs.String("cgroup-root", "/sys/fs/cgroup", "cgroup mount root; \"none\" to run VMMs without cgroups")
+	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup mount root; \"none\" to run VMMs without cgroups")
 	verbose := fs.Bool("v", false, "debug logging")
 	stopOnExit := fs.Bool("stop-on-exit", false, "stop every VMM when the daemon exits on a signal")
 	suspendOnExit := fs.Bool("suspend-on-exit", false, "pause every sandbox to disk when the daemon exits on a signal")
 	keys := fs.String("keys", "", "at-rest encryption: tenants' keys in DIR (crypt.LocalProvider; POST /v1/keys makes one); unset: no encryption")
 	decryptDir := fs.String("decrypt-dir", "", "with --keys: where restores decrypt snapshots while the VMM loads them, and where the VMMs of network sandboxes of tenants with a key read their secrets (default: decrypted/ beside --socket, a tmpfs under /run)")
 	uidRange := fs.String("vmm-uid-range", DefaultUIDRange, "FIRST:COUNT: every VMM without a network (sandboxes, their fork children, template builds) gets its own uid/gid from this range, none of them a user or group of the host, and pivot_roots into a jail holding only its files; off: VMMs stay root (so does --jail off)")
-	jailFlag := fs.String("jail", "vmm", "harden every VMM after its setup (vmmproc/jail): vmm, strict (forks then fail) or off; ,log logs what the seccomp filter lacks instead of refusing it")
-	egressHosts := fs.String("egress-hosts", "", "network templates: an /etc/hosts-style file of fixed addresses for the sandboxes' resolvers and credential proxies (warren run --hosts)")
-	dnsUpstream := fs.String("dns-upstream", "", "network templates: the DNS server IP:PORT the sandboxes' resolvers ask allowed names of (warren run --dns-upstream; default the host's /etc/resolv.conf)")
-	upstreamAllow := fs.String("egress-upstream-allow", "", "network templates: comma-separated addresses or CIDRs the credential proxies may connect to although loopback, private, link-local or the host's own (warren run --upstream-allow; default none)")
-	wildcardCreds := fs.Bool("allow-wildcard-credentials", false, "allow credential hosts such as *.example.com in tenants' egress policies (the secret then goes to any name below)")
-	upstreamCA := fs.String("upstream-ca", "", "network templates: PEM roots the credential proxies trust upstream instead of the system's (warren run --upstream-ca)")
+	fs.StringVar(&cfg.Jail, "jail", "vmm", "harden every VMM after its setup (vmmproc/jail): vmm, strict (forks then fail) or off; ,log logs what the seccomp filter lacks instead of refusing it")
+	fs.StringVar(&cfg.EgressHosts, "egress-hosts", "", "network templates: an /etc/hosts-style file of fixed addresses for the sandboxes' resolvers and credential proxies (warren run --hosts)")
+	fs.StringVar(&cfg.DNSUpstream, "dns-upstream", "", "network templates: the DNS server IP:PORT the sandboxes' resolvers ask allowed names of (warren run --dns-upstream; default the host's /etc/resolv.conf)")
+	fs.StringVar(&cfg.EgressUpstreamAllow, "egress-upstream-allow", "", "network templates: comma-separated addresses or CIDRs the credential proxies may connect to although loopback, private, link-local or the host's own (warren run --upstream-allow; default none)")
+	fs.BoolVar(&cfg.WildcardCredentials, "allow-wildcard-credentials", false, "allow credential hosts such as *.example.com in tenants' egress policies (the secret then goes to any name below)")
+	fs.StringVar(&cfg.UpstreamCA, "upstream-ca", "", "network templates: PEM roots the credential proxies trust upstream instead of the system's (warren run --upstream-ca)")
 	guestDir := fs.String("guest-dir", "", "the guest directory: the kernels, initramfs and raw disk images templates name (by name, never a path; owned by root or this user, writable by no one else); unset: templates from images only")
-	guestKernel := fs.String("guest-kernel", "", "the guest kernel of templates made from images (--image) that name none: a name in --guest-dir, or a path")
-	guestInitramfs := fs.String("guest-initramfs", "", "the guest initramfs of templates made from images that name none: a name in --guest-dir, or a path")
-	imageDisk := fs.Int("image-disk-mib", 0, "default size of an image template's root file system in MiB (sparse; default 4096)")
-	maxImage := fs.Int64("max-image-bytes", 0, "most uncompressed bytes an image's layers may hold (default: package image's, 16 GiB)")
-	var registries stringList
-	fs.Var(&registries, "registry", "a registry HOST[:PORT] that may be pulled from at a loopback or private address and over plain HTTP (repeatable; e.g. a registry on 127.0.0.1)")
-	maxRestores := fs.Int("max-restores", 0, "how many VMMs may restore at once (from start until the guest's agent answers); more creates and resumes queue (default: the host's CPUs)")
+	fs.StringVar(&cfg.GuestKernel, "guest-kernel", "", "the guest kernel of templates made from images (--image) that name none: a name in --guest-dir, or a path")
+	fs.StringVar(&cfg.GuestInitramfs, "guest-initramfs", "", "the guest initramfs of templates made from images that name none: a name in --guest-dir, or a path")
+	fs.IntVar(&cfg.ImageDiskMiB, "image-disk-mib", 0, "default size of an image template's root file system in MiB (sparse; default 4096)")
+	fs.Int64Var(&cfg.MaxImageBytes, "max-image-bytes", 0, "most uncompressed bytes an image's layers may hold (default: package image's, 16 GiB)")
+	fs.Var((*stringList)(&cfg.Registries), "registry", "a registry HOST[:PORT] that may be pulled from at a loopback or private address and over plain HTTP (repeatable; e.g. a registry on 127.0.0.1)")
+	fs.IntVar(&cfg.MaxRestores, "max-restores", 0, "how many VMMs may restore at once (from start until the guest's agent answers); more creates and resumes queue (default: the host's CPUs)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics (GET /metrics) on this TCP address, e.g. 127.0.0.1:9464 (default: off)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -80,14 +81,14 @@ func Main(args []string, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	if err := os.MkdirAll(*state, 0o700); err != nil {
+	if err := os.MkdirAll(cfg.State, 0o700); err != nil {
 		return fail(err)
 	}
 	var auditW io.Writer = stderr
 	if *audit != "-" {
 		p := *audit
 		if p == "" {
-			p = filepath.Join(*state, "audit.jsonl")
+			p = filepath.Join(cfg.State, "audit.jsonl")
 		}
 		f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		if err != nil {
@@ -129,7 +130,7 @@ func Main(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	if vmmUIDs != nil && *jailFlag == "off" {
+	if vmmUIDs != nil && cfg.Jail == "off" {
 		if uidRangeSet(fs) {
 			return fail(errors.New("--vmm-uid-range needs a jail (--jail vmm or strict)"))
 		}
@@ -141,13 +142,12 @@ func Main(args []string, stderr io.Writer) int {
 			return fail(err)
 		}
 	}
-	cfg := Config{VMMUIDs: vmmUIDs, State: *state, Warren: bin, Log: log, Audit: auditW, CgroupRoot: *cgroups, Jail: *jailFlag, DNSUpstream: *dnsUpstream,
-		ImageDiskMiB: *imageDisk, MaxImageBytes: *maxImage, Registries: registries, MaxRestores: *maxRestores}
-	if *imageDisk != 0 && (*imageDisk < 64 || *imageDisk > maxImageDiskMiB) {
+	cfg.VMMUIDs, cfg.Warren, cfg.Log, cfg.Audit = vmmUIDs, bin, log, auditW
+	if cfg.ImageDiskMiB != 0 && (cfg.ImageDiskMiB < 64 || cfg.ImageDiskMiB > maxImageDiskMiB) {
 		return fail(fmt.Errorf("--image-disk-mib: want 64 to %d", maxImageDiskMiB))
 	}
-	if *dnsUpstream != "" {
-		if _, err := netip.ParseAddrPort(*dnsUpstream); err != nil {
+	if cfg.DNSUpstream != "" {
+		if _, err := netip.ParseAddrPort(cfg.DNSUpstream); err != nil {
 			return fail(fmt.Errorf("--dns-upstream: %w", err))
 		}
 	}
@@ -161,37 +161,35 @@ func Main(args []string, stderr io.Writer) int {
 		}
 		cfg.GuestDir = p
 	}
-	if _, err := policy.ParsePrefixes(*upstreamAllow); err != nil {
+	if _, err := policy.ParsePrefixes(cfg.EgressUpstreamAllow); err != nil {
 		return fail(fmt.Errorf("--egress-upstream-allow: %w", err))
 	}
-	cfg.EgressUpstreamAllow, cfg.WildcardCredentials = *upstreamAllow, *wildcardCreds
 	for _, f := range []struct {
-		flag, val string
-		dst       *string
-	}{{"--egress-hosts", *egressHosts, &cfg.EgressHosts}, {"--upstream-ca", *upstreamCA, &cfg.UpstreamCA},
-		{"--guest-kernel", *guestKernel, &cfg.GuestKernel}, {"--guest-initramfs", *guestInitramfs, &cfg.GuestInitramfs}} {
-		if f.val == "" {
+		flag string
+		val  *string
+	}{{"--egress-hosts", &cfg.EgressHosts}, {"--upstream-ca", &cfg.UpstreamCA},
+		{"--guest-kernel", &cfg.GuestKernel}, {"--guest-initramfs", &cfg.GuestInitramfs}} {
+		if *f.val == "" {
 			continue
 		}
-		if strings.HasPrefix(f.flag, "--guest-") && !strings.ContainsRune(f.val, '/') {
+		if strings.HasPrefix(f.flag, "--guest-") && !strings.ContainsRune(*f.val, '/') {
 			// A name in the guest directory, checked now.
-			fl, err := openGuestFile(cfg.GuestDir, strings.TrimPrefix(f.flag, "--guest-"), f.val)
+			fl, err := openGuestFile(cfg.GuestDir, strings.TrimPrefix(f.flag, "--guest-"), *f.val)
 			if err != nil {
 				return fail(fmt.Errorf("%s: %w", f.flag, err))
 			}
 			fl.Close()
-			*f.dst = f.val
 			continue
 		}
 		// The VMMs read it: an absolute path, checked now.
-		p, err := filepath.Abs(f.val)
+		p, err := filepath.Abs(*f.val)
 		if err == nil {
 			_, err = os.Stat(p)
 		}
 		if err != nil {
 			return fail(fmt.Errorf("%s: %w", f.flag, err))
 		}
-		*f.dst = p
+		*f.val = p
 	}
 	if *keys != "" {
 		if err := os.MkdirAll(*keys, 0o700); err != nil {
@@ -243,7 +241,7 @@ func Main(args []string, stderr io.Writer) int {
 		mux.Handle("GET /metrics", mx.Handler())
 		go func() { errc <- (&http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}).Serve(ml) }()
 	}
-	log.Info("warren-hostd serving", "socket", *sock, "tcp", *listen, "tls", tlsCfg != nil, "mtls", *clientCA != "", "state", *state, "warren", bin)
+	log.Info("warren-hostd serving", "socket", *sock, "tcp", *listen, "tls", tlsCfg != nil, "mtls", *clientCA != "", "state", cfg.State, "warren", bin)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	select {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/hostd/metrics"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 // TestMetrics checks what a Prometheus scrape of a daemon shows after a
@@ -39,7 +40,7 @@ func TestMetrics(t *testing.T) {
 	d.restores.acquire(context.Background(), nil) // the one slot
 	created := make(chan struct{})
 	go func() { c.create(tp.ID); close(created) }()
-	waitFor(t, 10*time.Second, "a create queued", func() bool {
+	kvmtest.WaitFor(t, 10*time.Second, "a create queued", func() bool {
 		return strings.Contains(scrape(), "warren_restores_queued 1\n")
 	})
 	if b := scrape(); !strings.Contains(b, "warren_restores_running 1\n") {

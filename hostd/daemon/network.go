@@ -229,26 +229,36 @@ func (d *Daemon) putSecret(w http.ResponseWriter, r *http.Request, tenant string
 		writeErr(w, errf(400, "secret %s: the value is not UTF-8 text", name))
 		return
 	}
+	st := http.StatusCreated
+	err = d.editSecret(tenant, name, "secret set", func(m map[string]string) error {
+		if _, existed := m[name]; existed {
+			st = http.StatusOK
+		}
+		m[name] = string(v)
+		return nil
+	})
+	reply(w, st, wire.Secret{Name: name}, err)
+}
+
+// editSecret changes the tenant's secrets file with edit under secretsMu,
+// writes it back, hands the running sandboxes that name name the change,
+// and logs msg.
+func (d *Daemon) editSecret(tenant, name, msg string, edit func(m map[string]string) error) error {
 	d.secretsMu.Lock()
 	defer d.secretsMu.Unlock()
 	m, err := d.loadSecrets(tenant)
-	if err != nil {
-		writeErr(w, err)
-		return
+	if err == nil {
+		err = edit(m)
 	}
-	_, existed := m[name]
-	m[name] = string(v)
-	if err := d.saveSecrets(tenant, m); err != nil {
-		writeErr(w, err)
-		return
+	if err == nil {
+		err = d.saveSecrets(tenant, m)
+	}
+	if err != nil {
+		return err
 	}
 	d.refreshSecrets(tenant, name)
-	d.log.Info("secret set", "tenant", tenant, "secret", name)
-	st := http.StatusCreated
-	if existed {
-		st = http.StatusOK
-	}
-	writeJSON(w, st, wire.Secret{Name: name})
+	d.log.Info(msg, "tenant", tenant, "secret", name)
+	return nil
 }
 
 // listSecrets is GET /v1/secrets: names only (403 once the tenant's key
@@ -274,25 +284,14 @@ func (d *Daemon) listSecrets(w http.ResponseWriter, r *http.Request, tenant stri
 // credential); a create or policy change naming it is refused from then on.
 func (d *Daemon) deleteSecret(w http.ResponseWriter, r *http.Request, tenant string) {
 	name := r.PathValue("name")
-	d.secretsMu.Lock()
-	defer d.secretsMu.Unlock()
-	m, err := d.loadSecrets(tenant)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	if _, ok := m[name]; !ok {
-		writeErr(w, errf(404, "secret %q not found", name))
-		return
-	}
-	delete(m, name)
-	if err := d.saveSecrets(tenant, m); err != nil {
-		writeErr(w, err)
-		return
-	}
-	d.refreshSecrets(tenant, name)
-	d.log.Info("secret deleted", "tenant", tenant, "secret", name)
-	writeJSON(w, 200, wire.Secret{Name: name})
+	err := d.editSecret(tenant, name, "secret deleted", func(m map[string]string) error {
+		if _, ok := m[name]; !ok {
+			return errf(404, "secret %q not found", name)
+		}
+		delete(m, name)
+		return nil
+	})
+	reply(w, 200, wire.Secret{Name: name}, err)
 }
 
 // withNetwork is withSandbox for a sandbox with network (404 otherwise).

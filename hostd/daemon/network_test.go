@@ -85,10 +85,8 @@ const testPolicy = `{"domains":[{"name":"api.example.com","proto":"tcp","ports":
 	`"credentials":[{"secret":"API_KEY","hosts":["api.example.com"]}]}`
 
 func TestNetworkCreate(t *testing.T) {
-	state := t.TempDir()
-	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
+	td, f, c := aliceDaemon(t)
+	state := td.state
 	c.setSecret("API_KEY", "value-of-api-key")
 	c.setSecret("OTHER", "value-of-other")
 	c.setSecret("UNUSED", "value-of-unused")
@@ -145,8 +143,7 @@ func TestNetworkCreate(t *testing.T) {
 	// went.
 	os.Remove(filepath.Join(dir, "secrets.json"))
 	os.Remove(filepath.Join(dir, "egress.json"))
-	c.ok(200, "POST", "/v1/sandboxes/"+nsb.ID+"/pause?to_disk=true", nil, nil)
-	c.ok(200, "POST", "/v1/sandboxes/"+nsb.ID+"/resume", nil, nil)
+	c.suspendResume(nsb.ID)
 	if f.lastRestoreSpec.Snapshot == tp.Snapshot {
 		t.Fatal("resume restored the template")
 	}
@@ -274,10 +271,8 @@ func TestSecretsTenantIsolation(t *testing.T) {
 
 // No answer of the API, and no line of its audit log, carries a value.
 func TestSecretValuesNeverShown(t *testing.T) {
-	state := t.TempDir()
-	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
+	td, _, c := aliceDaemon(t)
+	state := td.state
 	const value = "sUpEr-SeCrEt-VaLuE-42"
 	var bodies []string
 	call := func(method, path string, body any) []byte {
@@ -324,16 +319,12 @@ func TestSecretValuesNeverShown(t *testing.T) {
 }
 
 func TestEgressForwarding(t *testing.T) {
-	state := t.TempDir()
-	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
+	td, f, c := aliceDaemon(t)
+	state := td.state
 	c.setSecret("API_KEY", "v")
 	c.setSecret("OTHER", "w")
 	tp := c.networkTemplate(fakeKernel(t))
-	var sb store.Sandbox
-	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy),
-		"secrets": []string{"API_KEY"}}, &sb)
+	sb := c.createWith(map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy), "secrets": []string{"API_KEY"}})
 
 	samePolicy := func(got json.RawMessage, want string) bool {
 		var g, w any
@@ -363,8 +354,7 @@ func TestEgressForwarding(t *testing.T) {
 		t.Errorf("egress.json: %s", b)
 	}
 	// A later restore starts with it.
-	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/pause?to_disk=true", nil, nil)
-	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/resume", nil, nil)
+	c.suspendResume(sb.ID)
 	if vm := f.vm(c.get(sb.ID).PID); !samePolicy(vm.egress, newPol) {
 		t.Errorf("after a resume the VMM has %s", vm.egress)
 	}
@@ -410,14 +400,9 @@ func TestEgressForwarding(t *testing.T) {
 // network VMMs' filter counts and stays monotonic when a sandbox gets a
 // new VMM (whose filter counts from zero) and when it is deleted.
 func TestEgressDeniedMetric(t *testing.T) {
-	state := t.TempDir()
-	f := newFakeLauncher(t)
-	td := startDaemon(t, state, f)
-	c := td.client(t, "alice")
+	td, f, c := aliceDaemon(t)
 	tp := c.networkTemplate(fakeKernel(t))
-	var a, b store.Sandbox
-	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID}, &a)
-	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID}, &b)
+	a, b := c.create(tp.ID), c.create(tp.ID)
 	c.create(c.template(fakeKernel(t)).ID) // no network: never asked
 	f.vm(a.PID).denied.Store(5)
 	f.vm(b.PID).denied.Store(7)
@@ -426,8 +411,7 @@ func TestEgressDeniedMetric(t *testing.T) {
 	}
 	// a's VMM is replaced (pause to disk, resume): its new filter starts
 	// at 0 and counts 2 more; the total keeps the old 5.
-	c.ok(200, "POST", "/v1/sandboxes/"+a.ID+"/pause?to_disk=true", nil, nil)
-	c.ok(200, "POST", "/v1/sandboxes/"+a.ID+"/resume", nil, nil)
+	c.suspendResume(a.ID)
 	f.vm(c.get(a.ID).PID).denied.Store(2)
 	if got := td.EgressDenied(); got != 14 {
 		t.Fatalf("after a new VMM: total %v, want 14", got)

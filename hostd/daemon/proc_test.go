@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenvm/warren/hostd/cgroup"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/vmmctl"
 	"github.com/warrenvm/warren/vmmproc/jail"
 )
@@ -130,7 +131,7 @@ func TestExecLauncherJailed(t *testing.T) {
 	// The init reports the VMM as soon as its exec succeeded: its
 	// command line can read empty for a moment after that.
 	var argv []string
-	waitFor(t, 5*time.Second, "the VMM's command line", func() bool {
+	kvmtest.WaitFor(t, 5*time.Second, "the VMM's command line", func() bool {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
 		argv = strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
 		return len(argv) > 1
@@ -161,7 +162,7 @@ func TestExecLauncherJailed(t *testing.T) {
 		t.Errorf("the VMM's parent %d runs %q (state %c)", ppid, b, st)
 	}
 	unix.Kill(p.PID, unix.SIGKILL)
-	waitFor(t, 5*time.Second, "the init to end with its VMM", func() bool {
+	kvmtest.WaitFor(t, 5*time.Second, "the init to end with its VMM", func() bool {
 		_, err := os.Stat(fmt.Sprintf("/proc/%d", ppid))
 		return os.IsNotExist(err)
 	})
@@ -214,7 +215,7 @@ func TestExecLauncherPassesFiles(t *testing.T) {
 		}
 		want := fmt.Sprintf("fd %d: %s\nfd %d: %s\n", FirstExtraFD, k, FirstExtraFD+1, i)
 		var got string
-		waitFor(t, 10*time.Second, "the VMM's descriptors", func() bool {
+		kvmtest.WaitFor(t, 10*time.Second, "the VMM's descriptors", func() bool {
 			b, _ := os.ReadFile(log)
 			got = string(b)
 			return strings.Contains(got, want)
@@ -255,7 +256,7 @@ func TestExecLauncherBornInCgroup(t *testing.T) {
 	}
 	defer func() {
 		stopProc(p.PID, p.StartTime, time.Second)
-		waitFor(t, 5*time.Second, "the group empty", func() bool { pids, _ := g.Procs(); return len(pids) == 0 })
+		kvmtest.WaitFor(t, 5*time.Second, "the group empty", func() bool { pids, _ := g.Procs(); return len(pids) == 0 })
 		g.Remove()
 		for _, d := range g.Dirs {
 			os.Remove(filepath.Dir(d))

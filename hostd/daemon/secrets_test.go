@@ -14,6 +14,7 @@ import (
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 // sealedSecrets checks that the file at path is in the crypt format and
@@ -34,6 +35,14 @@ func sealedSecrets(t *testing.T, path string, values ...string) {
 	}
 }
 
+// emptyDir checks that dir holds nothing (what: else, what is there).
+func emptyDir(t *testing.T, dir, what string) {
+	t.Helper()
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Fatalf("%s: %v", what, entries)
+	}
+}
+
 // gone checks that no file is at path.
 func gone(t *testing.T, path, what string) {
 	t.Helper()
@@ -47,10 +56,7 @@ func TestSecretsAtRest(t *testing.T) {
 	keys := newProvider(t)
 	state := t.TempDir()
 	work := filepath.Join(t.TempDir(), "decrypted")
-	td := startDaemon(t, state, fl, func(c *Config) {
-		c.Keys = keys
-		c.DecryptDir = work
-	})
+	td := startDaemon(t, state, fl, withKeys(t, keys, work))
 	a := td.client(t, "acme")
 	secFile := filepath.Join(state, "tenants", "acme", "secrets.json")
 
@@ -78,9 +84,7 @@ func TestSecretsAtRest(t *testing.T) {
 	tp := a.networkTemplate(fakeKernel(t))
 	create := func() (store.Sandbox, string) {
 		t.Helper()
-		var sb store.Sandbox
-		a.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy),
-			"secrets": []string{"API_KEY"}}, &sb)
+		sb := a.createWith(map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy), "secrets": []string{"API_KEY"}})
 		fl.mu.Lock()
 		sec := fl.lastRestoreSpec.Secrets
 		fl.mu.Unlock()
@@ -126,7 +130,7 @@ func TestSecretsAtRest(t *testing.T) {
 	// A VMM that exits: the monitor removes its file.
 	sb, sec = create()
 	syscall.Kill(sb.PID, syscall.SIGKILL)
-	waitFor(t, 10*time.Second, "the monitor to notice", func() bool { return a.get(sb.ID).Status == store.Stopped })
+	kvmtest.WaitFor(t, 10*time.Second, "the monitor to notice", func() bool { return a.get(sb.ID).Status == store.Stopped })
 	gone(t, sec, "after the VMM exited")
 
 	// Revocation stops the running sandbox and removes its file; the
@@ -149,9 +153,7 @@ func TestSecretsAtRest(t *testing.T) {
 		}
 	}
 	sealedSecrets(t, secFile, "rotated-while-suspended", "value-of-other", "after-revoke")
-	if entries, _ := os.ReadDir(work); len(entries) != 0 {
-		t.Fatalf("left in the decrypt directory: %v", entries)
-	}
+	emptyDir(t, work, "left in the decrypt directory")
 }
 
 // TestSecretsWithoutKey: on a daemon with keys, a tenant without one keeps
@@ -160,10 +162,7 @@ func TestSecretsWithoutKey(t *testing.T) {
 	fl := newFakeLauncher(t)
 	state := t.TempDir()
 	work := filepath.Join(t.TempDir(), "decrypted")
-	td := startDaemon(t, state, fl, func(c *Config) {
-		c.Keys = newProvider(t)
-		c.DecryptDir = work
-	})
+	td := startDaemon(t, state, fl, withKeys(t, newProvider(t), work))
 	c := td.client(t, "plain")
 	c.setSecret("API_KEY", "plain-value")
 	secFile := filepath.Join(state, "tenants", "plain", "secrets.json")
@@ -172,9 +171,7 @@ func TestSecretsWithoutKey(t *testing.T) {
 		t.Fatalf("secrets file: %v %v", mode, m)
 	}
 	tp := c.networkTemplate(fakeKernel(t))
-	var sb store.Sandbox
-	c.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy),
-		"secrets": []string{"API_KEY"}}, &sb)
+	sb := c.createWith(map[string]any{"template": tp.ID, "egress": json.RawMessage(testPolicy), "secrets": []string{"API_KEY"}})
 	sec := filepath.Join(state, "tenants", "plain", "sandboxes", sb.ID, "secrets.json")
 	if got := fl.lastRestoreSpec.Secrets; got != sec {
 		t.Fatalf("--secrets %q, want %q", got, sec)
@@ -185,9 +182,7 @@ func TestSecretsWithoutKey(t *testing.T) {
 	}
 	c.ok(200, "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
 	gone(t, sec, "after delete")
-	if entries, _ := os.ReadDir(work); len(entries) != 0 {
-		t.Fatalf("a tenant without a key wrote to the decrypt directory: %v", entries)
-	}
+	emptyDir(t, work, "a tenant without a key wrote to the decrypt directory")
 }
 
 // TestSecretsSealedAtStart: a plaintext secrets file of a tenant with a
@@ -208,10 +203,7 @@ func TestSecretsSealedAtStart(t *testing.T) {
 	if err := store.WriteFileAtomic(stale, []byte(`{"API_KEY":"stale"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	td := startDaemon(t, state, newFakeLauncher(t), func(c *Config) {
-		c.Keys = keys
-		c.DecryptDir = work
-	})
+	td := startDaemon(t, state, newFakeLauncher(t), withKeys(t, keys, work))
 	sealedSecrets(t, secFile, "left-in-plaintext")
 	gone(t, stale, "a stale sandbox secrets file")
 	var l wire.SecretList
@@ -227,22 +219,14 @@ func TestSecretsForkChild(t *testing.T) {
 	fl := newFakeLauncher(t)
 	keys := newProvider(t)
 	work := filepath.Join(t.TempDir(), "decrypted")
-	td := startDaemon(t, t.TempDir(), fl, func(c *Config) {
-		c.Keys = keys
-		c.DecryptDir = work
-	})
+	td := startDaemon(t, t.TempDir(), fl, withKeys(t, keys, work))
 	a := td.client(t, "acme")
 	a.ok(201, "POST", "/v1/keys", nil, nil)
 	a.setSecret("API_KEY", "v1")
 	tp := a.networkTemplate(fakeKernel(t))
-	var sb store.Sandbox
-	a.ok(201, "POST", "/v1/sandboxes", map[string]any{"template": tp.ID, "secrets": []string{"API_KEY"}}, &sb)
+	sb := a.createWith(map[string]any{"template": tp.ID, "secrets": []string{"API_KEY"}})
 	sec := filepath.Join(work, sb.ID+".secrets.json")
-	var fr wire.ForkResult
-	a.ok(201, "POST", "/v1/sandboxes/"+sb.ID+"/fork", map[string]any{"n": 1}, &fr)
-	if len(fr.Children) != 1 {
-		t.Fatalf("fork: %+v", fr)
-	}
+	fr := a.fork(sb.ID, 1)
 	a.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/pause?to_disk=true", nil, nil)
 	a.setSecret("API_KEY", "v2")
 	var m map[string]string

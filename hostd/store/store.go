@@ -375,26 +375,26 @@ func (s *Store) Load() (tpls []*Template, sbs []*Sandbox, errs []error) {
 			continue
 		}
 		tn := te.Name()
-		ids, _ := os.ReadDir(filepath.Join(s.Root, "tenants", tn, "templates"))
-		for _, e := range ids {
-			var t Template
-			if ok, err := readJSON(filepath.Join(s.TemplateDir(tn, e.Name()), templateFile), &t); err != nil {
-				errs = append(errs, err)
-			} else if ok && t.ID == e.Name() && t.Tenant == tn {
-				tpls = append(tpls, &t)
-			}
-		}
-		ids, _ = os.ReadDir(filepath.Join(s.Root, "tenants", tn, "sandboxes"))
-		for _, e := range ids {
-			var sb Sandbox
-			if ok, err := readJSON(filepath.Join(s.SandboxDir(tn, e.Name()), sandboxFile), &sb); err != nil {
-				errs = append(errs, err)
-			} else if ok && sb.ID == e.Name() && sb.Tenant == tn {
-				sbs = append(sbs, &sb)
-			}
-		}
+		tpls = loadRecords(s, tn, "templates", templateFile, &errs, tpls, func(t *Template) (string, string) { return t.ID, t.Tenant })
+		sbs = loadRecords(s, tn, "sandboxes", sandboxFile, &errs, sbs, func(sb *Sandbox) (string, string) { return sb.ID, sb.Tenant })
 	}
 	return tpls, sbs, errs
+}
+
+// loadRecords appends to out tenant tn's records of a kind ("templates",
+// "sandboxes"): file in each of its directories, where the record's id and
+// tenant (as key says) are the directory's. Unreadable ones go to errs.
+func loadRecords[R any](s *Store, tn, kind, file string, errs *[]error, out []*R, key func(*R) (id, tenant string)) []*R {
+	ids, _ := os.ReadDir(filepath.Join(s.Root, "tenants", tn, kind))
+	for _, e := range ids {
+		var r R
+		if ok, err := readJSON(filepath.Join(s.Root, "tenants", tn, kind, e.Name(), file), &r); err != nil {
+			*errs = append(*errs, err)
+		} else if id, tenant := key(&r); ok && id == e.Name() && tenant == tn {
+			out = append(out, &r)
+		}
+	}
+	return out
 }
 
 // SandboxRef names one sandbox directory.

@@ -13,9 +13,9 @@ package wire
 
 import (
 	"encoding/json"
-	"io/fs"
 	"time"
 
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/hostd/store"
 )
 
@@ -220,18 +220,9 @@ type ExecFrame struct {
 }
 
 // FileInfo describes a guest file: the answer of PUT
-// /v1/sandboxes/{id}/files. It has the guest agent's FileInfo's fields.
-type FileInfo struct {
-	// Name is the base name, Size its bytes, Mode the Go fs.FileMode
-	// (type and permission bits), ModTime its modification time.
-	Name    string      `json:"name"`
-	Size    int64       `json:"size"`
-	Mode    fs.FileMode `json:"mode"`
-	ModTime time.Time   `json:"mod_time"`
-	// IsDir says it is a directory; Link is a symbolic link's target.
-	IsDir bool   `json:"is_dir"`
-	Link  string `json:"link,omitempty"`
-}
+// /v1/sandboxes/{id}/files. It is the guest agent's, passed on as the
+// agent wrote it (name, size, mode, mod_time, is_dir, link).
+type FileInfo = agentwire.FileInfo
 
 // Event is one lifecycle event of a tenant's sandbox or template: a line
 // of GET /v1/events.

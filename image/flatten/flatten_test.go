@@ -14,48 +14,26 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warrenvm/warren/image/internal/tartest"
 )
 
-// ent is one entry of a crafted layer: a header and, for regular files,
-// its data.
-type ent struct {
-	h    tar.Header
-	data string
-}
+// ent is one entry of a crafted layer.
+type ent = tartest.Ent
 
 func reg(name, data string, mode int64) ent {
-	return ent{h: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(data)), ModTime: time.Unix(1700000000, 0)}, data: data}
+	return ent{H: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(data)), ModTime: time.Unix(1700000000, 0)}, Data: data}
 }
 func dir(name string, mode int64) ent {
-	return ent{h: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: mode, ModTime: time.Unix(1700000000, 0)}}
+	return ent{H: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: mode, ModTime: time.Unix(1700000000, 0)}}
 }
 func symlink(name, target string) ent {
-	return ent{h: tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777}}
+	return ent{H: tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777}}
 }
 func hardlink(name, target string) ent {
-	return ent{h: tar.Header{Typeflag: tar.TypeLink, Name: name, Linkname: target}}
+	return ent{H: tar.Header{Typeflag: tar.TypeLink, Name: name, Linkname: target}}
 }
 func whiteout(name string) ent { return reg(name, "", 0o644) }
-
-// layerTar writes entries as a tar stream.
-func layerTar(t testing.TB, ents ...ent) []byte {
-	t.Helper()
-	var b bytes.Buffer
-	tw := tar.NewWriter(&b)
-	for _, e := range ents {
-		h := e.h
-		if err := tw.WriteHeader(&h); err != nil {
-			t.Fatalf("crafting layer: %s: %v", h.Name, err)
-		}
-		if _, err := io.WriteString(tw, e.data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes()
-}
 
 // flattenLayers runs both passes and returns the output tar.
 func flattenLayers(lim Limits, layers ...[]byte) ([]byte, *Tree, error) {
@@ -242,7 +220,7 @@ func TestFlatten(t *testing.T) {
 			name: "a directory over a directory keeps its children",
 			layers: [][]ent{
 				{dir("d", 0o755), reg("d/keep", "k", 0o644)},
-				{ent{h: tar.Header{Typeflag: tar.TypeDir, Name: "d/", Mode: 0o1777, Uid: 5, Gid: 6}}, reg("d/more", "m", 0o644)},
+				{ent{H: tar.Header{Typeflag: tar.TypeDir, Name: "d/", Mode: 0o1777, Uid: 5, Gid: 6}}, reg("d/more", "m", 0o644)},
 			},
 			want: map[string]string{"": "dir 0755 0:0", "d": "dir 1777 5:6", "d/keep": "file k 0644 0:0", "d/more": "file m 0644 0:0"},
 		},
@@ -250,15 +228,15 @@ func TestFlatten(t *testing.T) {
 			name: "special files, owners, modes, xattrs; the root's own metadata",
 			layers: [][]ent{
 				{
-					ent{h: tar.Header{Typeflag: tar.TypeDir, Name: "./", Mode: 0o700, Uid: 1, Gid: 2}},
+					ent{H: tar.Header{Typeflag: tar.TypeDir, Name: "./", Mode: 0o700, Uid: 1, Gid: 2}},
 					dir("dev", 0o755),
-					ent{h: tar.Header{Typeflag: tar.TypeChar, Name: "dev/null", Mode: 0o666, Devmajor: 1, Devminor: 3}},
-					ent{h: tar.Header{Typeflag: tar.TypeBlock, Name: "dev/vda", Mode: 0o660, Gid: 6, Devmajor: 254, Devminor: 0}},
-					ent{h: tar.Header{Typeflag: tar.TypeFifo, Name: "run.fifo", Mode: 0o600}},
-					ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "/usr/bin/sudo", Mode: 0o4755, Uid: 0, Gid: 0, Size: 1}, data: "s"},
-					ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/wall", Mode: 0o2755, Gid: 5, Size: 1}, data: "w"},
-					ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/ping", Mode: 0o755, Size: 1, Uid: 1000, Gid: 1000,
-						PAXRecords: map[string]string{"SCHILY.xattr.security.capability": "\x01\x00\x00\x02\x00\x20\x00\x00", "SCHILY.xattr.user.x": "y"}}, data: "p"},
+					ent{H: tar.Header{Typeflag: tar.TypeChar, Name: "dev/null", Mode: 0o666, Devmajor: 1, Devminor: 3}},
+					ent{H: tar.Header{Typeflag: tar.TypeBlock, Name: "dev/vda", Mode: 0o660, Gid: 6, Devmajor: 254, Devminor: 0}},
+					ent{H: tar.Header{Typeflag: tar.TypeFifo, Name: "run.fifo", Mode: 0o600}},
+					ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "/usr/bin/sudo", Mode: 0o4755, Uid: 0, Gid: 0, Size: 1}, Data: "s"},
+					ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/wall", Mode: 0o2755, Gid: 5, Size: 1}, Data: "w"},
+					ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/ping", Mode: 0o755, Size: 1, Uid: 1000, Gid: 1000,
+						PAXRecords: map[string]string{"SCHILY.xattr.security.capability": "\x01\x00\x00\x02\x00\x20\x00\x00", "SCHILY.xattr.user.x": "y"}}, Data: "p"},
 				},
 			},
 			want: map[string]string{
@@ -287,7 +265,7 @@ func TestFlatten(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var layers [][]byte
 			for _, l := range tc.layers {
-				layers = append(layers, layerTar(t, l...))
+				layers = append(layers, tartest.Tar(t, l...))
 			}
 			out, tree, err := flattenLayers(Limits{}, layers...)
 			if err != nil {
@@ -313,7 +291,7 @@ func TestFlatten(t *testing.T) {
 }
 
 func TestFlattenMtimeAndContentBytes(t *testing.T) {
-	l := layerTar(t, reg("a", "12345", 0o644), hardlink("b", "a"), reg("c", "xy", 0o644))
+	l := tartest.Tar(t, reg("a", "12345", 0o644), hardlink("b", "a"), reg("c", "xy", 0o644))
 	out, tree, err := flattenLayers(Limits{}, l)
 	if err != nil {
 		t.Fatal(err)
@@ -357,19 +335,19 @@ func TestFlattenRefuses(t *testing.T) {
 		{"hard link into /.warren", [][]ent{{reg(".warren/x", "x", 0o644), hardlink("l", ".warren/x")}}, "does not exist"},
 		{"hard link through a symlink", [][]ent{{dir("real", 0o755), reg("real/f", "x", 0o644), symlink("s", "real"), hardlink("l", "s/f")}}, "does not exist"},
 		{"hard link to the root", [][]ent{{hardlink("l", "./")}}, "hard link to the root"},
-		{"root is a file", [][]ent{{ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "."}}}}, "root is not a directory"},
+		{"root is a file", [][]ent{{ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "."}}}}, "root is not a directory"},
 		{"aufs metadata", [][]ent{{whiteout(".wh..wh.plnk")}}, "aufs"},
 		{"empty whiteout", [][]ent{{whiteout("d/.wh.")}}, "names nothing"},
-		{"acl", [][]ent{{ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "f", PAXRecords: map[string]string{"SCHILY.xattr.system.posix_acl_access": "x"}}}}}, "ACLs"},
-		{"big xattrs", [][]ent{{ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "f", PAXRecords: bigX}}}}, "xattrs of more than"},
-		{"device number", [][]ent{{ent{h: tar.Header{Typeflag: tar.TypeChar, Name: "c", Devmajor: 1 << 12}}}}, "out of range"},
-		{"entry type", [][]ent{{ent{h: tar.Header{Typeflag: 'Z', Name: "z"}}}}, "tar entry type"},
-		{"empty symlink", [][]ent{{ent{h: tar.Header{Typeflag: tar.TypeSymlink, Name: "s"}}}}, "empty target"},
+		{"acl", [][]ent{{ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "f", PAXRecords: map[string]string{"SCHILY.xattr.system.posix_acl_access": "x"}}}}}, "ACLs"},
+		{"big xattrs", [][]ent{{ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "f", PAXRecords: bigX}}}}, "xattrs of more than"},
+		{"device number", [][]ent{{ent{H: tar.Header{Typeflag: tar.TypeChar, Name: "c", Devmajor: 1 << 12}}}}, "out of range"},
+		{"entry type", [][]ent{{ent{H: tar.Header{Typeflag: 'Z', Name: "z"}}}}, "tar entry type"},
+		{"empty symlink", [][]ent{{ent{H: tar.Header{Typeflag: tar.TypeSymlink, Name: "s"}}}}, "empty target"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var layers [][]byte
 			for _, l := range tc.layers {
-				layers = append(layers, layerTar(t, l...))
+				layers = append(layers, tartest.Tar(t, l...))
 			}
 			_, _, err := flattenLayers(Limits{}, layers...)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -412,19 +390,19 @@ func TestFlattenLimits(t *testing.T) {
 	for i := range 50 {
 		ents = append(ents, reg("f"+strconv.Itoa(i), "", 0o644))
 	}
-	if _, _, err := flattenLayers(Limits{MaxEntries: 20}, layerTar(t, ents...)); err == nil || !strings.Contains(err.Error(), "more than 20 entries") {
+	if _, _, err := flattenLayers(Limits{MaxEntries: 20}, tartest.Tar(t, ents...)); err == nil || !strings.Contains(err.Error(), "more than 20 entries") {
 		t.Fatalf("entry limit: %v", err)
 	}
 	// Implied parent directories count too.
-	if _, _, err := flattenLayers(Limits{MaxEntries: 20}, layerTar(t, reg(strings.Repeat("d/", 30)+"f", "", 0o644))); err == nil || !strings.Contains(err.Error(), "more than 20 entries") {
+	if _, _, err := flattenLayers(Limits{MaxEntries: 20}, tartest.Tar(t, reg(strings.Repeat("d/", 30)+"f", "", 0o644))); err == nil || !strings.Contains(err.Error(), "more than 20 entries") {
 		t.Fatalf("implied directories: %v", err)
 	}
 	x := map[string]string{"SCHILY.xattr.user.v": strings.Repeat("v", 3000)}
 	ents = nil
 	for i := range 10 {
-		ents = append(ents, ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "x" + strconv.Itoa(i), PAXRecords: x}})
+		ents = append(ents, ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "x" + strconv.Itoa(i), PAXRecords: x}})
 	}
-	if _, _, err := flattenLayers(Limits{MaxMetadataBytes: 20000}, layerTar(t, ents...)); err == nil || !strings.Contains(err.Error(), "bytes of names") {
+	if _, _, err := flattenLayers(Limits{MaxMetadataBytes: 20000}, tartest.Tar(t, ents...)); err == nil || !strings.Contains(err.Error(), "bytes of names") {
 		t.Fatalf("metadata limit: %v", err)
 	}
 }
@@ -432,8 +410,8 @@ func TestFlattenLimits(t *testing.T) {
 // TestFlattenPassesDisagree: pass 2 checks it copies the entries pass 1
 // chose.
 func TestFlattenPassesDisagree(t *testing.T) {
-	l1 := layerTar(t, reg("a", "one", 0o644))
-	l2 := layerTar(t, reg("a", "two!", 0o644))
+	l1 := tartest.Tar(t, reg("a", "one", 0o644))
+	l2 := tartest.Tar(t, reg("a", "two!", 0o644))
 	tree := New(Limits{})
 	if err := tree.AddLayer(bytes.NewReader(l1)); err != nil {
 		t.Fatal(err)
@@ -452,7 +430,7 @@ func TestFlattenPassesDisagree(t *testing.T) {
 // TestAddLayerReadsToTheEnd: bytes after the end-of-archive blocks are
 // read too (they are part of the layer's diff_id).
 func TestAddLayerReadsToTheEnd(t *testing.T) {
-	l := append(layerTar(t, reg("a", "x", 0o644)), make([]byte, 10000)...)
+	l := append(tartest.Tar(t, reg("a", "x", 0o644)), make([]byte, 10000)...)
 	r := bytes.NewReader(l)
 	if err := New(Limits{}).AddLayer(r); err != nil {
 		t.Fatal(err)
@@ -504,12 +482,12 @@ func FuzzFlatten(f *testing.F) {
 // TestWriteFuzzSeeds).
 func seedLayers(t testing.TB) [][2][]byte {
 	return [][2][]byte{
-		{layerTar(t, dir("etc", 0o755), reg("etc/a", "A", 0o644), reg("b", "B", 0o4755)), layerTar(t, whiteout("etc/.wh.a"), reg("c", "C", 0o644))},
-		{layerTar(t, dir("o", 0o755), reg("o/x", "1", 0o644)), layerTar(t, whiteout("o/.wh..wh..opq"), reg("o/y", "2", 0o644))},
-		{layerTar(t, reg("a", "old", 0o644), hardlink("b", "a")), layerTar(t, reg("a", "new", 0o644), hardlink("c", "b"))},
-		{layerTar(t, symlink("lib", "usr/lib"), ent{h: tar.Header{Typeflag: tar.TypeChar, Name: "null", Devmajor: 1, Devminor: 3}}), layerTar(t, reg("lib/x", "x", 0o644))},
-		{layerTar(t, reg("p", "f", 0o644)), layerTar(t, dir("p", 0o755), reg("p/q", "c", 0o600), reg(".warren/z", "z", 0o644))},
-		{layerTar(t, ent{h: tar.Header{Typeflag: tar.TypeReg, Name: "x", PAXRecords: map[string]string{"SCHILY.xattr.user.a": "b"}}}), layerTar(t, reg("../x", "", 0o644))},
+		{tartest.Tar(t, dir("etc", 0o755), reg("etc/a", "A", 0o644), reg("b", "B", 0o4755)), tartest.Tar(t, whiteout("etc/.wh.a"), reg("c", "C", 0o644))},
+		{tartest.Tar(t, dir("o", 0o755), reg("o/x", "1", 0o644)), tartest.Tar(t, whiteout("o/.wh..wh..opq"), reg("o/y", "2", 0o644))},
+		{tartest.Tar(t, reg("a", "old", 0o644), hardlink("b", "a")), tartest.Tar(t, reg("a", "new", 0o644), hardlink("c", "b"))},
+		{tartest.Tar(t, symlink("lib", "usr/lib"), ent{H: tar.Header{Typeflag: tar.TypeChar, Name: "null", Devmajor: 1, Devminor: 3}}), tartest.Tar(t, reg("lib/x", "x", 0o644))},
+		{tartest.Tar(t, reg("p", "f", 0o644)), tartest.Tar(t, dir("p", 0o755), reg("p/q", "c", 0o600), reg(".warren/z", "z", 0o644))},
+		{tartest.Tar(t, ent{H: tar.Header{Typeflag: tar.TypeReg, Name: "x", PAXRecords: map[string]string{"SCHILY.xattr.user.a": "b"}}}), tartest.Tar(t, reg("../x", "", 0o644))},
 	}
 }
 
