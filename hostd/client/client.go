@@ -60,6 +60,9 @@ type ProgressFunc func(wire.Progress)
 type Error struct {
 	Status  int
 	Message string
+	// Code is the guest agent's error code, when the error came from it
+	// (agentwire.Code*).
+	Code string
 }
 
 func (e *Error) Error() string {
@@ -237,7 +240,7 @@ func readError(resp *http.Response) error {
 			e.Error = http.StatusText(resp.StatusCode)
 		}
 	}
-	return &Error{Status: resp.StatusCode, Message: e.Error}
+	return &Error{Status: resp.StatusCode, Message: e.Error, Code: e.Code}
 }
 
 // send sends body (of type contentType, not JSON: an upload) and returns

@@ -150,7 +150,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func writeErr(w http.ResponseWriter, err error) {
 	st, msg := errStatus(err)
-	writeJSON(w, st, wire.Error{Error: msg})
+	e := wire.Error{Error: msg}
+	var ae *apiError
+	if errors.As(err, &ae) {
+		e.Code = ae.code
+	}
+	writeJSON(w, st, e)
 }
 
 func decode(r *http.Request, v any) error {
@@ -453,7 +458,7 @@ func (s streamOut) Write(p []byte) (int, error) {
 func agentErr(err error) error {
 	var ae *agentwire.Error
 	if errors.As(err, &ae) && ae.Status >= 400 && ae.Status < 500 {
-		return errf(ae.Status, "%v", err)
+		return &apiError{status: ae.Status, msg: err.Error(), code: ae.Code}
 	}
 	return errf(502, "guest agent: %v", err)
 }

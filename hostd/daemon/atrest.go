@@ -397,9 +397,9 @@ func cryptStatus(err error) error {
 	}
 	switch {
 	case errors.Is(err, crypt.ErrRevoked), errors.Is(err, crypt.ErrNoKey):
-		return &apiError{403, err.Error()}
+		return &apiError{status: 403, msg: err.Error()}
 	case errors.Is(err, crypt.ErrWrongKey), errors.Is(err, crypt.ErrAuth), errors.Is(err, crypt.ErrFormat):
-		return &apiError{409, err.Error()}
+		return &apiError{status: 409, msg: err.Error()}
 	}
 	return err
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,8 +16,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/hostd/wire"
 	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/vmmproc/jail"
 )
@@ -136,6 +139,13 @@ func TestE2E(t *testing.T) {
 	}
 	if out, _, _ := a.exec(sb.ID, "cat", "/tmp/hello.txt"); out != "hello from the host" {
 		t.Fatalf("cat: %q", out)
+	}
+	// The agent's refusal keeps its code through the daemon (warren exec
+	// exits 127 on it, as a shell does).
+	var refused wire.Error
+	if st, b := a.do("POST", "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"argv": []string{"no-such-program"}}); st != 404 ||
+		json.Unmarshal(b, &refused) != nil || refused.Code != agentwire.CodeNotFound {
+		t.Fatalf("exec of a missing program: %d %s", st, b)
 	}
 	step("exec and files ok")
 

@@ -27,12 +27,15 @@ import (
 type apiError struct {
 	status int
 	msg    string
+	// code, when set, is the guest agent's error code the error carries
+	// (agentwire.Code*: a program not found, not startable, ...).
+	code string
 }
 
 func (e *apiError) Error() string { return e.msg }
 
 func errf(status int, format string, a ...any) error {
-	return &apiError{status, fmt.Sprintf(format, a...)}
+	return &apiError{status: status, msg: fmt.Sprintf(format, a...)}
 }
 
 // errStatus returns err's status (500 when it has none) and message.

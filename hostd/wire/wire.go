@@ -253,6 +253,10 @@ type Health struct {
 type Error struct {
 	Error  string `json:"error"`
 	Status int    `json:"status,omitempty"`
+	// Code, when set, is the guest agent's error code (agentwire.Code*:
+	// "not_found" for a program the guest does not have, ...) on an
+	// error that came from the agent.
+	Code string `json:"code,omitempty"`
 }
 
 // Progress is a step line of a long operation's stream (Accept:

@@ -73,15 +73,23 @@ func execCmd(c *vmCmd) func() int {
 		}
 		c.fail(err)
 		var ae *agentwire.Error
-		switch {
-		case !errors.As(err, &ae):
-		case ae.Code == agentwire.CodeNotFound:
-			return exitNotFound
-		case ae.Code == agentwire.CodeStartFailed || ae.Code == agentwire.CodePermission:
-			return exitCannotRun
+		if errors.As(err, &ae) {
+			return execFailure(ae.Code)
 		}
 		return exitExecFailed
 	}
+}
+
+// execFailure is warren exec's exit code when the guest agent refused
+// the process with the error code (agentwire.Code*).
+func execFailure(code string) int {
+	switch code {
+	case agentwire.CodeNotFound:
+		return exitNotFound
+	case agentwire.CodeStartFailed, agentwire.CodePermission:
+		return exitCannotRun
+	}
+	return exitExecFailed
 }
 
 // execFlags are the flags of both exec verbs, the daemon's and the VM

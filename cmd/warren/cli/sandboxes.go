@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -132,8 +131,8 @@ func sbExecCmd(d *daemonCmd) func() int {
 		default:
 			d.fail(err)
 			var e *client.Error
-			if errors.As(err, &e) && e.Status == 404 && strings.Contains(e.Message, "guest agent") {
-				return exitNotFound
+			if errors.As(err, &e) {
+				return execFailure(e.Code)
 			}
 			return exitExecFailed
 		}

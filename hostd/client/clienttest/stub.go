@@ -302,7 +302,8 @@ func (s *Stub) handler() http.Handler {
 			return
 		}
 		if len(req.Argv) > 0 && req.Argv[0] == "no-such-program" {
-			fail(w, 404, "guest agent: no-such-program: not found")
+			// As warren-hostd answers the agent's refusal (agentErr).
+			reply(w, 404, wire.Error{Error: "agent: no-such-program: executable file not found in $PATH (not_found, HTTP 404)", Code: "not_found"})
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-ndjson")
