@@ -305,7 +305,7 @@ func TestSaveRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	var saved state
-	if err := json.Unmarshal(st.Device, &saved); err != nil || saved.Tap != "fake0" || saved.MAC != guestMAC.String() || saved.TxPackets != 1 {
+	if err := json.Unmarshal(st.Device, &saved); err != nil || saved.Tap != "fake0" || saved.MAC != guestMAC.String() || saved.TxPackets.Load() != 1 {
 		t.Fatalf("saved %s (%v)", st.Device, err)
 	}
 
