@@ -160,14 +160,7 @@ func TestQuiesceSaveRestore(t *testing.T) {
 	}
 	// Offered before the snapshot, not yet seen by the device.
 	pending, _ := r.drv.Offer(vt.Buf{Len: 4, Writable: true})
-	r.tr.Notify(0)
-	st, err := r.tr.Save()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if q := st.Queues[0]; q.NextAvail != 3 || q.NextUsed != 3 {
-		t.Fatalf("saved queue %+v", q)
-	}
+	st := vt.SaveQuiesced(t, r.tr, 0, 3)
 	mem2 := r.drv.Mem.Clone()
 	drv2 := r.drv.Clone(mem2)
 

@@ -138,14 +138,7 @@ func TestQuiesceSaveRestore(t *testing.T) {
 	}
 	f := frame(hostMAC, guestMAC, 90, 3)
 	head, _ := r.tx.Offer(vt.Buf{Data: withHeader(f)})
-	r.tr.Notify(txQueue)
-	st, err := r.tr.Save()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rx, tx := st.Queues[rxQueue], st.Queues[txQueue]; rx.NextAvail != 1 || rx.NextUsed != 1 || tx.NextAvail != 1 || tx.NextUsed != 1 {
-		t.Fatalf("saved queues %+v", st.Queues)
-	}
+	st := vt.SaveQuiesced(t, r.tr, txQueue, 1)
 	mem2 := r.mem.Clone()
 	rx2, tx2 := r.rx.Clone(mem2), r.tx.Clone(mem2)
 
