@@ -40,6 +40,23 @@ func runVM(t *testing.T, vm *vmm.VM) {
 	kvmtest.Start(t, vm, 10*time.Minute)
 }
 
+// runChild restores a fork child of pt in a new VM (cfg, with a console
+// of its own) and runs it as runVM does.
+func runChild(t *testing.T, cfg vmm.Config, pt *Point) *vmm.VM {
+	t.Helper()
+	mem, err := guestmem.NewFromBase(pt.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Console = &testguest.SyncBuffer{}
+	vm, err := vmm.RestoreMemory(cfg, pt.State, mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runVM(t, vm)
+	return vm
+}
+
 func counter(vm *vmm.VM) uint32 {
 	var b [4]byte
 	vm.Memory().ReadAt(b[:], counterAddr)
@@ -120,18 +137,7 @@ func TestForkSharesMemory(t *testing.T) {
 
 	kids := make([]*vmm.VM, children)
 	for k := range children {
-		mem, err := guestmem.NewFromBase(pt.Memory)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ccfg := cfg
-		ccfg.Console = &testguest.SyncBuffer{}
-		vm, err := vmm.RestoreMemory(ccfg, pt.State, mem)
-		if err != nil {
-			t.Fatal(err)
-		}
-		runVM(t, vm)
-		kids[k] = vm
+		kids[k] = runChild(t, cfg, pt)
 	}
 	for k, vm := range kids {
 		kvmtest.WaitFor(t, 2*time.Minute, fmt.Sprintf("child %d to count", k), func() bool { return counter(vm) > atFork+1000 })

@@ -19,7 +19,6 @@ import (
 	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
-	"github.com/warrenvm/warren/vmm/guestmem"
 	"github.com/warrenvm/warren/vmm/testguest"
 )
 
@@ -305,17 +304,7 @@ func TestSnapshotDisks(t *testing.T) {
 	if filepath.Dir(pt.Disks[0][0]) != kidDir || pt.Disks[1][0] != ro.dev.Path() {
 		t.Fatalf("child disks %q", pt.Disks)
 	}
-	mem, err := guestmem.NewFromBase(pt.Memory)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kcfg := cfg
-	kcfg.Console = &testguest.SyncBuffer{}
-	kvm, err := vmm.RestoreMemory(kcfg, pt.State, mem)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runVM(t, kvm)
+	kvm := runChild(t, cfg, pt)
 	kd := openTestDisk(t, pt.Disks[0][0], "disk0.img", false, bytes.Clone(rw.model))
 	kset := NewDiskSet([]Disk{{Dev: kd.dev, OwnTop: true}})
 	ks := vmsnap.NewSnapshotter(kvm, nil, json.RawMessage(`{}`), fp)

@@ -315,45 +315,39 @@ func (c *Chain) Restore(dst []byte) error {
 // Flatten writes the chain's effective memory to path as a raw image of
 // MemSize bytes, leaving zero pages as holes, for a lazy MAP_PRIVATE
 // restore. The file is written and renamed into place like a layer.
-func (c *Chain) Flatten(path string) (err error) {
-	fail := func(err error) error { return fmt.Errorf("memsnap: flatten %s to %s: %w", c.Top().path, path, err) }
-	f, err := atomicfile.Create(path, 0o600)
-	if err != nil {
-		return fail(err)
-	}
-	defer func() {
-		if err != nil {
-			f.Abort()
-		}
-	}()
-	if err := f.Truncate(int64(c.MemSize())); err != nil {
-		return fail(err)
-	}
+func (c *Chain) Flatten(path string) error {
 	ps := uint64(c.PageSize())
-	err = c.apply(c.plan(), nil, func(page uint64, data []byte) error {
-		// Skip zero pages inside the run so they stay holes.
-		for len(data) > 0 {
-			for len(data) > 0 && isZero(data[:ps]) {
-				data, page = data[ps:], page+1
-			}
-			n := uint64(0)
-			for n*ps < uint64(len(data)) && !isZero(data[n*ps:(n+1)*ps]) {
-				n++
-			}
-			if n > 0 {
-				if _, err := f.WriteAt(data[:n*ps], int64(page*ps)); err != nil {
-					return err
-				}
-				data, page = data[n*ps:], page+n
-			}
+	err := atomicfile.WriteFunc(path, 0o600, func(f *os.File) error {
+		if err := f.Truncate(int64(c.MemSize())); err != nil {
+			return err
 		}
-		return nil
+		return c.apply(c.plan(), nil, func(page uint64, data []byte) error {
+			return writeNonZero(f, ps, page, data)
+		})
 	})
 	if err != nil {
-		return fail(err)
+		return fmt.Errorf("memsnap: flatten %s to %s: %w", c.Top().path, path, err)
 	}
-	if err := f.Commit(); err != nil {
-		return fail(err)
+	return nil
+}
+
+// writeNonZero writes data, the pages (of ps bytes) from page on, to f,
+// skipping the zero pages inside it so that they stay holes.
+func writeNonZero(f *os.File, ps, page uint64, data []byte) error {
+	for len(data) > 0 {
+		for len(data) > 0 && isZero(data[:ps]) {
+			data, page = data[ps:], page+1
+		}
+		n := uint64(0)
+		for n*ps < uint64(len(data)) && !isZero(data[n*ps:(n+1)*ps]) {
+			n++
+		}
+		if n > 0 {
+			if _, err := f.WriteAt(data[:n*ps], int64(page*ps)); err != nil {
+				return err
+			}
+			data, page = data[n*ps:], page+n
+		}
 	}
 	return nil
 }

@@ -153,8 +153,7 @@ func TestMissingParent(t *testing.T) {
 	}{
 		{"deleted", func(t *testing.T, dir, base string) { os.Remove(base) }},
 		{"replaced by another base", func(t *testing.T, dir, base string) {
-			s := newSim(128, 99)
-			s.writeRandom(10)
+			s := newRandomSim(128, 99, 10)
 			l, err := WriteBase(base, s.reader(), uint64(len(s.mem)), testOpts())
 			if err != nil {
 				t.Fatal(err)
@@ -219,8 +218,7 @@ func TestIncompatible(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer base.Close()
-	s := newSim(128, 8)
-	s.writeRandom(3)
+	s := newRandomSim(128, 8, 3)
 	size := uint64(len(s.mem))
 
 	o := testOpts()
@@ -308,8 +306,7 @@ func (f *failingReader) ReadAt(p []byte, off int64) (int, error) {
 
 func TestWriteFailureKeepsOldFile(t *testing.T) {
 	dir := t.TempDir()
-	s := newSim(1024, 9)
-	s.writeRandom(500)
+	s := newRandomSim(1024, 9, 500)
 	path := filepath.Join(dir, "snap"+Ext)
 	old := mustBase(t, path, s)
 	oldBytes, _ := os.ReadFile(path)
@@ -353,8 +350,7 @@ func TestHelperSlowWriter(t *testing.T) {
 	if path == "" {
 		t.Skip("helper process only")
 	}
-	s := newSim(4096, 10)
-	s.writeRandom(4000)
+	s := newRandomSim(4096, 10, 4000)
 	o := testOpts()
 	o.ChunkPages = 1
 	WriteBase(path, slowReader{s.reader()}, uint64(len(s.mem)), o)
@@ -367,8 +363,7 @@ func TestKilledWriterKeepsOldFile(t *testing.T) {
 	}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "snap"+Ext)
-	s := newSim(64, 11)
-	s.writeRandom(64)
+	s := newRandomSim(64, 11, 64)
 	old := mustBase(t, path, s)
 	oldHash := old.Hash()
 	oldBytes, _ := os.ReadFile(path)

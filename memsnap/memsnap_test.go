@@ -2,6 +2,7 @@ package memsnap
 
 import (
 	"bytes"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -20,6 +21,14 @@ type sim struct {
 	mem   []byte
 	dirty []uint64
 	rng   *rand.Rand
+}
+
+// newRandomSim is newSim with writes random page writes done
+// (writeRandom).
+func newRandomSim(pages int, seed uint64, writes int) *sim {
+	s := newSim(pages, seed)
+	s.writeRandom(writes)
+	return s
 }
 
 func newSim(pages int, seed uint64) *sim {
@@ -78,6 +87,16 @@ func mustBase(t testing.TB, path string, s *sim) *Layer {
 	s.resetDirty()
 	t.Cleanup(func() { l.Close() })
 	return l
+}
+
+// writeBaseFile writes a base layer to path (WriteBase) and closes it.
+func writeBaseFile(t testing.TB, path string, r io.ReaderAt, size uint64, o Options) {
+	t.Helper()
+	l, err := WriteBase(path, r, size, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
 }
 
 func mustIncr(t testing.TB, path string, s *sim, parent *Layer) *Layer {
@@ -183,8 +202,7 @@ func firstDiff(a, b []byte) int {
 
 func TestRoundTripBase(t *testing.T) {
 	dir := t.TempDir()
-	s := newSim(1024, 1)
-	s.writeRandom(400)
+	s := newRandomSim(1024, 1, 400)
 	path := filepath.Join(dir, "base"+Ext)
 	l := mustBase(t, path, s)
 	st := l.Stats()
@@ -218,8 +236,7 @@ func TestRoundTripBase(t *testing.T) {
 
 func TestRoundTripChain(t *testing.T) {
 	dir := t.TempDir()
-	s := newSim(2048, 3)
-	s.writeRandom(1500)
+	s := newRandomSim(2048, 3, 1500)
 	top := mustBase(t, filepath.Join(dir, "l0"+Ext), s)
 	checkChain(t, top.Path(), s.mem)
 	for i := 1; i <= 3; i++ {
@@ -303,18 +320,13 @@ func TestDirtiedZeroPage(t *testing.T) {
 
 func TestDeterministic(t *testing.T) {
 	dir := t.TempDir()
-	s := newSim(1024, 6)
-	s.writeRandom(800)
+	s := newRandomSim(1024, 6, 800)
 	var files [][]byte
 	for _, w := range []int{1, 2, 7} {
 		o := testOpts()
 		o.Workers = w
 		p := filepath.Join(dir, "w"+Ext)
-		l, err := WriteBase(p, s.reader(), uint64(len(s.mem)), o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.Close()
+		writeBaseFile(t, p, s.reader(), uint64(len(s.mem)), o)
 		b, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)
@@ -356,15 +368,10 @@ func TestGuestmemRoundTrip(t *testing.T) {
 	}
 	defer src.Close()
 	flat := src.Host(guestmem.Region{Size: src.Size()})
-	s := newSim(size/testPS, 12)
-	s.writeRandom(500)
+	s := newRandomSim(size/testPS, 12, 500)
 	copy(flat, s.mem)
 	path := filepath.Join(t.TempDir(), "vm"+Ext)
-	l, err := WriteBase(path, bytes.NewReader(flat), src.Size(), testOpts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
+	writeBaseFile(t, path, bytes.NewReader(flat), src.Size(), testOpts())
 	dst, err := guestmem.New(size)
 	if err != nil {
 		t.Fatal(err)

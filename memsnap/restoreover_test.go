@@ -10,8 +10,7 @@ import (
 // chain and checks it writes exactly the pages that differ.
 func TestRestoreOver(t *testing.T) {
 	dir := t.TempDir()
-	s := newSim(1024, 11)
-	s.writeRandom(700)
+	s := newRandomSim(1024, 11, 700)
 	base := mustBase(t, filepath.Join(dir, "b"+Ext), s)
 	s.writeRandom(60)
 	top := mustIncr(t, filepath.Join(dir, "i"+Ext), s, base)

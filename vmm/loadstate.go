@@ -57,7 +57,7 @@ func (v *VM) LoadState(st *State, fill func(*guestmem.Memory) error) error {
 	}); err != nil {
 		return fmt.Errorf("vmm: load state: %w", err)
 	}
-	if err := v.vm.SetClock(kvm.ClockData{Clock: st.Clock.Clock}); err != nil {
+	if err := kvm.Set(v.vm, kvm.StateClock, kvm.ClockData{Clock: st.Clock.Clock}); err != nil {
 		return fmt.Errorf("vmm: load state: %w", err)
 	}
 	v.uart.RaisePending()

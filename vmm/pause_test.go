@@ -254,11 +254,7 @@ func TestPauseCompletesPortIO(t *testing.T) {
 // carries on.
 func TestSaveRestore(t *testing.T) {
 	kvmtest.Require(t)
-	cfg, st, ram, saved := saveCounter(t, 2)
-	blob, err := st.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, blob, ram, saved := saveCounter(t, 2)
 	restoreCounter(t, cfg, blob, ram, saved)
 }
 
@@ -267,11 +263,7 @@ func TestSaveRestore(t *testing.T) {
 // TestRestoreChild on them.
 func TestSaveRestoreNewProcess(t *testing.T) {
 	kvmtest.Require(t)
-	_, st, ram, saved := saveCounter(t, 1)
-	blob, err := st.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, blob, ram, saved := saveCounter(t, 1)
 	dir := t.TempDir()
 	for name, b := range map[string][]byte{"state.json": blob, "ram": ram, "counter": binary.LittleEndian.AppendUint32(nil, saved)} {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
@@ -284,11 +276,7 @@ func TestSaveRestoreNewProcess(t *testing.T) {
 // TestRestoreChild is the restoring half of TestSaveRestoreNewProcess; it
 // skips unless run by it.
 func TestRestoreChild(t *testing.T) {
-	dir := os.Getenv("WARREN_RESTORE_CHILD")
-	if dir == "" {
-		t.Skip("run by TestSaveRestoreNewProcess")
-	}
-	kvmtest.Require(t)
+	dir := kvmtest.Child(t, "WARREN_RESTORE_CHILD", "TestSaveRestoreNewProcess")
 	read := func(name string) []byte {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
@@ -302,8 +290,9 @@ func TestRestoreChild(t *testing.T) {
 }
 
 // saveCounter runs the counter guest a while, pauses it, saves its state
-// and RAM, and closes it. saved is the guest's counter at that point.
-func saveCounter(t *testing.T, cpus int) (cfg Config, st *State, ram []byte, saved uint32) {
+// (blob, marshalled) and RAM, and closes it. saved is the guest's counter
+// at that point.
+func saveCounter(t *testing.T, cpus int) (cfg Config, blob, ram []byte, saved uint32) {
 	t.Helper()
 	var con syncBuffer
 	cfg = counterConfig(t, &con, cpus)
@@ -325,7 +314,10 @@ func saveCounter(t *testing.T, cpus int) (cfg Config, st *State, ram []byte, sav
 	if strings.Contains(con.String(), "X") {
 		t.Fatalf("the guest failed before the save: %q", con.String())
 	}
-	return cfg, st, ram, saved
+	if blob, err = st.Marshal(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, blob, ram, saved
 }
 
 // restoreCounter restores the encoded state blob and RAM into a new VM,

@@ -49,10 +49,10 @@ func (v *VM) SaveState() (*State, error) {
 		}
 		*c.dst = append([]byte(nil), chip.Chip[:]...)
 	}
-	if st.PIT, err = v.vm.GetPIT2(); err != nil {
+	if st.PIT, err = kvm.Get(v.vm, kvm.StatePIT2); err != nil {
 		return nil, fmt.Errorf("vmm: save state: %w", err)
 	}
-	if st.Clock, err = v.vm.GetClock(); err != nil {
+	if st.Clock, err = kvm.Get(v.vm, kvm.StateClock); err != nil {
 		return nil, fmt.Errorf("vmm: save state: %w", err)
 	}
 	st.UART = v.uart.State()
@@ -93,16 +93,16 @@ func (v *VM) saveVCPU(c *kvm.VCPU, msrs []uint32, s *VCPUState) error {
 			return err
 		}
 	}
-	if s.MPState, err = c.GetMPState(); err != nil {
+	if s.MPState, err = kvm.Get(c, kvm.StateMPState); err != nil {
 		return err
 	}
-	if s.Regs, err = c.GetRegs(); err != nil {
+	if s.Regs, err = kvm.Get(c, kvm.StateRegs); err != nil {
 		return err
 	}
-	if s.Sregs, err = c.GetSregs(); err != nil {
+	if s.Sregs, err = kvm.Get(c, kvm.StateSregs); err != nil {
 		return err
 	}
-	if s.FPU, err = c.GetFPU(); err != nil {
+	if s.FPU, err = kvm.Get(c, kvm.StateFPU); err != nil {
 		return err
 	}
 	if n, _ := v.vm.CheckExtension(kvm.CapXSave2); n > 0 {
@@ -110,20 +110,20 @@ func (v *VM) saveVCPU(c *kvm.VCPU, msrs []uint32, s *VCPUState) error {
 			return err
 		}
 	} else if n, _ := v.sys.CheckExtension(kvm.CapXSave); n > 0 {
-		x, err := c.GetXsave()
+		x, err := kvm.Get(c, kvm.StateXsave)
 		if err != nil {
 			return err
 		}
 		s.Xsave = xsaveBytes(&x)
 	}
 	if n, _ := v.sys.CheckExtension(kvm.CapXCRs); n > 0 {
-		x, err := c.GetXCRs()
+		x, err := kvm.Get(c, kvm.StateXCRs)
 		if err != nil {
 			return err
 		}
 		s.XCRs = &x
 	}
-	lapic, err := c.GetLAPIC()
+	lapic, err := kvm.Get(c, kvm.StateLAPIC)
 	if err != nil {
 		return err
 	}
@@ -138,10 +138,10 @@ func (v *VM) saveVCPU(c *kvm.VCPU, msrs []uint32, s *VCPUState) error {
 	}
 	// Events last: reading the state above does not change them, and they
 	// are what the guest sees first when it runs again.
-	if s.Events, err = c.GetVCPUEvents(); err != nil {
+	if s.Events, err = kvm.Get(c, kvm.StateVCPUEvents); err != nil {
 		return err
 	}
-	if s.DebugRegs, err = c.GetDebugRegs(); err != nil {
+	if s.DebugRegs, err = kvm.Get(c, kvm.StateDebugRegs); err != nil {
 		return err
 	}
 	return nil
@@ -244,7 +244,7 @@ func (v *VM) loadChips(st *State) error {
 			return err
 		}
 	}
-	if err := v.vm.SetPIT2(st.PIT); err != nil {
+	if err := kvm.Set(v.vm, kvm.StatePIT2, st.PIT); err != nil {
 		return err
 	}
 	return v.uart.SetState(st.UART)
@@ -278,20 +278,20 @@ func (v *VM) loadVCPUState(c *kvm.VCPU, s *VCPUState, withCPUID bool) error {
 			}
 		}
 	}
-	if err := c.SetMPState(s.MPState); err != nil {
+	if err := kvm.Set(c, kvm.StateMPState, s.MPState); err != nil {
 		return err
 	}
-	if err := c.SetSregs(s.Sregs); err != nil {
+	if err := kvm.Set(c, kvm.StateSregs, s.Sregs); err != nil {
 		return err
 	}
-	if err := c.SetRegs(s.Regs); err != nil {
+	if err := kvm.Set(c, kvm.StateRegs, s.Regs); err != nil {
 		return err
 	}
-	if err := c.SetFPU(s.FPU); err != nil {
+	if err := kvm.Set(c, kvm.StateFPU, s.FPU); err != nil {
 		return err
 	}
 	if s.XCRs != nil {
-		if err := c.SetXCRs(*s.XCRs); err != nil {
+		if err := kvm.Set(c, kvm.StateXCRs, *s.XCRs); err != nil {
 			return err
 		}
 	}
@@ -302,7 +302,7 @@ func (v *VM) loadVCPUState(c *kvm.VCPU, s *VCPUState, withCPUID bool) error {
 	}
 	var lapic kvm.LAPICState
 	copy(lapic.Regs[:], s.LAPIC)
-	if err := c.SetLAPIC(lapic); err != nil {
+	if err := kvm.Set(c, kvm.StateLAPIC, lapic); err != nil {
 		return err
 	}
 	entries := make([]kvm.MSREntry, len(s.MSRs))
@@ -314,10 +314,10 @@ func (v *VM) loadVCPUState(c *kvm.VCPU, s *VCPUState, withCPUID bool) error {
 	}
 	ev := s.Events
 	ev.Flags |= kvm.VCPUEventValidNMIPending | kvm.VCPUEventValidSIPIVector
-	if err := c.SetVCPUEvents(ev); err != nil {
+	if err := kvm.Set(c, kvm.StateVCPUEvents, ev); err != nil {
 		return err
 	}
-	return c.SetDebugRegs(s.DebugRegs)
+	return kvm.Set(c, kvm.StateDebugRegs, s.DebugRegs)
 }
 
 // restoreClock sets the saved kvmclock once every vCPU is loaded (Run
@@ -325,7 +325,7 @@ func (v *VM) loadVCPUState(c *kvm.VCPU, s *VCPUState, withCPUID bool) error {
 // resumes at the value it had when saved.
 func (v *VM) restoreClock() error {
 	c := v.restore.Clock
-	if err := v.vm.SetClock(kvm.ClockData{Clock: c.Clock}); err != nil {
+	if err := kvm.Set(v.vm, kvm.StateClock, kvm.ClockData{Clock: c.Clock}); err != nil {
 		return fmt.Errorf("vmm: restore: %w", err)
 	}
 	return nil

@@ -93,7 +93,7 @@ func (v *VM) setupVCPU(id int) (*kvm.VCPU, error) {
 		v.log.Debug("IA32_MISC_ENABLE refused", "vcpu", id, "err", err)
 	}
 	// LINT0 takes the PIC's ExtINT, LINT1 NMIs, as firmware would set them.
-	lapic, err := c.GetLAPIC()
+	lapic, err := kvm.Get(c, kvm.StateLAPIC)
 	if err != nil {
 		return fail(err)
 	}
@@ -104,25 +104,25 @@ func (v *VM) setupVCPU(id int) (*kvm.VCPU, error) {
 	}
 	setLVT(lapicLVT0, lvtDeliveryExtINT)
 	setLVT(lapicLVT1, lvtDeliveryNMI)
-	if err := c.SetLAPIC(lapic); err != nil {
+	if err := kvm.Set(c, kvm.StateLAPIC, lapic); err != nil {
 		return fail(err)
 	}
 	fpu := kvm.FPU{FCW: 0x37f, MXCSR: 0x1f80}
-	if err := c.SetFPU(fpu); err != nil {
+	if err := kvm.Set(c, kvm.StateFPU, fpu); err != nil {
 		return fail(err)
 	}
 	if id != 0 {
 		return c, nil // application processors wait for INIT/SIPI in KVM
 	}
-	sregs, err := c.GetSregs()
+	sregs, err := kvm.Get(c, kvm.StateSregs)
 	if err != nil {
 		return fail(err)
 	}
 	v.entry.Apply(&sregs)
-	if err := c.SetSregs(sregs); err != nil {
+	if err := kvm.Set(c, kvm.StateSregs, sregs); err != nil {
 		return fail(err)
 	}
-	if err := c.SetRegs(v.entry.Regs); err != nil {
+	if err := kvm.Set(c, kvm.StateRegs, v.entry.Regs); err != nil {
 		return fail(err)
 	}
 	return c, nil
@@ -178,7 +178,7 @@ func (v *VM) handleExit(c *kvm.VCPU) (stop bool, err error) {
 
 // where describes the vCPU's position for an error message.
 func (v *VM) where(c *kvm.VCPU) string {
-	regs, err := c.GetRegs()
+	regs, err := kvm.Get(c, kvm.StateRegs)
 	if err != nil {
 		return ""
 	}

@@ -405,17 +405,20 @@ func (v *VM) Close() error {
 		v.closers[i]()
 	}
 	v.closers = nil
-	if v.vm != nil {
-		v.vm.Close()
-		v.vm = nil
-	}
-	if v.sys != nil {
-		v.sys.Close()
-		v.sys = nil
-	}
-	if v.mem != nil {
-		v.mem.Close()
-		v.mem = nil
-	}
+	closeField(&v.vm)
+	closeField(&v.sys)
+	closeField(&v.mem)
 	return nil
+}
+
+// closeField closes *p, when it holds an object, and clears it.
+func closeField[T interface {
+	comparable
+	Close() error
+}](p *T) {
+	var none T
+	if *p != none {
+		(*p).Close()
+		*p = none
+	}
 }

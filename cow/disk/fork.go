@@ -310,28 +310,10 @@ func PrepareFreeze(cur Backing) (*Pending, error) {
 	if err := h.check(MaxBasePath); err != nil {
 		return nil, fmt.Errorf("freeze %s: %w", curPath, err)
 	}
-	dir := filepath.Dir(curPath)
-	p := NewLayerPath(dir, curPath)
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
+	p := NewLayerPath(filepath.Dir(curPath), curPath)
+	f, err := createFile(p, nil, int64(h.FileSize()))
 	if err != nil {
 		return nil, fmt.Errorf("freeze %s: %w", curPath, err)
-	}
-	fail := func(err error) (*Pending, error) {
-		f.Close()
-		os.Remove(p)
-		return nil, fmt.Errorf("freeze %s: %w", curPath, err)
-	}
-	if err := flock(f, unix.LOCK_EX); err != nil {
-		return fail(err)
-	}
-	if err := f.Truncate(int64(h.FileSize())); err != nil {
-		return fail(err)
-	}
-	if err := f.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := atomicfile.SyncDir(dir); err != nil {
-		return fail(err)
 	}
 	return &Pending{cur: fc, f: f, path: p, hdr: h}, nil
 }

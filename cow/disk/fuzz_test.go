@@ -2,29 +2,15 @@ package disk
 
 import (
 	"bytes"
-	"encoding/binary"
-	"hash/crc32"
 	"testing"
 )
 
 // marshalV1 encodes h as a version 1 header region, the format earlier
 // builds wrote (this build only reads it): tests make old files with it.
 func marshalV1(h Header) []byte {
-	le := binary.LittleEndian
 	b := make([]byte, HeaderSize)
-	copy(b, Magic)
-	le.PutUint32(b[8:], 1)
-	le.PutUint32(b[12:], HeaderSize)
-	le.PutUint32(b[16:], h.BlockSize)
-	le.PutUint64(b[24:], h.VirtualSize)
-	le.PutUint64(b[32:], h.BitmapOffset())
-	le.PutUint64(b[40:], h.BitmapSize())
-	le.PutUint64(b[48:], h.DataOffset())
-	le.PutUint64(b[56:], h.BaseSize)
-	copy(b[64:96], h.BaseDigest[:])
-	le.PutUint16(b[96:], uint16(len(h.BasePath)))
-	end := fixedLenV1 + copy(b[fixedLenV1:], h.BasePath)
-	le.PutUint32(b[end:], crc32.Checksum(b[:end], castagnoli))
+	h.putCommon(b, 1)
+	h.putBasePath(b, fixedLenV1)
 	return b
 }
 

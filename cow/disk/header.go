@@ -145,24 +145,39 @@ func (h Header) marshalSlot() ([]byte, error) {
 	if err := h.check(MaxBasePath); err != nil {
 		return nil, err
 	}
-	le := binary.LittleEndian
 	b := make([]byte, SlotSize)
+	h.putCommon(b, Version)
+	binary.LittleEndian.PutUint64(b[96:], h.Generation)
+	h.putBasePath(b, fixedLen)
+	return b, nil
+}
+
+// putCommon writes into b (zeroed) the fields that version 1 and 2 headers
+// store alike, at the same offsets (bytes 0 to 96): magic, version, header
+// size, block size, flags (zero), virtual size, the layout fields, base
+// size and digest.
+func (h Header) putCommon(b []byte, version uint32) {
+	le := binary.LittleEndian
 	copy(b, Magic)
-	le.PutUint32(b[8:], Version)
+	le.PutUint32(b[8:], version)
 	le.PutUint32(b[12:], HeaderSize)
 	le.PutUint32(b[16:], h.BlockSize)
-	le.PutUint32(b[20:], 0)
 	le.PutUint64(b[24:], h.VirtualSize)
 	le.PutUint64(b[32:], h.BitmapOffset())
 	le.PutUint64(b[40:], h.BitmapSize())
 	le.PutUint64(b[48:], h.DataOffset())
 	le.PutUint64(b[56:], h.BaseSize)
 	copy(b[64:96], h.BaseDigest[:])
-	le.PutUint64(b[96:], h.Generation)
-	le.PutUint16(b[104:], uint16(len(h.BasePath)))
-	end := fixedLen + copy(b[fixedLen:], h.BasePath)
+}
+
+// putBasePath ends a header record as both versions do: the base path's
+// length in the two bytes before fixed (the fixed fields' length), the
+// path from fixed, and the checksum of all that.
+func (h Header) putBasePath(b []byte, fixed int) {
+	le := binary.LittleEndian
+	le.PutUint16(b[fixed-2:], uint16(len(h.BasePath)))
+	end := fixed + copy(b[fixed:], h.BasePath)
 	le.PutUint32(b[end:], crc32.Checksum(b[:end], castagnoli))
-	return b, nil
 }
 
 // ParseHeader decodes and validates the header region at the start of b
@@ -228,33 +243,17 @@ func ParseHeader(b []byte) (*Header, error) {
 // parseSlot decodes one version 2 slot; its errors are unwrapped (the
 // caller wraps them with ErrCorrupt).
 func parseSlot(b []byte) (*Header, error) {
-	le := binary.LittleEndian
 	if string(b[:len(Magic)]) != Magic {
 		return nil, errors.New("bad magic")
 	}
-	if v := le.Uint32(b[8:]); v != 2 {
+	if v := binary.LittleEndian.Uint32(b[8:]); v != 2 {
 		return nil, fmt.Errorf("version %d in a version 2 header", v)
 	}
-	n := int(le.Uint16(b[104:]))
-	if n > MaxBasePath {
-		return nil, fmt.Errorf("base path length %d is over %d", n, MaxBasePath)
+	h, err := parseCommon(b, 2, fixedLen, MaxBasePath)
+	if err != nil {
+		return nil, err
 	}
-	end := fixedLen + n
-	if sum := crc32.Checksum(b[:end], castagnoli); sum != le.Uint32(b[end:]) {
-		return nil, fmt.Errorf("header checksum %#08x, computed %#08x", le.Uint32(b[end:]), sum)
-	}
-	if !allZero(b[end+4:]) {
-		return nil, errors.New("junk after the header fields")
-	}
-	h := &Header{
-		Version:     2,
-		BlockSize:   le.Uint32(b[16:]),
-		VirtualSize: le.Uint64(b[24:]),
-		BaseSize:    le.Uint64(b[56:]),
-		Generation:  le.Uint64(b[96:]),
-		BasePath:    string(b[fixedLen:end]),
-	}
-	copy(h.BaseDigest[:], b[64:96])
+	h.Generation = binary.LittleEndian.Uint64(b[96:])
 	if h.Generation == 0 {
 		return nil, errors.New("generation 0")
 	}
@@ -267,29 +266,42 @@ func parseSlot(b []byte) (*Header, error) {
 // parseV1 decodes a version 1 header region (read only: this build
 // writes version 2).
 func parseV1(b []byte) (*Header, error) {
-	le := binary.LittleEndian
-	n := int(le.Uint16(b[96:]))
-	if n > maxBasePathV1 {
-		return nil, fmt.Errorf("%w: base path length %d is over %d", ErrCorrupt, n, maxBasePathV1)
+	h, err := parseCommon(b, 1, fixedLenV1, maxBasePathV1)
+	if err == nil {
+		err = checkCommon(b, h, maxBasePathV1)
 	}
-	end := fixedLenV1 + n
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return h, nil
+}
+
+// parseCommon decodes a header record of version whose fixed fields are
+// fixed bytes long, as putCommon and putBasePath wrote it: it checks the
+// base path's length (at most maxPath), the checksum and that only zeros
+// follow, and decodes the fields both versions store alike. Its errors
+// are unwrapped.
+func parseCommon(b []byte, version uint32, fixed, maxPath int) (*Header, error) {
+	le := binary.LittleEndian
+	n := int(le.Uint16(b[fixed-2:]))
+	if n > maxPath {
+		return nil, fmt.Errorf("base path length %d is over %d", n, maxPath)
+	}
+	end := fixed + n
 	if sum := crc32.Checksum(b[:end], castagnoli); sum != le.Uint32(b[end:]) {
-		return nil, fmt.Errorf("%w: header checksum %#08x, computed %#08x", ErrCorrupt, le.Uint32(b[end:]), sum)
+		return nil, fmt.Errorf("header checksum %#08x, computed %#08x", le.Uint32(b[end:]), sum)
 	}
 	if !allZero(b[end+4:]) {
-		return nil, fmt.Errorf("%w: junk after the header fields", ErrCorrupt)
+		return nil, errors.New("junk after the header fields")
 	}
 	h := &Header{
-		Version:     1,
+		Version:     version,
 		BlockSize:   le.Uint32(b[16:]),
 		VirtualSize: le.Uint64(b[24:]),
 		BaseSize:    le.Uint64(b[56:]),
-		BasePath:    string(b[fixedLenV1:end]),
+		BasePath:    string(b[fixed:end]),
 	}
 	copy(h.BaseDigest[:], b[64:96])
-	if err := checkCommon(b, h, maxBasePathV1); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
-	}
 	return h, nil
 }
 

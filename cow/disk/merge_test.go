@@ -91,6 +91,18 @@ func freeze(t testing.TB, f frozen) {
 	}
 }
 
+// mergeFrozen merges the frozen layers under s's live top that s's
+// directory owns into a new layer, as a rebase does, and returns its path.
+func (s *stack) mergeFrozen(t *testing.T) string {
+	t.Helper()
+	run, rest := Owned(s.layers[len(s.layers)-1], s.dir)
+	mp := NewLayerPath(s.dir, "disk.img")
+	if _, err := Merge(mp, run, rest, "disk.img"); err != nil {
+		t.Fatal(err)
+	}
+	return mp
+}
+
 // reference flattens b into memory.
 func reference(t *testing.T, b Backing) []byte {
 	t.Helper()
@@ -209,12 +221,7 @@ func TestMerge(t *testing.T) {
 // race detector watches).
 func TestRebaseConcurrentReads(t *testing.T) {
 	s := buildStack(t, 2<<20, 3, []int{16 << 10}, 5)
-	frozenTop := s.layers[len(s.layers)-1]
-	run, rest := Owned(frozenTop, s.dir)
-	mp := NewLayerPath(s.dir, "disk.img")
-	if _, err := Merge(mp, run, rest, "disk.img"); err != nil {
-		t.Fatal(err)
-	}
+	mp := s.mergeFrozen(t)
 	want := bytes.Clone(s.model)
 	// The writer writes to the second half only; readers read the first.
 	half := int64(len(want) / 2)
@@ -268,12 +275,7 @@ func TestRebaseConcurrentReads(t *testing.T) {
 // the whole slot made it) the new one, reading the same either way.
 func TestRebaseTorn(t *testing.T) {
 	s := buildStack(t, 1<<20, 2, []int{64 << 10}, 11)
-	frozenTop := s.layers[len(s.layers)-1]
-	run, rest := Owned(frozenTop, s.dir)
-	mp := NewLayerPath(s.dir, "disk.img")
-	if _, err := Merge(mp, run, rest, "disk.img"); err != nil {
-		t.Fatal(err)
-	}
+	mp := s.mergeFrozen(t)
 	tp := s.top.Path()
 	if err := s.top.Sync(); err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package disk
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"math/bits"
@@ -114,23 +113,34 @@ func Create(path string, base Backing, opts CreateOptions) (*Overlay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create overlay %s: %w", path, err)
 	}
+	// Header, then a zero bitmap and holes for data.
+	f, err := createFile(path, b, int64(h.FileSize()))
+	if err != nil {
+		return nil, fmt.Errorf("create overlay %s: %w", path, err)
+	}
+	return newOverlay(f, &h, base, false), nil
+}
+
+// createFile creates the file path, which must not exist, locked
+// exclusively, with head at its start and size bytes long (holes after
+// head), and syncs it and its directory. On an error the file is gone.
+func createFile(path string, head []byte, size int64) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("create overlay: %w", err)
+		return nil, err
 	}
-	fail := func(err error) (*Overlay, error) {
+	fail := func(err error) (*os.File, error) {
 		f.Close()
 		os.Remove(path)
-		return nil, fmt.Errorf("create overlay %s: %w", path, err)
+		return nil, err
 	}
 	if err := flock(f, unix.LOCK_EX); err != nil {
 		return fail(err)
 	}
-	// Header, then a zero bitmap and holes for data (Truncate).
-	if _, err := f.WriteAt(b, 0); err != nil {
+	if _, err := f.WriteAt(head, 0); err != nil {
 		return fail(err)
 	}
-	if err := f.Truncate(int64(h.FileSize())); err != nil {
+	if err := f.Truncate(size); err != nil {
 		return fail(err)
 	}
 	if err := f.Sync(); err != nil {
@@ -139,7 +149,7 @@ func Create(path string, base Backing, opts CreateOptions) (*Overlay, error) {
 	if err := atomicfile.SyncDir(filepath.Dir(path)); err != nil {
 		return fail(err)
 	}
-	return newOverlay(f, &h, base, false), nil
+	return f, nil
 }
 
 // Open opens the overlay file at path over base, which must be the image it
@@ -454,16 +464,7 @@ func (o *Overlay) zeroBlock(b int64) error {
 	mu.Lock()
 	defer mu.Unlock()
 	start, n := o.data+b*o.bs, o.blockLen(b)
-	err := control(o.f, func(fd int) error {
-		return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, start, n)
-	})
-	if errors.Is(err, unix.EOPNOTSUPP) {
-		err = nil
-		for at := int64(0); at < n && err == nil; at += int64(len(zeros)) {
-			_, err = o.f.WriteAt(zeros[:min(n-at, int64(len(zeros)))], start+at)
-		}
-	}
-	if err != nil {
+	if err := punchHole(o.f, start, n); err != nil {
 		return err
 	}
 	if !o.isAllocated(b) {

@@ -13,6 +13,21 @@ import (
 	"testing"
 )
 
+// createOver creates the overlay o.ovl in a new directory over a base in
+// memory, pattern(size, seed), and returns it with its path, its base and
+// a copy of the base's bytes (to model the overlay's content).
+func createOver(t *testing.T, size int64, seed uint64, opts CreateOptions) (o *Overlay, path string, base *bytes.Reader, model []byte) {
+	t.Helper()
+	model = pattern(size, seed)
+	base = bytes.NewReader(bytes.Clone(model))
+	path = filepath.Join(t.TempDir(), "o.ovl")
+	o, err := Create(path, base, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o, path, base, model
+}
+
 // pattern fills a base image: a position-dependent byte, with zero runs
 // (holes in a file made by writeBase) every fourth 16 KiB.
 func pattern(size int64, seed uint64) []byte {
@@ -63,14 +78,7 @@ func checkView(t *testing.T, d Backing, want []byte, flatten bool) {
 	if !flatten {
 		return
 	}
-	out := filepath.Join(t.TempDir(), "flat.img")
-	if err := Flatten(d, out); err != nil {
-		t.Fatal(err)
-	}
-	flat, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	flat := reference(t, d)
 	if i := firstDiff(flat, want); i >= 0 || len(flat) != len(want) {
 		t.Fatalf("Flatten differs from the model at byte %d (len %d, want %d)", i, len(flat), len(want))
 	}
@@ -190,12 +198,7 @@ func TestModel(t *testing.T) {
 
 // TestReadWriteBounds checks the edges of ReadAt and WriteAt.
 func TestReadWriteBounds(t *testing.T) {
-	dir := t.TempDir()
-	base := bytes.NewReader(pattern(100<<10, 1))
-	o, err := Create(filepath.Join(dir, "o.ovl"), base, CreateOptions{BlockSize: 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
+	o, path, base, _ := createOver(t, 100<<10, 1, CreateOptions{BlockSize: 4096})
 	defer o.Close()
 	p := make([]byte, 10)
 	if n, err := o.ReadAt(p, 100<<10-4); n != 4 || err != io.EOF {
@@ -219,7 +222,7 @@ func TestReadWriteBounds(t *testing.T) {
 		t.Errorf("refused writes allocated %d blocks", o.Allocated())
 	}
 	o.Close()
-	ro, err := Open(filepath.Join(dir, "o.ovl"), base, Options{ReadOnly: true})
+	ro, err := Open(path, base, Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,14 +234,7 @@ func TestReadWriteBounds(t *testing.T) {
 
 // TestReopenKeepsData writes, closes, reopens and reads back.
 func TestReopenKeepsData(t *testing.T) {
-	dir := t.TempDir()
-	model := pattern(1<<20, 3)
-	base := bytes.NewReader(bytes.Clone(model))
-	path := filepath.Join(dir, "o.ovl")
-	o, err := Create(path, base, CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	o, path, base, model := createOver(t, 1<<20, 3, CreateOptions{})
 	for i, off := range []int64{0, 70000, 1<<20 - 3, 300 << 10} {
 		p := bytes.Repeat([]byte{byte(i + 1)}, 3)
 		o.WriteAt(p, off)
@@ -257,7 +253,7 @@ func TestReopenKeepsData(t *testing.T) {
 	if err := o.Close(); err != nil {
 		t.Fatal(err)
 	}
-	o, err = Open(path, base, Options{})
+	o, err := Open(path, base, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,14 +269,7 @@ func TestReopenKeepsData(t *testing.T) {
 // checks the documented guarantee: synced blocks keep their data, blocks
 // allocated after the last Sync read from the base.
 func TestCrashBeforeSync(t *testing.T) {
-	dir := t.TempDir()
-	orig := pattern(512<<10, 5)
-	base := bytes.NewReader(bytes.Clone(orig))
-	path := filepath.Join(dir, "o.ovl")
-	o, err := Create(path, base, CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	o, path, base, orig := createOver(t, 512<<10, 5, CreateOptions{})
 	a := bytes.Repeat([]byte{0xaa}, 1000)
 	o.WriteAt(a, 10) // block 0
 	if err := o.Sync(); err != nil {
@@ -290,7 +279,7 @@ func TestCrashBeforeSync(t *testing.T) {
 	o.WriteAt(b, 20)      // block 0 again: allocated, so in place
 	o.WriteAt(b, 200<<10) // block 3: new
 	o.f.Close()           // crash: no Sync, no bitmap
-	o, err = Open(path, base, Options{})
+	o, err := Open(path, base, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

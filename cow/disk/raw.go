@@ -88,16 +88,7 @@ func (r *Raw) Discard(off, n int64) error {
 	if n == 0 {
 		return nil
 	}
-	err := control(r.f, func(fd int) error {
-		return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
-	})
-	if errors.Is(err, unix.EOPNOTSUPP) {
-		err = nil
-		for at := int64(0); at < n && err == nil; at += int64(len(zeros)) {
-			_, err = r.f.WriteAt(zeros[:min(n-at, int64(len(zeros)))], off+at)
-		}
-	}
-	if err != nil {
+	if err := punchHole(r.f, off, n); err != nil {
 		return fmt.Errorf("discard %s at %d: %w", r.f.Name(), off, err)
 	}
 	return nil
@@ -135,6 +126,21 @@ func flock(f *os.File, lock int) error {
 		return fmt.Errorf("flock %s: %w", f.Name(), lerr)
 	}
 	return nil
+}
+
+// punchHole makes the n bytes of f at off zero and, where the file system
+// can punch holes, unallocated; elsewhere it writes zeros.
+func punchHole(f *os.File, off, n int64) error {
+	err := control(f, func(fd int) error {
+		return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	})
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		err = nil
+		for at := int64(0); at < n && err == nil; at += int64(len(zeros)) {
+			_, err = f.WriteAt(zeros[:min(n-at, int64(len(zeros)))], off+at)
+		}
+	}
+	return err
 }
 
 // control runs fn on f's descriptor.

@@ -136,17 +136,26 @@ func (t *MMIO) Notify(q uint32) {
 	}
 }
 
-// Read handles a guest read of the register window.
-func (t *MMIO) Read(off uint64, data []byte) {
-	clear(data)
+// isRegister is the start of Read and Write: an access to the device's
+// config space (off from regConfig) goes to config, the device's
+// ReadConfig or WriteConfig, under t.mu; of the rest, only 32-bit accesses
+// to 32-bit registers are served (isRegister returns true), others are
+// ignored.
+func (t *MMIO) isRegister(off uint64, data []byte, config func(off uint64, data []byte)) bool {
 	if off >= regConfig {
 		t.mu.Lock()
-		t.dev.ReadConfig(off-regConfig, data)
+		config(off-regConfig, data)
 		t.mu.Unlock()
-		return
+		return false
 	}
-	if len(data) != 4 || off%4 != 0 {
-		return // registers are 32-bit; other accesses read as zero
+	return len(data) == 4 && off%4 == 0
+}
+
+// Read handles a guest read of the register window.
+func (t *MMIO) Read(off uint64, data []byte) {
+	clear(data) // what no register or config field gives reads as zero
+	if !t.isRegister(off, data, t.dev.ReadConfig) {
+		return
 	}
 	t.mu.Lock()
 	v := t.readReg(off)
@@ -192,13 +201,7 @@ func (t *MMIO) readReg(off uint64) uint32 {
 
 // Write handles a guest write to the register window.
 func (t *MMIO) Write(off uint64, data []byte) {
-	if off >= regConfig {
-		t.mu.Lock()
-		t.dev.WriteConfig(off-regConfig, data)
-		t.mu.Unlock()
-		return
-	}
-	if len(data) != 4 || off%4 != 0 {
+	if !t.isRegister(off, data, t.dev.WriteConfig) {
 		return
 	}
 	v := binary.LittleEndian.Uint32(data)

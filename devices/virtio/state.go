@@ -3,6 +3,9 @@ package virtio
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
+	"strconv"
+	"sync/atomic"
 )
 
 // StateVersion is the version of TransportState this code writes and reads.
@@ -43,6 +46,52 @@ type TransportState struct {
 type Stateful interface {
 	SaveState() (json.RawMessage, error)
 	RestoreState(json.RawMessage) error
+}
+
+// DecodeState decodes a device's own saved state raw into s, whose
+// version field is *version, and checks that the version is want. Its
+// errors begin with what, the device ("virtio-blk").
+func DecodeState(raw json.RawMessage, what string, s any, version *int, want int) error {
+	if err := json.Unmarshal(raw, s); err != nil {
+		return fmt.Errorf("%s state: %w", what, err)
+	}
+	if *version != want {
+		return fmt.Errorf("%s state version %d, this build reads %d", what, *version, want)
+	}
+	return nil
+}
+
+// Counter is a device counter that an operator reads at any time and that
+// the device's saved state carries: a device's Metrics struct, embedded
+// in its saved state, encodes each Counter as a JSON number.
+type Counter struct{ atomic.Uint64 }
+
+// MarshalJSON implements json.Marshaler: the counter's value.
+func (c *Counter) MarshalJSON() ([]byte, error) {
+	return strconv.AppendUint(nil, c.Load(), 10), nil
+}
+
+// UnmarshalJSON implements json.Unmarshaler: it sets the counter.
+func (c *Counter) UnmarshalJSON(b []byte) error {
+	var v uint64
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	c.Store(v)
+	return nil
+}
+
+var counterType = reflect.TypeFor[Counter]()
+
+// RestoreCounters sets every Counter field of *dst to its value in *src:
+// M is a device's Metrics struct, src the one decoded from a saved state.
+func RestoreCounters[M any](dst, src *M) {
+	d, s := reflect.ValueOf(dst).Elem(), reflect.ValueOf(src).Elem()
+	for i := range d.NumField() {
+		if d.Field(i).Type() == counterType {
+			d.Field(i).Addr().Interface().(*Counter).Store(s.Field(i).Addr().Interface().(*Counter).Load())
+		}
+	}
 }
 
 func saveQueue(q *Queue) QueueState {

@@ -64,14 +64,18 @@ func (a *Activation) InterruptIfNeeded(q *Queue) error {
 
 // ServeOne activates a device that has one queue, served by one worker:
 // it checks that a holds that queue, ready (else ErrBroken, naming dev),
-// and starts the worker. Until Stop, the worker runs pass in one service
-// pass (a.Enter to a.Leave) and then sleeps until the driver kicks the
-// queue. pass serves what the ring holds (stopping early when a.Quiescing:
-// Resume kicks the queue for the rest) and interrupts the driver if it
-// asks to hear about it. An error from pass is a driver fault: it counts
-// in errs (when not nil), is reported inside the pass (a.Broken), and ends
-// the worker.
-func (w *Workers) ServeOne(a *Activation, dev string, errs *atomic.Uint64, pass func(q *Queue) error) error {
+// and starts the worker. Until Stop, the worker drains the queue in one
+// service pass (a.Enter to a.Leave) and then sleeps until the driver kicks
+// it. Draining serves the available chains one at a time (serve fills one
+// and returns how many bytes it wrote; the chain is pushed before the
+// next is popped) until the ring is empty, or until a.Quiescing (Resume
+// kicks the queue for the rest), then interrupts the driver if it asks to
+// hear about them. (With event-idx, Pop's finding the ring empty also asks
+// the driver for a kick on its next buffer, and looks again after that, so
+// no chain is left waiting for a kick that will not come.) A queue error
+// is a driver fault: it counts in errs (when not nil), is reported inside
+// the pass (a.Broken), and ends the worker.
+func (w *Workers) ServeOne(a *Activation, dev string, errs *atomic.Uint64, serve func(c *Chain) uint32) error {
 	if len(a.Queues) != 1 || !a.Queues[0].Ready {
 		return fmt.Errorf("%w: %s needs its request queue", ErrBroken, dev)
 	}
@@ -81,7 +85,7 @@ func (w *Workers) ServeOne(a *Activation, dev string, errs *atomic.Uint64, pass 
 			if !a.Enter(stop) {
 				return
 			}
-			err := pass(q)
+			err := a.drain(q, serve)
 			if err != nil {
 				if errs != nil {
 					errs.Add(1)
@@ -99,4 +103,21 @@ func (w *Workers) ServeOne(a *Activation, dev string, errs *atomic.Uint64, pass 
 			}
 		}
 	})
+}
+
+// drain is one of ServeOne's service passes.
+func (a *Activation) drain(q *Queue, serve func(c *Chain) uint32) error {
+	for !a.Quiescing() {
+		c, err := q.Pop(a.Mem)
+		if err != nil {
+			return err
+		}
+		if c == nil {
+			break
+		}
+		if err := q.Push(a.Mem, c.Head, serve(c)); err != nil {
+			return err
+		}
+	}
+	return a.InterruptIfNeeded(q)
 }

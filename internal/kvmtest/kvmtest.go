@@ -95,3 +95,17 @@ func RunChild(t testing.TB, test, env string) {
 		t.Fatalf("the child did not run %s", test)
 	}
 }
+
+// Child is the start of the child half of a test that runs it with
+// RunChild: it returns the value of env, which the parent test (named
+// parent) sets, and skips t when env is unset (t is not run by parent) or
+// when KVM tests do not run here (Require).
+func Child(t testing.TB, env, parent string) string {
+	t.Helper()
+	v := os.Getenv(env)
+	if v == "" {
+		t.Skip("run by " + parent)
+	}
+	Require(t)
+	return v
+}

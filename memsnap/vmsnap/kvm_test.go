@@ -154,11 +154,7 @@ func TestSnapshotCounter(t *testing.T) {
 // TestSnapshotRestoreChild is the restoring half of TestSnapshotCounter,
 // in a new process; it skips unless run by it.
 func TestSnapshotRestoreChild(t *testing.T) {
-	dir := os.Getenv("WARREN_VMSNAP_CHILD")
-	if dir == "" {
-		t.Skip("run by TestSnapshotCounter")
-	}
-	kvmtest.Require(t)
+	dir := kvmtest.Child(t, "WARREN_VMSNAP_CHILD", "TestSnapshotCounter")
 	for i := range 4 {
 		for _, lazy := range []bool{false, true} {
 			name := fmt.Sprintf("s%d", i)

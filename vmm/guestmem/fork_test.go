@@ -72,6 +72,14 @@ func runPages(runs []Run) (n uint64) {
 	return n
 }
 
+// checkLayers fails t unless b has n layers, the top one with runs.
+func checkLayers(t *testing.T, what string, b *Base, n int, runs []Run) {
+	t.Helper()
+	if len(b.Layers) != n || !slices.Equal(b.Layers[n-1].Runs, runs) {
+		t.Fatalf("%s layers = %+v, want %d, the top one with runs %v", what, b.Layers, n, runs)
+	}
+}
+
 func fromBase(t *testing.T, b *Base) *Memory {
 	t.Helper()
 	c, err := NewFromBase(b)
@@ -154,12 +162,7 @@ func TestFork(t *testing.T) {
 	}
 
 	b2 := fork(t, m) // second fork: a layer of the pages written since
-	if len(b2.Layers) != 2 {
-		t.Fatalf("second fork has %d layers, want 2", len(b2.Layers))
-	}
-	if got, want := b2.Layers[1].Runs, []Run{{5, 10}, {200, 1}}; !slices.Equal(got, want) {
-		t.Errorf("second fork top runs = %v, want %v", got, want)
-	}
+	checkLayers(t, "second fork", b2, 2, []Run{{5, 10}, {200, 1}})
 	if n := runPages(b2.Layers[1].Runs); n != 11 {
 		t.Errorf("top layer holds %d pages, want the 11 written", n)
 	}
@@ -187,18 +190,14 @@ func TestFork(t *testing.T) {
 	fill(t, c3, c3st, 30, 2, 0x41)
 	fill(t, c3, c3st, 6, 1, 0x42)
 	b3 := fork(t, c3)
-	if len(b3.Layers) != 3 || !slices.Equal(b3.Layers[2].Runs, []Run{{6, 1}, {30, 2}}) {
-		t.Fatalf("grandchild base layers = %+v", b3.Layers)
-	}
+	checkLayers(t, "grandchild base", b3, 3, []Run{{6, 1}, {30, 2}})
 	c4 := fromBase(t, b3)
 	check(t, "grandchild", c4, c3st)
 	check(t, "child 3 after forking", c3, c3st)
 	c4st := c3st.clone()
 	fill(t, c4, c4st, 255, 1, 0x51)
 	b4 := fork(t, c4)
-	if len(b4.Layers) != 4 || !slices.Equal(b4.Layers[3].Runs, []Run{{255, 1}}) {
-		t.Fatalf("great-grandchild base layers = %+v", b4.Layers)
-	}
+	checkLayers(t, "great-grandchild base", b4, 4, []Run{{255, 1}})
 	check(t, "great-grandchild", fromBase(t, b4), c4st)
 	check(t, "grandchild's parent", c3, c3st)
 	check(t, "parent at the end", m, st3)
@@ -227,9 +226,7 @@ func TestForkPrivateFile(t *testing.T) {
 	}
 	fill(t, m, im, 3, 2, 9)
 	b := fork(t, m)
-	if len(b.Layers) != 2 || !slices.Equal(b.Layers[1].Runs, []Run{{3, 2}}) {
-		t.Fatalf("layers = %+v", b.Layers)
-	}
+	checkLayers(t, "image fork", b, 2, []Run{{3, 2}})
 	check(t, "child of an image", fromBase(t, b), im)
 	check(t, "image parent", m, im)
 }

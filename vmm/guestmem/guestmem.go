@@ -229,10 +229,7 @@ func (m *Memory) Slice(gpa, n uint64) ([]byte, error) {
 
 // ReadAt copies guest memory at gpa into p.
 func (m *Memory) ReadAt(p []byte, gpa int64) (int, error) {
-	if gpa < 0 {
-		return 0, fmt.Errorf("guestmem: negative address: %w", ErrOutOfRange)
-	}
-	s, err := m.Slice(uint64(gpa), uint64(len(p)))
+	s, err := m.sliceAt(gpa, len(p))
 	if err != nil {
 		return 0, err
 	}
@@ -241,15 +238,20 @@ func (m *Memory) ReadAt(p []byte, gpa int64) (int, error) {
 
 // WriteAt copies p into guest memory at gpa.
 func (m *Memory) WriteAt(p []byte, gpa int64) (int, error) {
-	if gpa < 0 {
-		return 0, fmt.Errorf("guestmem: negative address: %w", ErrOutOfRange)
-	}
-	s, err := m.Slice(uint64(gpa), uint64(len(p)))
+	s, err := m.sliceAt(gpa, len(p))
 	if err != nil {
 		return 0, err
 	}
 	m.MarkWritten(uint64(gpa), uint64(len(p)))
 	return copy(s, p), nil
+}
+
+// sliceAt is Slice for ReadAt and WriteAt, which take a signed address.
+func (m *Memory) sliceAt(gpa int64, n int) ([]byte, error) {
+	if gpa < 0 {
+		return nil, fmt.Errorf("guestmem: negative address: %w", ErrOutOfRange)
+	}
+	return m.Slice(uint64(gpa), uint64(n))
 }
 
 // MarkWritten records that the VMM wrote guest [gpa, gpa+n) (devices do,

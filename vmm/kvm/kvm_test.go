@@ -78,15 +78,15 @@ func TestRealModeExits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	sregs, err := c.GetSregs()
+	sregs, err := kvm.Get(c, kvm.StateSregs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sregs.CS.Base, sregs.CS.Selector = 0, 0
-	if err := c.SetSregs(sregs); err != nil {
+	if err := kvm.Set(c, kvm.StateSregs, sregs); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.SetRegs(kvm.Regs{RIP: 0x1000, RFLAGS: 2, RBX: 40, RCX: 2}); err != nil {
+	if err := kvm.Set(c, kvm.StateRegs, kvm.Regs{RIP: 0x1000, RFLAGS: 2, RBX: 40, RCX: 2}); err != nil {
 		t.Fatal(err)
 	}
 	var out []byte
@@ -116,7 +116,7 @@ func TestRealModeExits(t *testing.T) {
 	if string(out) != "ok" {
 		t.Errorf("port output %q", out)
 	}
-	regs, err := c.GetRegs()
+	regs, err := kvm.Get(c, kvm.StateRegs)
 	if err != nil {
 		t.Fatal(err)
 	}

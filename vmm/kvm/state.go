@@ -1,6 +1,60 @@
 package kvm
 
+import "unsafe"
+
 // Helpers for saving and restoring vCPU and VM state (snapshots, pause).
+
+// State is one piece of vCPU or VM state that KVM reads with one _IOR
+// request and writes with one _IOW request, each passing a T: Get and Set
+// take one of the State values below.
+type State[T any] struct {
+	getOp, setOp string  // the requests' names, for errors
+	get, set     uintptr // the encoded requests
+}
+
+func newState[T any](name string, get, set uintptr) State[T] {
+	return State[T]{getOp: "KVM_GET_" + name, setOp: "KVM_SET_" + name, get: iorT[T](get), set: iowT[T](set)}
+}
+
+// The vCPU state that Get and Set read and write on a *VCPU
+// (KVM_GET_REGS and KVM_SET_REGS, ...). StateXsave is the legacy 4 KiB
+// area; see VCPU.GetXsave2 and VCPU.SetXsave for the larger one.
+var (
+	StateRegs       = newState[Regs]("REGS", 0x81, 0x82)
+	StateSregs      = newState[Sregs]("SREGS", 0x83, 0x84)
+	StateFPU        = newState[FPU]("FPU", 0x8c, 0x8d)
+	StateLAPIC      = newState[LAPICState]("LAPIC", 0x8e, 0x8f)
+	StateMPState    = newState[uint32]("MP_STATE", 0x98, 0x99)
+	StateVCPUEvents = newState[VCPUEvents]("VCPU_EVENTS", 0x9f, 0xa0)
+	StateDebugRegs  = newState[DebugRegs]("DEBUGREGS", 0xa1, 0xa2)
+	StateXsave      = newState[Xsave]("XSAVE", 0xa4, 0xa5)
+	StateXCRs       = newState[XCRs]("XCRS", 0xa6, 0xa7)
+)
+
+// The VM state that Get and Set read and write on a *VM (KVM_GET_PIT2 and
+// KVM_SET_PIT2; KVM_GET_CLOCK, the guest's kvmclock, and KVM_SET_CLOCK).
+var (
+	StatePIT2  = newState[PITState2]("PIT2", 0x9f, 0xa0)
+	StateClock = newState[ClockData]("CLOCK", 0x7c, 0x7b)
+)
+
+// Handle is what Get and Set issue their requests on: a *VCPU for the
+// vCPU states, a *VM for the VM ones. On a *VCPU they follow the VCPU
+// thread rule.
+type Handle interface{ FD() int }
+
+// Get reads state s of h with its KVM_GET_* request.
+func Get[T any](h Handle, s State[T]) (T, error) {
+	var v T
+	_, err := ioctlPtr(h.FD(), s.getOp, s.get, unsafe.Pointer(&v))
+	return v, err
+}
+
+// Set writes v as state s of h with its KVM_SET_* request.
+func Set[T any](h Handle, s State[T], v T) error {
+	_, err := ioctlPtr(h.FD(), s.setOp, s.set, unsafe.Pointer(&v))
+	return err
+}
 
 // Flags of VCPUEvents.Flags: on KVM_SET_VCPU_EVENTS they say which optional
 // fields the kernel should take from the structure.

@@ -2,6 +2,7 @@ package kvm
 
 import (
 	"fmt"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -61,23 +62,22 @@ func (s *System) VCPUMmapSize() (int, error) {
 	return int(r), err
 }
 
-// cpuidBuf is struct kvm_cpuid2 with room for maxCPUIDEntries entries.
-type cpuidBuf struct {
-	Nent    uint32
-	_       uint32
-	Entries [maxCPUIDEntries]CPUIDEntry
-}
-
 const maxCPUIDEntries = 256
 
 // SupportedCPUID is KVM_GET_SUPPORTED_CPUID: the CPUID leaves KVM can offer.
 func (s *System) SupportedCPUID() ([]CPUIDEntry, error) {
-	var b cpuidBuf
-	b.Nent = maxCPUIDEntries
-	if _, err := ioctl(s.fd, "KVM_GET_SUPPORTED_CPUID", iowr(0x05, 8), ptr(&b)); err != nil {
+	return getCPUID(s.fd, "KVM_GET_SUPPORTED_CPUID", 0x05)
+}
+
+// getCPUID issues request nr (KVM_GET_SUPPORTED_CPUID, KVM_GET_CPUID2)
+// with a struct kvm_cpuid2 that has room for maxCPUIDEntries entries, and
+// returns the entries the kernel filled in.
+func getCPUID(fd int, op string, nr uintptr) ([]CPUIDEntry, error) {
+	l := newEntryList[CPUIDEntry](maxCPUIDEntries)
+	if _, err := l.ioctl(fd, op, iowr(nr, 8)); err != nil {
 		return nil, err
 	}
-	return append([]CPUIDEntry(nil), b.Entries[:b.Nent]...), nil
+	return append([]CPUIDEntry(nil), l.entries[:l.count()]...), nil
 }
 
 // MSRIndexList is KVM_GET_MSR_INDEX_LIST: the MSRs that KVM saves and restores.
@@ -88,7 +88,7 @@ func (s *System) MSRIndexList() ([]uint32, error) {
 		Indices [max]uint32
 	}
 	b.N = max
-	if _, err := ioctl(s.fd, "KVM_GET_MSR_INDEX_LIST", iowr(0x02, 4), ptr(&b)); err != nil {
+	if _, err := ioctlPtr(s.fd, "KVM_GET_MSR_INDEX_LIST", iowr(0x02, 4), unsafe.Pointer(&b)); err != nil {
 		return nil, err
 	}
 	return append([]uint32(nil), b.Indices[:b.N]...), nil

@@ -56,15 +56,10 @@ func TestRequestNumbers(t *testing.T) {
 		{"KVM_CREATE_VCPU", io(0x41), 0xae41},
 		{"KVM_RUN", io(0x80), 0xae80},
 		{"KVM_SET_USER_MEMORY_REGION", iowT[UserspaceMemoryRegion](0x46), 0x4020ae46},
-		{"KVM_GET_REGS", iorT[Regs](0x81), 0x8090ae81},
-		{"KVM_SET_REGS", iowT[Regs](0x82), 0x4090ae82},
-		{"KVM_GET_SREGS", iorT[Sregs](0x83), 0x8138ae83},
-		{"KVM_SET_SREGS", iowT[Sregs](0x84), 0x4138ae84},
 		{"KVM_GET_SUPPORTED_CPUID", iowr(0x05, 8), 0xc008ae05},
 		{"KVM_SET_CPUID2", iow(0x90, 8), 0x4008ae90},
 		{"KVM_GET_MSRS", iowr(0x88, 8), 0xc008ae88},
 		{"KVM_SET_MSRS", iow(0x89, 8), 0x4008ae89},
-		{"KVM_GET_LAPIC", iorT[LAPICState](0x8e), 0x8400ae8e},
 		{"KVM_CREATE_PIT2", iowT[PITConfig](0x77), 0x4040ae77},
 		{"KVM_IRQ_LINE", iowT[irqLevel](0x61), 0x4008ae61},
 		{"KVM_IRQFD", iowT[IRQFD](0x76), 0x4020ae76},
@@ -72,15 +67,8 @@ func TestRequestNumbers(t *testing.T) {
 		{"KVM_GET_DIRTY_LOG", iowT[dirtyLog](0x42), 0x4010ae42},
 		{"KVM_CLEAR_DIRTY_LOG", iowrT[clearDirtyLog](0xc0), 0xc018aec0},
 		{"KVM_ENABLE_CAP", iowT[enableCap](0xa3), 0x4068aea3},
-		{"KVM_GET_VCPU_EVENTS", iorT[VCPUEvents](0x9f), 0x8040ae9f},
-		{"KVM_GET_PIT2", iorT[PITState2](0x9f), 0x8070ae9f},
-		{"KVM_GET_XSAVE", iorT[Xsave](0xa4), 0x9000aea4},
-		{"KVM_GET_XCRS", iorT[XCRs](0xa6), 0x8188aea6},
-		{"KVM_GET_DEBUGREGS", iorT[DebugRegs](0xa1), 0x8080aea1},
-		{"KVM_GET_CLOCK", iorT[ClockData](0x7c), 0x8030ae7c},
 		{"KVM_GET_IRQCHIP", iowrT[IRQChip](0x62), 0xc208ae62},
 		{"KVM_SET_IRQCHIP", iorT[IRQChip](0x63), 0x8208ae63},
-		{"KVM_GET_FPU", iorT[FPU](0x8c), 0x81a0ae8c},
 	}
 	for _, c := range cases {
 		if c.got != c.want {
@@ -88,3 +76,36 @@ func TestRequestNumbers(t *testing.T) {
 		}
 	}
 }
+
+// The State values' requests, against <linux/kvm.h> as compiled.
+func TestStateRequests(t *testing.T) {
+	cases := []struct {
+		got        [2]string
+		gotReq     [2]uintptr
+		name       string
+		getW, setW uintptr
+	}{
+		{ops(StateRegs), reqs(StateRegs), "REGS", 0x8090ae81, 0x4090ae82},
+		{ops(StateSregs), reqs(StateSregs), "SREGS", 0x8138ae83, 0x4138ae84},
+		{ops(StateFPU), reqs(StateFPU), "FPU", 0x81a0ae8c, 0x41a0ae8d},
+		{ops(StateLAPIC), reqs(StateLAPIC), "LAPIC", 0x8400ae8e, 0x4400ae8f},
+		{ops(StateMPState), reqs(StateMPState), "MP_STATE", 0x8004ae98, 0x4004ae99},
+		{ops(StateVCPUEvents), reqs(StateVCPUEvents), "VCPU_EVENTS", 0x8040ae9f, 0x4040aea0},
+		{ops(StateDebugRegs), reqs(StateDebugRegs), "DEBUGREGS", 0x8080aea1, 0x4080aea2},
+		{ops(StateXsave), reqs(StateXsave), "XSAVE", 0x9000aea4, 0x5000aea5},
+		{ops(StateXCRs), reqs(StateXCRs), "XCRS", 0x8188aea6, 0x4188aea7},
+		{ops(StatePIT2), reqs(StatePIT2), "PIT2", 0x8070ae9f, 0x4070aea0},
+		{ops(StateClock), reqs(StateClock), "CLOCK", 0x8030ae7c, 0x4030ae7b},
+	}
+	for _, c := range cases {
+		if want := [2]string{"KVM_GET_" + c.name, "KVM_SET_" + c.name}; c.got != want {
+			t.Errorf("%s: ops %q, want %q", c.name, c.got, want)
+		}
+		if want := [2]uintptr{c.getW, c.setW}; c.gotReq != want {
+			t.Errorf("%s: requests %#x, want %#x", c.name, c.gotReq, want)
+		}
+	}
+}
+
+func ops[T any](s State[T]) [2]string   { return [2]string{s.getOp, s.setOp} }
+func reqs[T any](s State[T]) [2]uintptr { return [2]uintptr{s.get, s.set} }

@@ -12,8 +12,9 @@ import (
 // VCPU is one virtual CPU: its fd and its mapped kvm_run page.
 //
 // Thread rule: KVM requires that a vCPU is run from one thread; every method
-// except SetImmediateExit must be called only from the OS thread that owns
-// the vCPU (runtime.LockOSThread), and never concurrently with Run.
+// except SetImmediateExit (and Get and Set on the vCPU) must be called only
+// from the OS thread that owns the vCPU (runtime.LockOSThread), and never
+// concurrently with Run.
 type VCPU struct {
 	fd  int
 	id  int
@@ -143,52 +144,6 @@ func (c *VCPU) FailEntry() uint64 {
 	return binary.LittleEndian.Uint64(c.run[runUnion:])
 }
 
-// GetRegs is KVM_GET_REGS.
-func (c *VCPU) GetRegs() (Regs, error) {
-	var r Regs
-	_, err := ioctl(c.fd, "KVM_GET_REGS", iorT[Regs](0x81), ptr(&r))
-	return r, err
-}
-
-// SetRegs is KVM_SET_REGS.
-func (c *VCPU) SetRegs(r Regs) error {
-	_, err := ioctl(c.fd, "KVM_SET_REGS", iowT[Regs](0x82), ptr(&r))
-	return err
-}
-
-// GetSregs is KVM_GET_SREGS.
-func (c *VCPU) GetSregs() (Sregs, error) {
-	var s Sregs
-	_, err := ioctl(c.fd, "KVM_GET_SREGS", iorT[Sregs](0x83), ptr(&s))
-	return s, err
-}
-
-// SetSregs is KVM_SET_SREGS.
-func (c *VCPU) SetSregs(s Sregs) error {
-	_, err := ioctl(c.fd, "KVM_SET_SREGS", iowT[Sregs](0x84), ptr(&s))
-	return err
-}
-
-// GetFPU is KVM_GET_FPU.
-func (c *VCPU) GetFPU() (FPU, error) {
-	var f FPU
-	_, err := ioctl(c.fd, "KVM_GET_FPU", iorT[FPU](0x8c), ptr(&f))
-	return f, err
-}
-
-// SetFPU is KVM_SET_FPU.
-func (c *VCPU) SetFPU(f FPU) error {
-	_, err := ioctl(c.fd, "KVM_SET_FPU", iowT[FPU](0x8d), ptr(&f))
-	return err
-}
-
-// GetXsave is KVM_GET_XSAVE (the legacy 4 KiB area).
-func (c *VCPU) GetXsave() (Xsave, error) {
-	var x Xsave
-	_, err := ioctl(c.fd, "KVM_GET_XSAVE", iorT[Xsave](0xa4), ptr(&x))
-	return x, err
-}
-
 // GetXsave2 is KVM_GET_XSAVE2: size is the value of
 // CheckExtension(CapXSave2) (at least 4096); the returned slice has that size.
 func (c *VCPU) GetXsave2(size int) ([]byte, error) {
@@ -196,7 +151,7 @@ func (c *VCPU) GetXsave2(size int) ([]byte, error) {
 		size = 4096
 	}
 	buf := make([]uint32, (size+3)/4)
-	_, err := ioctl(c.fd, "KVM_GET_XSAVE2", iorT[Xsave](0xcf), uintptr(unsafe.Pointer(&buf[0])))
+	_, err := ioctlPtr(c.fd, "KVM_GET_XSAVE2", iorT[Xsave](0xcf), unsafe.Pointer(&buf[0]))
 	if err != nil {
 		return nil, err
 	}
@@ -211,27 +166,8 @@ func (c *VCPU) SetXsave(data []byte) error {
 	}
 	buf := make([]uint32, (len(data)+3)/4)
 	copy(unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), len(buf)*4), data)
-	_, err := ioctl(c.fd, "KVM_SET_XSAVE", iowT[Xsave](0xa5), uintptr(unsafe.Pointer(&buf[0])))
+	_, err := ioctlPtr(c.fd, "KVM_SET_XSAVE", iowT[Xsave](0xa5), unsafe.Pointer(&buf[0]))
 	return err
-}
-
-// GetXCRs is KVM_GET_XCRS.
-func (c *VCPU) GetXCRs() (XCRs, error) {
-	var x XCRs
-	_, err := ioctl(c.fd, "KVM_GET_XCRS", iorT[XCRs](0xa6), ptr(&x))
-	return x, err
-}
-
-// SetXCRs is KVM_SET_XCRS.
-func (c *VCPU) SetXCRs(x XCRs) error {
-	_, err := ioctl(c.fd, "KVM_SET_XCRS", iowT[XCRs](0xa7), ptr(&x))
-	return err
-}
-
-type msrsBuf struct {
-	N       uint32
-	_       uint32
-	Entries [maxMSRs]MSREntry
 }
 
 const maxMSRs = 512
@@ -240,30 +176,20 @@ const maxMSRs = 512
 // entries read; KVM stops at the first MSR it cannot read, so the result may
 // be shorter than the input.
 func (c *VCPU) GetMSRs(indices []uint32) ([]MSREntry, error) {
-	if len(indices) > maxMSRs {
-		return nil, fmt.Errorf("kvm: KVM_GET_MSRS: %d MSRs, at most %d", len(indices), maxMSRs)
-	}
-	var b msrsBuf
-	b.N = uint32(len(indices))
+	es := make([]MSREntry, len(indices))
 	for i, idx := range indices {
-		b.Entries[i].Index = idx
+		es[i].Index = idx
 	}
-	r, err := ioctl(c.fd, "KVM_GET_MSRS", iowr(0x88, 8), ptr(&b))
+	l, r, err := sendEntries(c.fd, "KVM_GET_MSRS", iowr(0x88, 8), es, maxMSRs, "MSRs")
 	if err != nil {
 		return nil, err
 	}
-	return append([]MSREntry(nil), b.Entries[:r]...), nil
+	return append([]MSREntry(nil), l.entries[:r]...), nil
 }
 
 // SetMSRs is KVM_SET_MSRS; it fails unless every entry was written.
 func (c *VCPU) SetMSRs(entries []MSREntry) error {
-	if len(entries) > maxMSRs {
-		return fmt.Errorf("kvm: KVM_SET_MSRS: %d MSRs, at most %d", len(entries), maxMSRs)
-	}
-	var b msrsBuf
-	b.N = uint32(len(entries))
-	copy(b.Entries[:], entries)
-	r, err := ioctl(c.fd, "KVM_SET_MSRS", iow(0x89, 8), ptr(&b))
+	_, r, err := sendEntries(c.fd, "KVM_SET_MSRS", iow(0x89, 8), entries, maxMSRs, "MSRs")
 	if err != nil {
 		return err
 	}
@@ -273,78 +199,15 @@ func (c *VCPU) SetMSRs(entries []MSREntry) error {
 	return nil
 }
 
-// GetLAPIC is KVM_GET_LAPIC.
-func (c *VCPU) GetLAPIC() (LAPICState, error) {
-	var l LAPICState
-	_, err := ioctl(c.fd, "KVM_GET_LAPIC", iorT[LAPICState](0x8e), ptr(&l))
-	return l, err
-}
-
-// SetLAPIC is KVM_SET_LAPIC.
-func (c *VCPU) SetLAPIC(l LAPICState) error {
-	_, err := ioctl(c.fd, "KVM_SET_LAPIC", iowT[LAPICState](0x8f), ptr(&l))
-	return err
-}
-
 // SetCPUID2 is KVM_SET_CPUID2.
 func (c *VCPU) SetCPUID2(entries []CPUIDEntry) error {
-	if len(entries) > maxCPUIDEntries {
-		return fmt.Errorf("kvm: KVM_SET_CPUID2: %d entries, at most %d", len(entries), maxCPUIDEntries)
-	}
-	var b cpuidBuf
-	b.Nent = uint32(len(entries))
-	copy(b.Entries[:], entries)
-	_, err := ioctl(c.fd, "KVM_SET_CPUID2", iow(0x90, 8), ptr(&b))
+	_, _, err := sendEntries(c.fd, "KVM_SET_CPUID2", iow(0x90, 8), entries, maxCPUIDEntries, "entries")
 	return err
 }
 
 // GetCPUID2 is KVM_GET_CPUID2: the table last set.
 func (c *VCPU) GetCPUID2() ([]CPUIDEntry, error) {
-	var b cpuidBuf
-	b.Nent = maxCPUIDEntries
-	if _, err := ioctl(c.fd, "KVM_GET_CPUID2", iowr(0x91, 8), ptr(&b)); err != nil {
-		return nil, err
-	}
-	return append([]CPUIDEntry(nil), b.Entries[:b.Nent]...), nil
-}
-
-// GetMPState is KVM_GET_MP_STATE.
-func (c *VCPU) GetMPState() (uint32, error) {
-	var s uint32
-	_, err := ioctl(c.fd, "KVM_GET_MP_STATE", ior(0x98, 4), ptr(&s))
-	return s, err
-}
-
-// SetMPState is KVM_SET_MP_STATE.
-func (c *VCPU) SetMPState(s uint32) error {
-	_, err := ioctl(c.fd, "KVM_SET_MP_STATE", iow(0x99, 4), ptr(&s))
-	return err
-}
-
-// GetVCPUEvents is KVM_GET_VCPU_EVENTS.
-func (c *VCPU) GetVCPUEvents() (VCPUEvents, error) {
-	var e VCPUEvents
-	_, err := ioctl(c.fd, "KVM_GET_VCPU_EVENTS", iorT[VCPUEvents](0x9f), ptr(&e))
-	return e, err
-}
-
-// SetVCPUEvents is KVM_SET_VCPU_EVENTS.
-func (c *VCPU) SetVCPUEvents(e VCPUEvents) error {
-	_, err := ioctl(c.fd, "KVM_SET_VCPU_EVENTS", iowT[VCPUEvents](0xa0), ptr(&e))
-	return err
-}
-
-// GetDebugRegs is KVM_GET_DEBUGREGS.
-func (c *VCPU) GetDebugRegs() (DebugRegs, error) {
-	var d DebugRegs
-	_, err := ioctl(c.fd, "KVM_GET_DEBUGREGS", iorT[DebugRegs](0xa1), ptr(&d))
-	return d, err
-}
-
-// SetDebugRegs is KVM_SET_DEBUGREGS.
-func (c *VCPU) SetDebugRegs(d DebugRegs) error {
-	_, err := ioctl(c.fd, "KVM_SET_DEBUGREGS", iowT[DebugRegs](0xa2), ptr(&d))
-	return err
+	return getCPUID(c.fd, "KVM_GET_CPUID2", 0x91)
 }
 
 // GetTSCKHz is KVM_GET_TSC_KHZ.

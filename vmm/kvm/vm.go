@@ -31,15 +31,13 @@ func (vm *VM) CheckExtension(capability int) (int, error) {
 func (vm *VM) EnableCap(capability uint32, args ...uint64) error {
 	c := enableCap{Cap: capability}
 	copy(c.Args[:], args)
-	_, err := ioctl(vm.fd, fmt.Sprintf("KVM_ENABLE_CAP(%d)", capability), iowT[enableCap](0xa3), ptr(&c))
-	return err
+	return set(vm.fd, fmt.Sprintf("KVM_ENABLE_CAP(%d)", capability), 0xa3, c)
 }
 
 // SetUserMemoryRegion is KVM_SET_USER_MEMORY_REGION. A region of size 0
 // deletes the slot.
 func (vm *VM) SetUserMemoryRegion(r UserspaceMemoryRegion) error {
-	_, err := ioctl(vm.fd, "KVM_SET_USER_MEMORY_REGION", iowT[UserspaceMemoryRegion](0x46), ptr(&r))
-	return err
+	return set(vm.fd, "KVM_SET_USER_MEMORY_REGION", 0x46, r)
 }
 
 // SetTSSAddr is KVM_SET_TSS_ADDR: three pages of guest physical space KVM
@@ -51,8 +49,7 @@ func (vm *VM) SetTSSAddr(addr uint64) error {
 
 // SetIdentityMapAddr is KVM_SET_IDENTITY_MAP_ADDR (one page, Intel hosts).
 func (vm *VM) SetIdentityMapAddr(addr uint64) error {
-	_, err := ioctl(vm.fd, "KVM_SET_IDENTITY_MAP_ADDR", iow(0x48, 8), ptr(&addr))
-	return err
+	return set(vm.fd, "KVM_SET_IDENTITY_MAP_ADDR", 0x48, addr)
 }
 
 // CreateIRQChip is KVM_CREATE_IRQCHIP: in-kernel PIC, IOAPIC and local APICs.
@@ -64,35 +61,20 @@ func (vm *VM) CreateIRQChip() error {
 // GetIRQChip is KVM_GET_IRQCHIP for chip (IRQChipPICMaster, ...).
 func (vm *VM) GetIRQChip(chip uint32) (IRQChip, error) {
 	c := IRQChip{ChipID: chip}
-	_, err := ioctl(vm.fd, "KVM_GET_IRQCHIP", iowrT[IRQChip](0x62), ptr(&c))
+	_, err := ioctlPtr(vm.fd, "KVM_GET_IRQCHIP", iowrT[IRQChip](0x62), unsafe.Pointer(&c))
 	return c, err
 }
 
 // SetIRQChip is KVM_SET_IRQCHIP.
 func (vm *VM) SetIRQChip(c IRQChip) error {
 	// The kernel header declares KVM_SET_IRQCHIP with _IOR.
-	_, err := ioctl(vm.fd, "KVM_SET_IRQCHIP", iorT[IRQChip](0x63), ptr(&c))
+	_, err := ioctlPtr(vm.fd, "KVM_SET_IRQCHIP", iorT[IRQChip](0x63), unsafe.Pointer(&c))
 	return err
 }
 
 // CreatePIT2 is KVM_CREATE_PIT2: an in-kernel i8254 timer.
 func (vm *VM) CreatePIT2(flags uint32) error {
-	c := PITConfig{Flags: flags}
-	_, err := ioctl(vm.fd, "KVM_CREATE_PIT2", iowT[PITConfig](0x77), ptr(&c))
-	return err
-}
-
-// GetPIT2 is KVM_GET_PIT2.
-func (vm *VM) GetPIT2() (PITState2, error) {
-	var s PITState2
-	_, err := ioctl(vm.fd, "KVM_GET_PIT2", iorT[PITState2](0x9f), ptr(&s))
-	return s, err
-}
-
-// SetPIT2 is KVM_SET_PIT2.
-func (vm *VM) SetPIT2(s PITState2) error {
-	_, err := ioctl(vm.fd, "KVM_SET_PIT2", iowT[PITState2](0xa0), ptr(&s))
-	return err
+	return set(vm.fd, "KVM_CREATE_PIT2", 0x77, PITConfig{Flags: flags})
 }
 
 // IRQLine is KVM_IRQ_LINE: sets the level of a GSI on the in-kernel irqchip.
@@ -101,43 +83,24 @@ func (vm *VM) IRQLine(gsi uint32, high bool) error {
 	if high {
 		l.Level = 1
 	}
-	_, err := ioctl(vm.fd, "KVM_IRQ_LINE", iowT[irqLevel](0x61), ptr(&l))
-	return err
+	return set(vm.fd, "KVM_IRQ_LINE", 0x61, l)
 }
 
 // IRQFD is KVM_IRQFD: signalling eventfd fd raises gsi.
 func (vm *VM) IRQFD(fd int, gsi uint32) error {
-	f := IRQFD{FD: uint32(fd), GSI: gsi}
-	_, err := ioctl(vm.fd, "KVM_IRQFD", iowT[IRQFD](0x76), ptr(&f))
-	return err
+	return set(vm.fd, "KVM_IRQFD", 0x76, IRQFD{FD: uint32(fd), GSI: gsi})
 }
 
 // IRQFDDeassign removes an irqfd set up by IRQFD.
 func (vm *VM) IRQFDDeassign(fd int, gsi uint32) error {
-	f := IRQFD{FD: uint32(fd), GSI: gsi, Flags: IRQFDDeassign}
-	_, err := ioctl(vm.fd, "KVM_IRQFD(deassign)", iowT[IRQFD](0x76), ptr(&f))
-	return err
+	return set(vm.fd, "KVM_IRQFD(deassign)", 0x76, IRQFD{FD: uint32(fd), GSI: gsi, Flags: IRQFDDeassign})
 }
 
 // IOEventFD is KVM_IOEVENTFD: a guest write of length len to addr (MMIO, or a
 // port with IOEventFDPIO) signals fd instead of exiting to userspace. With
 // IOEventFDDataMatch only writes of dataMatch do.
 func (vm *VM) IOEventFD(e IOEventFD) error {
-	_, err := ioctl(vm.fd, "KVM_IOEVENTFD", iowT[IOEventFD](0x79), ptr(&e))
-	return err
-}
-
-// GetClock is KVM_GET_CLOCK: the guest's kvmclock.
-func (vm *VM) GetClock() (ClockData, error) {
-	var c ClockData
-	_, err := ioctl(vm.fd, "KVM_GET_CLOCK", iorT[ClockData](0x7c), ptr(&c))
-	return c, err
-}
-
-// SetClock is KVM_SET_CLOCK.
-func (vm *VM) SetClock(c ClockData) error {
-	_, err := ioctl(vm.fd, "KVM_SET_CLOCK", iowT[ClockData](0x7b), ptr(&c))
-	return err
+	return set(vm.fd, "KVM_IOEVENTFD", 0x79, e)
 }
 
 // GetDirtyLog is KVM_GET_DIRTY_LOG: fills bitmap (one bit per 4 KiB page of
@@ -149,8 +112,7 @@ func (vm *VM) GetDirtyLog(slot uint32, bitmap []uint64) error {
 		return fmt.Errorf("kvm: KVM_GET_DIRTY_LOG: empty bitmap")
 	}
 	d := dirtyLog{Slot: slot, Bitmap: uint64(uintptr(unsafe.Pointer(&bitmap[0])))}
-	_, err := ioctl(vm.fd, "KVM_GET_DIRTY_LOG", iowT[dirtyLog](0x42), ptr(&d))
-	return err
+	return set(vm.fd, "KVM_GET_DIRTY_LOG", 0x42, d)
 }
 
 // ClearDirtyLog is KVM_CLEAR_DIRTY_LOG (needs CapManualDirtyLogProtect2):
@@ -162,7 +124,7 @@ func (vm *VM) ClearDirtyLog(slot uint32, firstPage uint64, numPages uint32, bitm
 	}
 	c := clearDirtyLog{Slot: slot, NumPages: numPages, FirstPage: firstPage,
 		Bitmap: uint64(uintptr(unsafe.Pointer(&bitmap[0])))}
-	_, err := ioctl(vm.fd, "KVM_CLEAR_DIRTY_LOG", iowrT[clearDirtyLog](0xc0), ptr(&c))
+	_, err := ioctlPtr(vm.fd, "KVM_CLEAR_DIRTY_LOG", iowrT[clearDirtyLog](0xc0), unsafe.Pointer(&c))
 	return err
 }
 

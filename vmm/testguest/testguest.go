@@ -28,24 +28,29 @@ func Dir() string {
 // Build returns the ELF image of guest name (e.g. "hello").
 func Build(t testing.TB, name string) []byte {
 	t.Helper()
+	return assemble(t, name, ".elf", "-T", filepath.Join(Dir(), "guest.ld"), "--no-warn-rwx-segments")
+}
+
+// assemble returns guest name, prebuilt as NAME+ext in WARREN_TESTGUESTS,
+// or assembled with gcc and linked with ld and ldArgs.
+func assemble(t testing.TB, name, ext string, ldArgs ...string) []byte {
+	t.Helper()
 	if dir := os.Getenv("WARREN_TESTGUESTS"); dir != "" {
-		if b, err := os.ReadFile(filepath.Join(dir, name+".elf")); err == nil {
+		if b, err := os.ReadFile(filepath.Join(dir, name+ext)); err == nil {
 			return b
 		}
 	}
-	src := filepath.Join(Dir(), name+".S")
 	tmp := t.TempDir()
-	obj, elf := filepath.Join(tmp, name+".o"), filepath.Join(tmp, name+".elf")
+	obj, out := filepath.Join(tmp, name+".o"), filepath.Join(tmp, name+ext)
 	for _, args := range [][]string{
-		{"gcc", "-c", "-I", Dir(), "-o", obj, src},
-		{"ld", "-T", filepath.Join(Dir(), "guest.ld"), "--no-warn-rwx-segments", "-o", elf, obj},
+		{"gcc", "-c", "-I", Dir(), "-o", obj, filepath.Join(Dir(), name+".S")},
+		append(append([]string{"ld"}, ldArgs...), "-o", out, obj),
 	} {
-		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("build test guest %s: %v: %v\n%s", name, args, err, out)
+		if msg, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("build test guest %s: %v: %v\n%s", name, args, err, msg)
 		}
 	}
-	b, err := os.ReadFile(elf)
+	b, err := os.ReadFile(out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,25 +91,5 @@ func fileExists(p string) bool {
 // boot protocol).
 func BuildFlat(t testing.TB, name string, addr uint64) []byte {
 	t.Helper()
-	if dir := os.Getenv("WARREN_TESTGUESTS"); dir != "" {
-		if b, err := os.ReadFile(filepath.Join(dir, name+".bin")); err == nil {
-			return b
-		}
-	}
-	tmp := t.TempDir()
-	obj, bin := filepath.Join(tmp, name+".o"), filepath.Join(tmp, name+".bin")
-	for _, args := range [][]string{
-		{"gcc", "-c", "-I", Dir(), "-o", obj, filepath.Join(Dir(), name+".S")},
-		{"ld", "-Ttext", fmt.Sprintf("%#x", addr), "--oformat", "binary", "-o", bin, obj},
-	} {
-		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("build test guest %s: %v: %v\n%s", name, args, err, out)
-		}
-	}
-	b, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return assemble(t, name, ".bin", "-Ttext", fmt.Sprintf("%#x", addr), "--oformat", "binary")
 }

@@ -34,14 +34,23 @@ func newMemDisk(sectors int, fill byte) *memDisk {
 
 var errInjected = errors.New("injected I/O error")
 
-func (m *memDisk) ReadAt(p []byte, off int64) (int, error) {
+func (m *memDisk) ReadAt(p []byte, off int64) (int, error)  { return m.io(p, off, false) }
+func (m *memDisk) WriteAt(p []byte, off int64) (int, error) { return m.io(p, off, true) }
+
+// io is ReadAt, or WriteAt when write: each counts a call, and fails
+// when failAll is set.
+func (m *memDisk) io(p []byte, off int64, write bool) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.calls++
-	if m.failAll {
+	switch {
+	case m.failAll:
 		return 0, errInjected
-	}
-	if off >= int64(len(m.data)) {
+	case write && off+int64(len(p)) > int64(len(m.data)):
+		return 0, errors.New("write past the end")
+	case write:
+		return copy(m.data[off:], p), nil
+	case off >= int64(len(m.data)):
 		return 0, errors.New("read past the end")
 	}
 	n := copy(p, m.data[off:])
@@ -49,19 +58,6 @@ func (m *memDisk) ReadAt(p []byte, off int64) (int, error) {
 		return n, errors.New("short read")
 	}
 	return n, nil
-}
-
-func (m *memDisk) WriteAt(p []byte, off int64) (int, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.calls++
-	if m.failAll {
-		return 0, errInjected
-	}
-	if off+int64(len(p)) > int64(len(m.data)) {
-		return 0, errors.New("write past the end")
-	}
-	return copy(m.data[off:], p), nil
 }
 
 func (m *memDisk) Size() int64 { return int64(len(m.data)) }

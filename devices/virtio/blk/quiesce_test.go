@@ -105,14 +105,7 @@ func TestQuiesceSaveRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	head, addrs := e.drv.Offer(out(hdr(TypeIn, 7)), in(SectorSize), in(1))
-	e.tr.Notify(0)
-	st, err := e.tr.Save()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if q := st.Queues[0]; q.NextAvail != 1 || q.NextUsed != 1 {
-		t.Fatalf("saved queue %+v", q)
-	}
+	st := vt.SaveQuiesced(t, e.tr, 0, 1)
 	mem2 := e.mem.Clone()
 	drv2 := e.drv.Clone(mem2)
 

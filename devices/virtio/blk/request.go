@@ -68,6 +68,32 @@ func (w *scratch) splitWritable(writable [][]byte) (status []byte, ok bool) {
 	return status, true
 }
 
+// transferAt checks and performs the data part of an IN request (bufs is
+// w.dst) or an OUT request (write; bufs is w.src): n bytes at sector,
+// whole sectors, with no data (other bytes) the other way. It returns the
+// request's status.
+func (w *scratch) transferAt(sector uint64, bufs [][]byte, n, other int, write bool) byte {
+	d := w.dev
+	if other != 0 || n%SectorSize != 0 || (write && d.readOnly) {
+		return StatusIOErr
+	}
+	off, ok := d.span(sector, uint64(n)/SectorSize)
+	if !ok {
+		return StatusIOErr
+	}
+	what, count, bytes := "read", &d.Metrics.Reads, &d.Metrics.ReadBytes
+	if write {
+		what, count, bytes = "write", &d.Metrics.Writes, &d.Metrics.WriteBytes
+	}
+	if err := w.transfer(w.be, bufs, off, write); err != nil {
+		w.hostError(what, off, err)
+		return StatusIOErr
+	}
+	count.Add(1)
+	bytes.Add(uint64(n))
+	return StatusOK
+}
+
 // execute checks and performs the request whose header and data are in
 // readable (and whose writable data is in w.dst). It returns the status
 // and the number of data bytes written into w.dst.
@@ -84,36 +110,13 @@ func (w *scratch) execute(readable [][]byte) (status byte, written int) {
 
 	switch typ {
 	case TypeIn:
-		if srcLen != 0 || dstLen%SectorSize != 0 {
-			return StatusIOErr, 0
+		if st := w.transferAt(sector, w.dst, dstLen, srcLen, false); st != StatusOK {
+			return st, 0
 		}
-		off, ok := d.span(sector, uint64(dstLen)/SectorSize)
-		if !ok {
-			return StatusIOErr, 0
-		}
-		if err := w.transfer(w.be, w.dst, off, false); err != nil {
-			w.hostError("read", off, err)
-			return StatusIOErr, 0
-		}
-		d.Metrics.Reads.Add(1)
-		d.Metrics.ReadBytes.Add(uint64(dstLen))
 		return StatusOK, dstLen
 
 	case TypeOut:
-		if d.readOnly || dstLen != 0 || srcLen%SectorSize != 0 {
-			return StatusIOErr, 0
-		}
-		off, ok := d.span(sector, uint64(srcLen)/SectorSize)
-		if !ok {
-			return StatusIOErr, 0
-		}
-		if err := w.transfer(w.be, w.src, off, true); err != nil {
-			w.hostError("write", off, err)
-			return StatusIOErr, 0
-		}
-		d.Metrics.Writes.Add(1)
-		d.Metrics.WriteBytes.Add(uint64(srcLen))
-		return StatusOK, 0
+		return w.transferAt(sector, w.src, srcLen, dstLen, true), 0
 
 	case TypeFlush:
 		if srcLen != 0 || dstLen != 0 {

@@ -3,21 +3,22 @@ package blk
 import (
 	"encoding/json"
 	"fmt"
-	"sync/atomic"
+
+	"github.com/warrenvm/warren/devices/virtio"
 )
 
 // Metrics are counters an operator reads; the worker updates them
-// atomically.
+// atomically. They survive save/restore (the device's state carries them).
 type Metrics struct {
-	Reads      atomic.Uint64 // successful IN requests
-	Writes     atomic.Uint64 // successful OUT requests
-	ReadBytes  atomic.Uint64 // bytes read from the image
-	WriteBytes atomic.Uint64 // bytes written to the image
-	Flushes    atomic.Uint64 // successful FLUSH requests
-	Discards   atomic.Uint64 // successful DISCARD requests
+	Reads      virtio.Counter `json:"reads"`       // successful IN requests
+	Writes     virtio.Counter `json:"writes"`      // successful OUT requests
+	ReadBytes  virtio.Counter `json:"read_bytes"`  // bytes read from the image
+	WriteBytes virtio.Counter `json:"write_bytes"` // bytes written to the image
+	Flushes    virtio.Counter `json:"flushes"`     // successful FLUSH requests
+	Discards   virtio.Counter `json:"discards"`    // successful DISCARD requests
 	// Errors counts requests completed with a status other than OK (or
 	// without room for one) and queue faults.
-	Errors atomic.Uint64
+	Errors virtio.Counter `json:"errors"`
 }
 
 // stateVersion versions the device's own saved state.
@@ -26,18 +27,12 @@ const stateVersion = 1
 // state is the device's part of a snapshot: the identity of its backend,
 // which a restore must match, and the counters.
 type state struct {
-	Version    int    `json:"version"`
-	Path       string `json:"path"`
-	ReadOnly   bool   `json:"read_only"`
-	Capacity   uint64 `json:"capacity_sectors"`
-	ID         string `json:"id"`
-	Reads      uint64 `json:"reads"`
-	Writes     uint64 `json:"writes"`
-	ReadBytes  uint64 `json:"read_bytes"`
-	WriteBytes uint64 `json:"write_bytes"`
-	Flushes    uint64 `json:"flushes"`
-	Discards   uint64 `json:"discards"`
-	Errors     uint64 `json:"errors"`
+	Version  int    `json:"version"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only"`
+	Capacity uint64 `json:"capacity_sectors"`
+	ID       string `json:"id"`
+	*Metrics
 }
 
 // SaveState implements virtio.Stateful. Requests in flight are not part of
@@ -50,25 +45,17 @@ type state struct {
 // (Backend().Sync()) before copying its files. The saved path is the name
 // the device was made with; SwapBackend does not change it.
 func (d *Device) SaveState() (json.RawMessage, error) {
-	m := &d.Metrics
-	return json.Marshal(state{
-		Version: stateVersion, Path: d.path, ReadOnly: d.readOnly, Capacity: d.capacity,
-		ID: string(d.id[:d.idLen]), Reads: m.Reads.Load(), Writes: m.Writes.Load(),
-		ReadBytes: m.ReadBytes.Load(), WriteBytes: m.WriteBytes.Load(),
-		Flushes: m.Flushes.Load(), Discards: m.Discards.Load(), Errors: m.Errors.Load(),
-	})
+	return json.Marshal(state{Version: stateVersion, Path: d.path, ReadOnly: d.readOnly, Capacity: d.capacity,
+		ID: string(d.id[:d.idLen]), Metrics: &d.Metrics})
 }
 
 // RestoreState implements virtio.Stateful. It refuses a state saved for
 // another image (path), size, read-only mode or ID, before changing
 // anything: the guest has that disk's geometry and contents cached.
 func (d *Device) RestoreState(raw json.RawMessage) error {
-	var s state
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return fmt.Errorf("virtio-blk state: %w", err)
-	}
-	if s.Version != stateVersion {
-		return fmt.Errorf("virtio-blk state version %d, this build reads %d", s.Version, stateVersion)
+	s := state{Metrics: new(Metrics)}
+	if err := virtio.DecodeState(raw, "virtio-blk", &s, &s.Version, stateVersion); err != nil {
+		return err
 	}
 	switch {
 	case s.Path != d.path:
@@ -80,13 +67,6 @@ func (d *Device) RestoreState(raw json.RawMessage) error {
 	case s.ID != string(d.id[:d.idLen]):
 		return fmt.Errorf("virtio-blk state has ID %q, device has %q", s.ID, string(d.id[:d.idLen]))
 	}
-	m := &d.Metrics
-	m.Reads.Store(s.Reads)
-	m.Writes.Store(s.Writes)
-	m.ReadBytes.Store(s.ReadBytes)
-	m.WriteBytes.Store(s.WriteBytes)
-	m.Flushes.Store(s.Flushes)
-	m.Discards.Store(s.Discards)
-	m.Errors.Store(s.Errors)
+	virtio.RestoreCounters(&d.Metrics, s.Metrics)
 	return nil
 }

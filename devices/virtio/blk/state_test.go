@@ -26,7 +26,7 @@ func TestSaveRestore(t *testing.T) {
 	if err := json.Unmarshal(st.Device, &saved); err != nil {
 		t.Fatal(err)
 	}
-	if saved.Path != e.dev.Path() || saved.Capacity != 32 || saved.ID != "snap" || saved.Writes != 1 || saved.WriteBytes != SectorSize {
+	if saved.Path != e.dev.Path() || saved.Capacity != 32 || saved.ID != "snap" || saved.Writes.Load() != 1 || saved.WriteBytes.Load() != SectorSize {
 		t.Fatalf("saved %+v", saved)
 	}
 	e.dev.Close() // the image is locked; a restoring VM opens it anew

@@ -250,19 +250,13 @@ func (d *Device) Reset() {
 // disappears with its last descriptor unless it was made persistent).
 func (d *Device) Close() error {
 	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	closed := d.closed
+	d.closed = true // Activate starts no run from now on
+	d.mu.Unlock()
+	if closed {
 		return nil
 	}
-	d.closed = true
-	r := d.cur
-	if r != nil {
-		d.halt(r)
-	}
-	d.mu.Unlock()
-	if r != nil {
-		<-r.done
-	}
+	d.Reset()
 	if err := d.b.Close(); err != nil {
 		return fmt.Errorf("virtio-net %s: close: %w", d.b.Name(), err)
 	}

@@ -7,7 +7,6 @@ import (
 	"os"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -81,18 +80,6 @@ func (r *rig) bring(t *testing.T, features uint64) {
 }
 
 func waitUsed(t *testing.T, d *vt.Driver, n int) [][2]uint32 { return vt.WaitUsed(t, d, n) }
-
-// waitFor polls cond for up to 5 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
 
 // frame builds an Ethernet frame of n bytes (n >= 14) with a recognisable
 // payload.

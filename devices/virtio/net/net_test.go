@@ -10,6 +10,7 @@ import (
 
 	"github.com/warrenvm/warren/devices/virtio"
 	vt "github.com/warrenvm/warren/devices/virtio/virtiotest"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 var hostMAC = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x02}
@@ -57,7 +58,7 @@ func TestTransmit(t *testing.T) {
 	if u := waitUsed(t, r.tx, 1); u[0] != [2]uint32{uint32(head), 0} {
 		t.Fatalf("used %v", u)
 	}
-	waitFor(t, "metrics", func() bool { return r.dev.Metrics.TxPackets.Load() == 1 })
+	kvmtest.WaitFor(t, 5*time.Second, "metrics", func() bool { return r.dev.Metrics.TxPackets.Load() == 1 })
 	if r.dev.Metrics.TxBytes.Load() != 100 {
 		t.Errorf("tx bytes %d", r.dev.Metrics.TxBytes.Load())
 	}
@@ -115,7 +116,7 @@ func TestReceiveMerged(t *testing.T) {
 	if _, err := peer.Write(withHeader(f)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "frame read", func() bool { return b.reads.Load() >= 1 })
+	kvmtest.WaitFor(t, 5*time.Second, "frame read", func() bool { return b.reads.Load() >= 1 })
 	time.Sleep(20 * time.Millisecond)
 	if len(r.rx.Used()) != 0 {
 		t.Fatal("partial frame delivered")
@@ -197,7 +198,7 @@ func TestReceiveBackpressure(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "first read", func() bool { return b.reads.Load() >= 1 })
+	kvmtest.WaitFor(t, 5*time.Second, "first read", func() bool { return b.reads.Load() >= 1 })
 	time.Sleep(50 * time.Millisecond)
 	if got := b.reads.Load(); got != 1 {
 		t.Fatalf("%d reads without guest buffers, want 1", got)
@@ -252,7 +253,7 @@ func TestMalformedNeedsReset(t *testing.T) {
 			}
 			d.Offer(tc.bufs...)
 			r.tr.Notify(uint32(tc.queue))
-			waitFor(t, "NEEDS_RESET", func() bool { return r.tr.Status()&virtio.StatusNeedsReset != 0 })
+			kvmtest.WaitFor(t, 5*time.Second, "NEEDS_RESET", func() bool { return r.tr.Status()&virtio.StatusNeedsReset != 0 })
 		})
 	}
 	// After a reset the device works again.
@@ -279,7 +280,7 @@ func TestResetPrompt(t *testing.T) {
 	timed("while reading")
 	r.bring(t, featMrg)
 	peer.Write(withHeader(frame(guestMAC, hostMAC, 60, 0)))
-	waitFor(t, "frame read", func() bool { return b.reads.Load() >= 2 })
+	kvmtest.WaitFor(t, 5*time.Second, "frame read", func() bool { return b.reads.Load() >= 2 })
 	timed("while holding a frame")
 	r.bring(t, featMrg)
 	r.rx.Offer(vt.Buf{Len: 1526, Writable: true})
@@ -305,7 +306,7 @@ func TestSaveRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	var saved state
-	if err := json.Unmarshal(st.Device, &saved); err != nil || saved.Tap != "fake0" || saved.MAC != guestMAC.String() || saved.TxPackets != 1 {
+	if err := json.Unmarshal(st.Device, &saved); err != nil || saved.Tap != "fake0" || saved.MAC != guestMAC.String() || saved.TxPackets.Load() != 1 {
 		t.Fatalf("saved %s (%v)", st.Device, err)
 	}
 

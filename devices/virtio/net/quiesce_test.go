@@ -9,6 +9,7 @@ import (
 
 	"github.com/warrenvm/warren/devices/virtio"
 	vt "github.com/warrenvm/warren/devices/virtio/virtiotest"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 // noFrame checks that nothing reaches the backend's peer for a while.
@@ -44,7 +45,7 @@ func TestQuiesceReceive(t *testing.T) {
 		addrs = append(addrs, a[0])
 	}
 	r.tr.Notify(rxQueue)
-	waitFor(t, "a pending backend read", func() bool { return b.reads.Load() >= 1 })
+	kvmtest.WaitFor(t, 5*time.Second, "a pending backend read", func() bool { return b.reads.Load() >= 1 })
 	time.Sleep(10 * time.Millisecond)
 	if err := r.tr.Quiesce(context.Background()); err != nil {
 		t.Fatal(err)
@@ -74,7 +75,7 @@ func TestQuiesceReceiveWaitingForBuffers(t *testing.T) {
 	if _, err := peer.Write(withHeader(frame(guestMAC, hostMAC, 60, 3))); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the frame read", func() bool { return b.reads.Load() >= 1 })
+	kvmtest.WaitFor(t, 5*time.Second, "the frame read", func() bool { return b.reads.Load() >= 1 })
 	time.Sleep(10 * time.Millisecond)
 	if err := r.tr.Quiesce(context.Background()); err != nil {
 		t.Fatal(err)
@@ -137,14 +138,7 @@ func TestQuiesceSaveRestore(t *testing.T) {
 	}
 	f := frame(hostMAC, guestMAC, 90, 3)
 	head, _ := r.tx.Offer(vt.Buf{Data: withHeader(f)})
-	r.tr.Notify(txQueue)
-	st, err := r.tr.Save()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rx, tx := st.Queues[rxQueue], st.Queues[txQueue]; rx.NextAvail != 1 || rx.NextUsed != 1 || tx.NextAvail != 1 || tx.NextUsed != 1 {
-		t.Fatalf("saved queues %+v", st.Queues)
-	}
+	st := vt.SaveQuiesced(t, r.tr, txQueue, 1)
 	mem2 := r.mem.Clone()
 	rx2, tx2 := r.rx.Clone(mem2), r.tx.Clone(mem2)
 
@@ -252,7 +246,7 @@ func TestQuiesceStress(t *testing.T) {
 	if got := <-hostDone; got != n {
 		t.Errorf("host got %d frames, want %d", got, n)
 	}
-	waitFor(t, "every frame delivered", func() bool { return r.dev.Metrics.RxPackets.Load() == n })
+	kvmtest.WaitFor(t, 5*time.Second, "every frame delivered", func() bool { return r.dev.Metrics.RxPackets.Load() == n })
 	close(stop)
 	<-guestDone
 	if r.dev.Metrics.RxDrops.Load() != 0 || r.tr.Status()&virtio.StatusNeedsReset != 0 {

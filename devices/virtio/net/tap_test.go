@@ -14,6 +14,7 @@ import (
 
 	"github.com/warrenvm/warren/devices/virtio"
 	vt "github.com/warrenvm/warren/devices/virtio/virtiotest"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/internal/netframe"
 	"github.com/warrenvm/warren/internal/nsenter"
 )
@@ -217,7 +218,7 @@ func TestTapNoBuffers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "first tap read", func() bool { return r.tap.reads.Load() >= 1 })
+	kvmtest.WaitFor(t, 5*time.Second, "first tap read", func() bool { return r.tap.reads.Load() >= 1 })
 	time.Sleep(100 * time.Millisecond)
 	if n := r.tap.reads.Load(); n != 1 {
 		t.Fatalf("%d tap reads without guest buffers, want 1", n)

@@ -91,11 +91,7 @@ func TestQuiesceSaveRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	head, _ := drv.Offer(vt.Buf{Len: 8, Writable: true})
-	tr.Notify(0)
-	st, err := tr.Save()
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := vt.SaveQuiesced(t, tr, 0, 1)
 	mem2 := drv.Mem.Clone()
 	drv2 := drv.Clone(mem2)
 	if err := tr.Resume(); err != nil {

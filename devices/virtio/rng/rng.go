@@ -10,7 +10,6 @@ package rng
 
 import (
 	"encoding/json"
-	"fmt"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -21,11 +20,12 @@ import (
 // maxRequest bounds the entropy handed out per request.
 const maxRequest = 64 << 10
 
-// Metrics are counters an operator reads.
+// Metrics are counters an operator reads. Requests and Bytes survive
+// save/restore (the device's state carries them); Errors does not.
 type Metrics struct {
-	Requests atomic.Uint64
-	Bytes    atomic.Uint64
-	Errors   atomic.Uint64
+	Requests virtio.Counter `json:"requests"`
+	Bytes    virtio.Counter `json:"bytes"`
+	Errors   atomic.Uint64  `json:"-"`
 }
 
 // Device is one virtio-rng device.
@@ -60,75 +60,55 @@ func (d *Device) WriteConfig(off uint64, data []byte) {}
 
 // Activate implements virtio.Device: it starts the worker, which owns the
 // queue until Reset; each of its service passes serves every available
-// request (drain).
+// request (virtio.Workers.ServeOne).
 func (d *Device) Activate(a *virtio.Activation) error {
-	return d.workers.ServeOne(a, "virtio-rng", &d.Metrics.Errors, func(q *virtio.Queue) error {
-		return d.drain(a, q)
-	})
+	return d.workers.ServeOne(a, "virtio-rng", &d.Metrics.Errors, d.fill)
 }
 
 // Reset implements virtio.Device.
 func (d *Device) Reset() { d.workers.Stop() }
 
-// drain serves every available request, or stops early when the transport
-// is quiescing (Resume kicks the queue for the rest). Each request is
-// pushed before the next is popped.
-func (d *Device) drain(a *virtio.Activation, q *virtio.Queue) error {
-	for !a.Quiescing() {
-		c, err := q.Pop(a.Mem)
-		if err != nil {
-			return err
-		}
-		if c == nil {
+// fill serves one request: it fills the chain's writable buffers, up to
+// maxRequest bytes, and returns how many bytes it wrote.
+func (d *Device) fill(c *virtio.Chain) uint32 {
+	var n int
+	for _, b := range c.Writable {
+		if n >= maxRequest {
 			break
 		}
-		var n int
-		for _, b := range c.Writable {
-			if n >= maxRequest {
-				break
-			}
-			b = b[:min(len(b), maxRequest-n)]
-			got, err := d.Read(b)
-			n += got
-			if err != nil {
-				d.Metrics.Errors.Add(1)
-				break
-			}
+		b = b[:min(len(b), maxRequest-n)]
+		got, err := d.Read(b)
+		n += got
+		if err != nil {
+			d.Metrics.Errors.Add(1)
+			break
 		}
-		if err := q.Push(a.Mem, c.Head, uint32(n)); err != nil {
-			return err
-		}
-		d.Metrics.Requests.Add(1)
-		d.Metrics.Bytes.Add(uint64(n))
 	}
-	return a.InterruptIfNeeded(q)
+	d.Metrics.Requests.Add(1)
+	d.Metrics.Bytes.Add(uint64(n))
+	return uint32(n)
 }
 
 // stateVersion versions the device's own saved state.
 const stateVersion = 1
 
 type state struct {
-	Version  int    `json:"version"`
-	Requests uint64 `json:"requests"`
-	Bytes    uint64 `json:"bytes"`
+	Version int `json:"version"`
+	*Metrics
 }
 
 // SaveState implements virtio.Stateful: the counters (the device has no
 // other state; the queues are saved by the transport).
 func (d *Device) SaveState() (json.RawMessage, error) {
-	return json.Marshal(state{Version: stateVersion, Requests: d.Metrics.Requests.Load(), Bytes: d.Metrics.Bytes.Load()})
+	return json.Marshal(state{Version: stateVersion, Metrics: &d.Metrics})
 }
 
 // RestoreState implements virtio.Stateful.
 func (d *Device) RestoreState(raw json.RawMessage) error {
-	var s state
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return fmt.Errorf("virtio-rng state: %w", err)
+	s := state{Metrics: new(Metrics)}
+	if err := virtio.DecodeState(raw, "virtio-rng", &s, &s.Version, stateVersion); err != nil {
+		return err
 	}
-	if s.Version != stateVersion {
-		return fmt.Errorf("virtio-rng state version %d, this build reads %d", s.Version, stateVersion)
-	}
-	d.Metrics.Requests.Store(s.Requests)
-	d.Metrics.Bytes.Store(s.Bytes)
+	virtio.RestoreCounters(&d.Metrics, s.Metrics)
 	return nil
 }

@@ -274,6 +274,25 @@ func Quiet(t testing.TB, irq *Signals, drivers ...*Driver) {
 	}
 }
 
+// SaveQuiesced kicks queue kick of the quiesced transport tr (a chain the
+// driver offered meanwhile: the device must not take it), saves tr, and
+// fails t unless every saved queue's NextAvail and NextUsed are n (what
+// the device served before the quiesce).
+func SaveQuiesced(t testing.TB, tr *virtio.MMIO, kick uint32, n uint16) virtio.TransportState {
+	t.Helper()
+	tr.Notify(kick)
+	st, err := tr.Save()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range st.Queues {
+		if q.NextAvail != n || q.NextUsed != n {
+			t.Fatalf("saved queues %+v, want each at %d", st.Queues, n)
+		}
+	}
+	return st
+}
+
 // QuiesceDuringPass checks Quiesce on tr while one of its device's service
 // passes is in progress, held until a value is sent on release: a Quiesce
 // whose context ends first fails and leaves the device running; one

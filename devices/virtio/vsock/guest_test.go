@@ -10,6 +10,7 @@ import (
 
 	"github.com/warrenvm/warren/devices/virtio"
 	vt "github.com/warrenvm/warren/devices/virtio/virtiotest"
+	"github.com/warrenvm/warren/internal/kvmtest"
 )
 
 // What a fake-guest connection does with the data it receives.
@@ -156,18 +157,11 @@ func (g *fakeGuest) do(f func()) {
 // waitFor polls cond on the guest's goroutine until it holds.
 func (g *fakeGuest) waitFor(what string, cond func() bool) {
 	g.t.Helper()
-	deadline := time.Now().Add(gWaitPeriod)
-	for {
+	kvmtest.WaitFor(g.t, gWaitPeriod, what, func() bool {
 		var ok bool
 		g.do(func() { ok = cond() })
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			g.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return ok
+	})
 }
 
 // conn returns the guest connection from local port to host port (on

@@ -81,31 +81,17 @@ func (hc *hostConn) write(m writeMsg) {
 // reader reads one granted chunk at a time and reports it; it returns
 // after an error or when the connection is closed.
 func (hc *hostConn) reader() {
-	for {
-		var n int
-		select {
-		case n = <-hc.grant:
-		case <-hc.quit:
-			return
-		}
+	serveEach(hc.quit, hc.grant, func(n int) error {
 		m, err := hc.sock.Read(hc.rbuf[:n])
 		hc.s.post(event{kind: evRead, hc: hc, n: m, err: err})
-		if err != nil {
-			return
-		}
-	}
+		return err
+	})
 }
 
 // writer performs one writeMsg at a time and reports it; it returns after
 // an error or when the connection is closed.
 func (hc *hostConn) writer() {
-	for {
-		var m writeMsg
-		select {
-		case m = <-hc.wmsg:
-		case <-hc.quit:
-			return
-		}
+	serveEach(hc.quit, hc.wmsg, func(m writeMsg) error {
 		var err error
 		if m.closeWrite {
 			if cw, ok := hc.sock.(interface{ CloseWrite() error }); ok {
@@ -117,7 +103,20 @@ func (hc *hostConn) writer() {
 			_, err = hc.sock.Write(m.data)
 		}
 		hc.s.post(event{kind: evWrote, hc: hc, n: len(m.data), err: err, ctl: m.ctl})
-		if err != nil {
+		return err
+	})
+}
+
+// serveEach calls do with each request received from reqs, one at a time,
+// until do fails or quit is closed.
+func serveEach[T any](quit <-chan struct{}, reqs <-chan T, do func(T) error) {
+	for {
+		select {
+		case r := <-reqs:
+			if do(r) != nil {
+				return
+			}
+		case <-quit:
 			return
 		}
 	}

@@ -33,6 +33,17 @@ func hostDevice(t *testing.T, opts ...func(*Device)) *Device {
 	return d
 }
 
+// sinkGuest makes a device listening on its socket (hostDevice) and a
+// guest on it (posting an event buffer when postEvent) whose port 80
+// takes whatever it is sent.
+func sinkGuest(t *testing.T, postEvent bool) (*Device, *fakeGuest) {
+	t.Helper()
+	d := hostDevice(t)
+	g := newGuest(t, d, 4096, postEvent)
+	g.do(func() { g.listen[80] = modeSink })
+	return d, g
+}
+
 func dialGuest(t *testing.T, d *Device, port uint32) net.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -309,9 +320,7 @@ func TestGuestConnect(t *testing.T) {
 }
 
 func TestHostShutdownAndReset(t *testing.T) {
-	d := hostDevice(t)
-	g := newGuest(t, d, 4096, true)
-	g.do(func() { g.listen[80] = modeSink })
+	d, g := sinkGuest(t, true)
 
 	// Host half-close: the guest sees SHUTDOWN(send) after the data.
 	c := dialGuest(t, d, 80)
@@ -354,9 +363,7 @@ func TestHostShutdownAndReset(t *testing.T) {
 }
 
 func TestCloseResetsConnections(t *testing.T) {
-	d := hostDevice(t)
-	g := newGuest(t, d, 4096, true)
-	g.do(func() { g.listen[80] = modeSink })
+	d, g := sinkGuest(t, true)
 	c := dialGuest(t, d, 80)
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
@@ -466,9 +473,7 @@ func TestGuestWithoutRxBuffers(t *testing.T) {
 func TestTransportReset(t *testing.T) {
 	for _, later := range []bool{false, true} {
 		t.Run(map[bool]string{false: "buffer-posted", true: "buffer-later"}[later], func(t *testing.T) {
-			d := hostDevice(t)
-			g := newGuest(t, d, 4096, !later)
-			g.do(func() { g.listen[80] = modeSink })
+			d, g := sinkGuest(t, !later)
 			c := dialGuest(t, d, 80)
 			d.TransportReset()
 			expectClosed(t, c)

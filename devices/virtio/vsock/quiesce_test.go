@@ -40,9 +40,7 @@ func TestQuiesceHoldsPackets(t *testing.T) {
 // the connection's reader, the rest in the host socket) and reaches the
 // guest after Resume, whole and in order.
 func TestQuiesceHostData(t *testing.T) {
-	d := hostDevice(t)
-	g := newGuest(t, d, 4096, true)
-	g.do(func() { g.listen[80] = modeSink })
+	d, g := sinkGuest(t, true)
 	c := dialGuest(t, d, 80)
 	g.waitFor("connection", func() bool { gc := g.conn(80, firstEphemeral); return gc != nil && gc.established })
 	g.do(func() { g.conn(80, firstEphemeral).keep = true })
@@ -135,9 +133,7 @@ func restoreGuest(t *testing.T, dev *Device, s guestSnap) *fakeGuest {
 // TransportReset, gives the guest the TRANSPORT_RESET event and serves a
 // new connection.
 func TestQuiesceSaveRestore(t *testing.T) {
-	d := hostDevice(t)
-	g := newGuest(t, d, 4096, true)
-	g.do(func() { g.listen[80] = modeSink })
+	d, g := sinkGuest(t, true)
 	c := dialGuest(t, d, 80)
 	io.WriteString(c, "hello")
 	g.waitFor("data before the snapshot", func() bool { gc := g.conn(80, firstEphemeral); return gc != nil && gc.recv == 5 })

@@ -2,7 +2,8 @@ package vsock
 
 import (
 	"encoding/json"
-	"fmt"
+
+	"github.com/warrenvm/warren/devices/virtio"
 )
 
 // stateVersion versions the device's own saved state.
@@ -15,18 +16,9 @@ const stateVersion = 1
 // restored so the guest driver drops its side of them too (and re-reads
 // guest_cid).
 type state struct {
-	Version         int    `json:"version"`
-	CID             uint64 `json:"cid"`
-	TxPackets       uint64 `json:"tx_packets"`
-	RxPackets       uint64 `json:"rx_packets"`
-	Dropped         uint64 `json:"dropped"`
-	Resets          uint64 `json:"resets"`
-	ConnsOpened     uint64 `json:"conns_opened"`
-	ConnsRefused    uint64 `json:"conns_refused"`
-	BytesToHost     uint64 `json:"bytes_to_host"`
-	BytesToGuest    uint64 `json:"bytes_to_guest"`
-	HostErrors      uint64 `json:"host_errors"`
-	TransportResets uint64 `json:"transport_resets"`
+	Version int    `json:"version"`
+	CID     uint64 `json:"cid"`
+	*Metrics
 	// PortsUsed is Device.portsUsed: a restored device goes on from it.
 	PortsUsed uint32 `json:"ports_used,omitempty"`
 }
@@ -35,12 +27,7 @@ type state struct {
 // device should be quiet (the VM paused and the transport quiesced, or
 // shut down); open connections are not part of the state.
 func (d *Device) SaveState() (json.RawMessage, error) {
-	m := &d.Metrics
-	return json.Marshal(state{Version: stateVersion, CID: d.CID,
-		TxPackets: m.TxPackets.Load(), RxPackets: m.RxPackets.Load(), Dropped: m.Dropped.Load(),
-		Resets: m.Resets.Load(), ConnsOpened: m.ConnsOpened.Load(), ConnsRefused: m.ConnsRefused.Load(),
-		BytesToHost: m.BytesToHost.Load(), BytesToGuest: m.BytesToGuest.Load(),
-		HostErrors: m.HostErrors.Load(), TransportResets: m.TransportResets.Load(), PortsUsed: d.portsUsed.Load()})
+	return json.Marshal(state{Version: stateVersion, CID: d.CID, Metrics: &d.Metrics, PortsUsed: d.portsUsed.Load()})
 }
 
 // RestoreState implements virtio.Stateful. It refuses a state of another
@@ -50,12 +37,9 @@ func (d *Device) SaveState() (json.RawMessage, error) {
 // on the TransportReset the restorer sends. Connections of a running
 // activation, if any, are dropped; a state carries none.
 func (d *Device) RestoreState(raw json.RawMessage) error {
-	var s state
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return fmt.Errorf("virtio-vsock state: %w", err)
-	}
-	if s.Version != stateVersion {
-		return fmt.Errorf("virtio-vsock state version %d, this build reads %d", s.Version, stateVersion)
+	s := state{Metrics: new(Metrics)}
+	if err := virtio.DecodeState(raw, "virtio-vsock", &s, &s.Version, stateVersion); err != nil {
+		return err
 	}
 	if d.CID == 0 {
 		d.CID = s.CID
@@ -63,17 +47,7 @@ func (d *Device) RestoreState(raw json.RawMessage) error {
 	// Host ports go on after the saved guest's, never reusing one its
 	// memory may still hold a socket for.
 	d.portsUsed.Store(s.PortsUsed)
-	m := &d.Metrics
-	m.TxPackets.Store(s.TxPackets)
-	m.RxPackets.Store(s.RxPackets)
-	m.Dropped.Store(s.Dropped)
-	m.Resets.Store(s.Resets)
-	m.ConnsOpened.Store(s.ConnsOpened)
-	m.ConnsRefused.Store(s.ConnsRefused)
-	m.BytesToHost.Store(s.BytesToHost)
-	m.BytesToGuest.Store(s.BytesToGuest)
-	m.HostErrors.Store(s.HostErrors)
-	m.TransportResets.Store(s.TransportResets)
+	virtio.RestoreCounters(&d.Metrics, s.Metrics)
 	d.post(event{kind: evForget})
 	return nil
 }
