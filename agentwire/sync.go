@@ -11,6 +11,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/warrenvm/warren/internal/strictjson"
 )
 
 // The clock and RNG re-sync protocol. A snapshot restore (or a fork)
@@ -201,13 +203,8 @@ func ParseSyncMessage(line []byte) (SyncMessage, error) {
 	if len(line) > MaxSyncLine {
 		return m, fmt.Errorf("sync: line of %d bytes exceeds %d", len(line), MaxSyncLine)
 	}
-	d := json.NewDecoder(bytes.NewReader(line))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&m); err != nil {
+	if err := strictjson.Unmarshal(line, &m); err != nil {
 		return SyncMessage{}, fmt.Errorf("sync: decode: %w", err)
-	}
-	if d.More() {
-		return SyncMessage{}, fmt.Errorf("sync: trailing data after the message")
 	}
 	if m.UnixNanos <= 0 {
 		return SyncMessage{}, fmt.Errorf("sync: time %d not after the epoch", m.UnixNanos)

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/warrenvm/warren/guestinit/imageconfig"
 	"github.com/warrenvm/warren/internal/atomicfile"
+	"github.com/warrenvm/warren/internal/strictjson"
 )
 
 // FormatVersion is the builder's output format: part of every base's key,
@@ -184,9 +184,7 @@ func (s *Store) Lookup(key string) (*Base, error) {
 		return nil, fmt.Errorf("image: base %s: base.json of more than %d bytes", key, maxRecord)
 	}
 	var b Base
-	d := json.NewDecoder(&buf)
-	d.DisallowUnknownFields()
-	if err := d.Decode(&b); err != nil {
+	if err := strictjson.Decode(&buf, &b); err != nil {
 		return nil, fmt.Errorf("image: base %s: base.json: %w", key, err)
 	}
 	if b.Key != key {

@@ -1,10 +1,10 @@
 package vmm
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 
+	"github.com/warrenvm/warren/internal/strictjson"
 	"github.com/warrenvm/warren/vmm/hostprofile"
 	"github.com/warrenvm/warren/vmm/kvm"
 	"github.com/warrenvm/warren/vmm/serial"
@@ -97,14 +97,9 @@ func (s *State) Marshal() ([]byte, error) {
 // UnmarshalState decodes and validates a state written by Marshal. Unknown
 // fields, a different StateVersion and out-of-range sizes are refused.
 func UnmarshalState(b []byte) (*State, error) {
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.DisallowUnknownFields()
 	var s State
-	if err := d.Decode(&s); err != nil {
+	if err := strictjson.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("vmm: state: %w", err)
-	}
-	if d.More() {
-		return nil, fmt.Errorf("vmm: state: trailing data")
 	}
 	if err := s.Validate(); err != nil {
 		return nil, err

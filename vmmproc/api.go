@@ -15,6 +15,7 @@ import (
 
 	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/cow"
+	"github.com/warrenvm/warren/internal/strictjson"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmmctl"
@@ -110,9 +111,7 @@ func replyErr(w http.ResponseWriter, status int, err error) {
 // into req and checks that the snapshot path path returns is absolute; it
 // answers 400 and returns false otherwise.
 func decodeRequest(w http.ResponseWriter, r *http.Request, req any, path func() string) bool {
-	d := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
-	d.DisallowUnknownFields()
-	if err := d.Decode(req); err != nil {
+	if err := strictjson.Decode(io.LimitReader(r.Body, 1<<16), req); err != nil {
 		replyErr(w, http.StatusBadRequest, fmt.Errorf("bad request: %w", err))
 		return false
 	}

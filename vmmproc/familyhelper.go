@@ -1,13 +1,13 @@
 package vmmproc
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"time"
 
+	"github.com/warrenvm/warren/internal/strictjson"
 	"github.com/warrenvm/warren/vmmproc/jail"
 	"golang.org/x/sys/unix"
 )
@@ -68,9 +68,7 @@ type familyHelper struct {
 func (h *familyHelper) serve(b []byte, in []*os.File, pid int) ([]byte, []*os.File, error) {
 	devNet, sp := h.devNet, h.spawner
 	var req helperRequest
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&req); err != nil {
+	if err := strictjson.Unmarshal(b, &req); err != nil {
 		return nil, nil, fmt.Errorf("bad request: %w", err)
 	}
 	switch {

@@ -22,6 +22,7 @@ import (
 	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/cow/disk"
+	"github.com/warrenvm/warren/internal/strictjson"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
@@ -89,9 +90,7 @@ type forkRestore struct {
 // fork serves POST /v1/fork.
 func (a *apiServer) fork(w http.ResponseWriter, r *http.Request) {
 	var req vmmctl.ForkRequest
-	d := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&req); err != nil {
+	if err := strictjson.Decode(io.LimitReader(r.Body, 1<<16), &req); err != nil {
 		replyErr(w, http.StatusBadRequest, fmt.Errorf("bad request: %w", err))
 		return
 	}

@@ -11,7 +11,6 @@
 package policy
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -19,6 +18,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/warrenvm/warren/internal/strictjson"
 )
 
 // Protocol numbers used by rules (IANA, as in the IPv4 header).
@@ -260,13 +261,8 @@ func LoadWith(path string, o Options) (Policy, error) {
 // ParseWith is Parse checking with the operator's allowances o.
 func ParseWith(b []byte, o Options) (Policy, error) {
 	var p Policy
-	dec := json.NewDecoder(strings.NewReader(string(b)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
+	if err := strictjson.Unmarshal(b, &p); err != nil {
 		return Policy{}, fmt.Errorf("egress policy: %w", err)
-	}
-	if dec.More() {
-		return Policy{}, errors.New("egress policy: trailing data after the JSON object")
 	}
 	p.Normalize()
 	if err := p.ValidateWith(o); err != nil {

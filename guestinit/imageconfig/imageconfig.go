@@ -12,11 +12,12 @@
 package imageconfig
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"path"
 	"strings"
+
+	"github.com/warrenvm/warren/internal/strictjson"
 )
 
 // Path is where the image builder puts the configuration inside the root
@@ -97,13 +98,8 @@ func Parse(b []byte) (Config, error) {
 	if len(b) > MaxBytes {
 		return c, fmt.Errorf("imageconfig: %d bytes, more than %d", len(b), MaxBytes)
 	}
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&c); err != nil {
+	if err := strictjson.Unmarshal(b, &c); err != nil {
 		return Config{}, fmt.Errorf("imageconfig: %w", err)
-	}
-	if d.More() {
-		return Config{}, fmt.Errorf("imageconfig: trailing data after the JSON object")
 	}
 	if c.Version != Version {
 		return Config{}, fmt.Errorf("imageconfig: version %d, this guest reads version %d", c.Version, Version)

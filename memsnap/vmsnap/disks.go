@@ -1,13 +1,12 @@
 package vmsnap
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
 
+	"github.com/warrenvm/warren/internal/strictjson"
 	"github.com/warrenvm/warren/memsnap/statefile"
 )
 
@@ -90,9 +89,7 @@ type DiskRollback interface {
 // field is checked); its errors wrap statefile.ErrCorrupt.
 func parseDisks(b []byte) ([]DiskLayer, error) {
 	var ds []DiskLayer
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&ds); err != nil {
+	if err := strictjson.Unmarshal(b, &ds); err != nil {
 		return nil, fmt.Errorf("disks: %v: %w", err, statefile.ErrCorrupt)
 	}
 	if ds == nil {

@@ -1,14 +1,13 @@
 package vmsnap
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/warrenvm/warren/cow/disk"
+	"github.com/warrenvm/warren/internal/strictjson"
 	"github.com/warrenvm/warren/memsnap"
 	"github.com/warrenvm/warren/memsnap/statefile"
 	"github.com/warrenvm/warren/vmm"
@@ -79,9 +78,7 @@ func Load(path string, host FingerprintSource) (_ *Snapshot, err error) {
 		if !ok {
 			return fmt.Errorf("vmsnap: load %s: no %q section: %w", statePath, name, statefile.ErrCorrupt)
 		}
-		d := json.NewDecoder(bytes.NewReader(b))
-		d.DisallowUnknownFields()
-		if err := d.Decode(v); err != nil {
+		if err := strictjson.Unmarshal(b, v); err != nil {
 			return fmt.Errorf("vmsnap: load %s: section %q: %v: %w", statePath, name, err, statefile.ErrCorrupt)
 		}
 		return nil

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/warrenvm/warren/internal/strictjson"
 )
 
 // Grants: what lets a family's helper start a fork child (Spawner). A VMM
@@ -156,9 +158,7 @@ func (b *GrantBook) Use(signed string, now time.Time) (Grant, error) {
 	if !hmac.Equal(mac, grantMAC(b.key, body)) {
 		return g, errors.New("grant: not signed by this family's key")
 	}
-	d := json.NewDecoder(bytes.NewReader(body))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&g); err != nil {
+	if err := strictjson.Unmarshal(body, &g); err != nil {
 		return Grant{}, fmt.Errorf("grant: %w", err)
 	}
 	if err := g.check(); err != nil {
