@@ -17,9 +17,6 @@ import (
 // Ext is the file name extension of the overlays Fork creates.
 const Ext = ".wcow"
 
-// forkCreate is Create; tests make it fail.
-var forkCreate = Create
-
 // frozen is what Fork needs of the disk it freezes: an *Overlay or a *Raw,
 // opened writable.
 type frozen interface {
@@ -79,7 +76,7 @@ func Fork(cur Backing, n int, dir string) (parent *Overlay, children []string, e
 // path when that is not cur's directory. The parent's goes into dir, as
 // for Fork.
 func ForkInto(cur Backing, dir string, childDirs []string) (parent *Overlay, children []string, err error) {
-	parent, children, _, err = forkInto(cur, dir, childDirs, false)
+	parent, children, _, err = forkInto(cur, dir, childDirs, false, Create)
 	return parent, children, err
 }
 
@@ -91,7 +88,7 @@ func ForkInto(cur Backing, dir string, childDirs []string) (parent *Overlay, chi
 // childDirs[k] and cur's absolute path, which child k passes to
 // CreateChild before it opens its disk.
 func ForkDeferred(cur Backing, dir string, childDirs []string) (parent *Overlay, children []string, base string, err error) {
-	return forkInto(cur, dir, childDirs, true)
+	return forkInto(cur, dir, childDirs, true, Create)
 }
 
 // CreateChild makes a fork child's overlay at path over the frozen image
@@ -118,7 +115,7 @@ func CreateChild(path, base string) error {
 		return fmt.Errorf("fork child %s: %w", path, err)
 	}
 	defer b.Close()
-	o, err := forkCreate(path, b, CreateOptions{BasePath: base})
+	o, err := Create(path, b, CreateOptions{BasePath: base})
 	if err != nil {
 		return err
 	}
@@ -129,9 +126,11 @@ func CreateChild(path, base string) error {
 	return atomicfile.SyncDir(filepath.Dir(path))
 }
 
-// forkInto is ForkInto, and with deferChildren ForkDeferred; it returns
-// cur's absolute path too.
-func forkInto(cur Backing, dir string, childDirs []string, deferChildren bool) (parent *Overlay, children []string, curPath string, err error) {
+// forkInto is ForkInto, and with deferChildren ForkDeferred, making the
+// overlays with newOverlay (Create; a test's may fail); it returns cur's
+// absolute path too.
+func forkInto(cur Backing, dir string, childDirs []string, deferChildren bool,
+	newOverlay func(string, Backing, CreateOptions) (*Overlay, error)) (parent *Overlay, children []string, curPath string, err error) {
 	fc, ok := cur.(frozen)
 	if !ok {
 		return nil, nil, "", fmt.Errorf("fork: %T is not an overlay or raw image file", cur)
@@ -186,7 +185,7 @@ func forkInto(cur Backing, dir string, childDirs []string, deferChildren bool) (
 			basePath = filepath.Base(curPath)
 		}
 		p := filepath.Join(dir, stem+"."+uniqueSuffix()+Ext)
-		o, err := forkCreate(p, fc, CreateOptions{BasePath: basePath})
+		o, err := newOverlay(p, fc, CreateOptions{BasePath: basePath})
 		if err != nil {
 			return nil, err
 		}

@@ -310,14 +310,13 @@ func TestForkRefuses(t *testing.T) {
 	// A failure after some files were made removes them all and leaves
 	// the image as it was.
 	calls := 0
-	forkCreate = func(path string, base Backing, opts CreateOptions) (*Overlay, error) {
+	failing := func(path string, base Backing, opts CreateOptions) (*Overlay, error) {
 		if calls++; calls == 3 {
 			return nil, errors.New("injected")
 		}
 		return Create(path, base, opts)
 	}
-	defer func() { forkCreate = Create }()
-	if _, _, err := Fork(r, 3, dir); err == nil || !strings.Contains(err.Error(), "injected") {
+	if _, _, _, err := forkInto(r, dir, make([]string, 3), false, failing); err == nil || !strings.Contains(err.Error(), "injected") {
 		t.Fatalf("fork with a failing create: %v", err)
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {

@@ -298,7 +298,6 @@ func TestRebaseTorn(t *testing.T) {
 	for mask := 0; mask < 16; mask++ {
 		tears = append(tears, tear{fmt.Sprintf("sectors-%04b", mask), func(i int) bool { return mask&(1<<(i/512)) != 0 }})
 	}
-	defer func(w func(*os.File, []byte, int64) error) { rebaseWrite = w }(rebaseWrite)
 	errCrash := errors.New("crash")
 	for _, tc := range tears {
 		t.Run(tc.name, func(t *testing.T) {
@@ -311,7 +310,7 @@ func TestRebaseTorn(t *testing.T) {
 			}
 			var slot []byte
 			var slotOff int64
-			rebaseWrite = func(f *os.File, b []byte, off int64) error {
+			o.writeSlot = func(f *os.File, b []byte, off int64) error {
 				slot, slotOff = b, off
 				for i := range b {
 					if tc.keep(i) {

@@ -73,6 +73,9 @@ type Overlay struct {
 	// closeBase closes the base when the overlay owns it (OpenChain, and
 	// the parent's overlay from Fork).
 	closeBase func() error
+	// writeSlot, when set, stands in for Rebase's write of a header slot
+	// (a test tears it as a crash would).
+	writeSlot func(f *os.File, b []byte, off int64) error
 
 	// bitmap is the in-memory allocation bitmap, word i/64 bit i%64 for
 	// block i. Bits are set (atomically, never cleared) only after the

@@ -83,7 +83,14 @@ func (o *Overlay) Rebase(path string) error {
 	if err != nil {
 		return fail(err)
 	}
-	if err := rebaseWrite(o.f, b, int64(nh.slot)*SlotSize); err != nil {
+	write := o.writeSlot
+	if write == nil {
+		write = func(f *os.File, b []byte, off int64) error {
+			_, err := f.WriteAt(b, off)
+			return err
+		}
+	}
+	if err := write(o.f, b, int64(nh.slot)*SlotSize); err != nil {
 		return fail(err)
 	}
 	if err := fdatasync(o.f); err != nil {
@@ -100,12 +107,6 @@ func (o *Overlay) Rebase(path string) error {
 		}
 	}
 	return nil
-}
-
-// rebaseWrite writes a header slot; tests replace it to tear the write.
-var rebaseWrite = func(f *os.File, b []byte, off int64) error {
-	_, err := f.WriteAt(b, off)
-	return err
 }
 
 // NewLayerPath returns a fresh path in dir for a layer of the disk whose

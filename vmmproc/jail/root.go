@@ -34,6 +34,10 @@ type RootOptions struct {
 	Devices []Device
 	// Owner owns Devices (nil: root).
 	Owner *User
+
+	// pivot, when set, stands in for pivot_root(2) (a test makes it
+	// fail as on an initramfs root).
+	pivot func(newroot, putold string) error
 }
 
 // Bind is a host path made visible in the jail at the same path.
@@ -99,7 +103,11 @@ func PivotRoot(o RootOptions) error {
 	if err := unix.Chdir(root); err != nil {
 		return fmt.Errorf("jail: chdir %s: %w", root, err)
 	}
-	switch perr := pivotRoot(".", "."); {
+	pivot := o.pivot
+	if pivot == nil {
+		pivot = unix.PivotRoot
+	}
+	switch perr := pivot(".", "."); {
 	case errors.Is(perr, unix.EINVAL):
 		// The root is the initramfs's rootfs, which pivot_root cannot
 		// move (a host booted into its initramfs, as the nested KVM
@@ -131,9 +139,6 @@ func PivotRoot(o RootOptions) error {
 	}
 	return nil
 }
-
-// pivotRoot is unix.PivotRoot (a test makes it fail as on an initramfs).
-var pivotRoot = unix.PivotRoot
 
 // checkPath refuses relative paths, "..", and the root itself.
 func checkPath(p string) (string, error) {

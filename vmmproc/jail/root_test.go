@@ -13,10 +13,9 @@ import (
 )
 
 func init() {
-	helpers["root"] = helperRoot
+	helpers["root"] = func(h *helper) { helperRoot(h, nil) }
 	helpers["root-chroot"] = func(h *helper) {
-		pivotRoot = func(string, string) error { return unix.EINVAL }
-		helperRoot(h)
+		helperRoot(h, func(string, string) error { return unix.EINVAL })
 	}
 }
 
@@ -38,7 +37,7 @@ func TestChrootConfines(t *testing.T) {
 	expectHelperOK(t, "root-chroot", SysProcAttr(NSOptions{NetNS: true}))
 }
 
-func helperRoot(h *helper) {
+func helperRoot(h *helper, pivot func(string, string) error) {
 	tmp := os.Getenv("JAIL_TMP")
 	const uid, other = 65534, 65533
 	mk := func(p string, mode os.FileMode, owner int) {
@@ -69,7 +68,7 @@ func helperRoot(h *helper) {
 	devs = append(devs, DevNull)
 	err := Enter(Config{
 		Mounts: &MountOptions{Proc: true},
-		Root: &RootOptions{Dir: root, Owner: &User{UID: uid, GID: uid}, Devices: devs, Binds: []Bind{
+		Root: &RootOptions{Dir: root, Owner: &User{UID: uid, GID: uid}, Devices: devs, pivot: pivot, Binds: []Bind{
 			{Path: filepath.Join(tmp, "sandboxes"), Writable: true},
 			{Path: tpl},
 		}},
