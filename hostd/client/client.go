@@ -485,11 +485,9 @@ func (c *Client) Snapshots(ctx context.Context, id string) ([]Snapshot, *Rolling
 }
 
 // Rollback puts a running sandbox back to one of its snapshots, in place;
-// it returns the VMM's report.
-func (c *Client) Rollback(ctx context.Context, id, snapshot string) (map[string]any, error) {
-	var out map[string]any
-	err := c.call(ctx, http.MethodPost, sbPath(id, "/rollback"), wire.RollbackRequest{Snapshot: snapshot}, &out)
-	return out, err
+// it returns the daemon's report.
+func (c *Client) Rollback(ctx context.Context, id, snapshot string) (*wire.RollbackReply, error) {
+	return callFor[wire.RollbackReply](ctx, c, http.MethodPost, sbPath(id, "/rollback"), wire.RollbackRequest{Snapshot: snapshot})
 }
 
 // Fork forks a running sandbox into n new ones.

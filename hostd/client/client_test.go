@@ -95,7 +95,7 @@ func TestClientUnixSocket(t *testing.T) {
 	if l, _, err := c.Snapshots(ctx, sb.ID); err != nil || len(l) != 1 {
 		t.Fatalf("snapshots: %+v %v", l, err)
 	}
-	if rep, err := c.Rollback(ctx, sb.ID, "s1"); err != nil || rep["line"] != "rolled back to s1" {
+	if rep, err := c.Rollback(ctx, sb.ID, "s1"); err != nil || rep.Snapshot != "s1" || rep.Line != "rolled back to s1" {
 		t.Fatalf("rollback: %v %v", rep, err)
 	}
 	f, err := c.Fork(ctx, sb.ID, 2, nil)

@@ -103,7 +103,12 @@ func TestLifecycleFake(t *testing.T) {
 	if len(snaps.Snapshots) != 2 {
 		t.Fatalf("snapshots %+v", snaps)
 	}
-	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/rollback", map[string]any{"snapshot": "one"}, nil)
+	// The answer names the snapshot, not the host's file of it.
+	var rb map[string]any
+	c.ok(200, "POST", "/v1/sandboxes/"+sb.ID+"/rollback", map[string]any{"snapshot": "one"}, &rb)
+	if rb["snapshot"] != "one" || strings.Contains(fmt.Sprint(rb), snaps.Snapshots[0].Path) || rb["path"] != nil || rb["disks"] != nil {
+		t.Errorf("rollback answer %v: want the snapshot's name and no host path", rb)
+	}
 	if st, _ := c.do("POST", "/v1/sandboxes/"+sb.ID+"/rollback", map[string]any{"snapshot": "nope"}); st != 404 {
 		t.Errorf("rollback to a missing snapshot: %d", st)
 	}

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -742,7 +741,7 @@ func (d *Daemon) takeSnapshot(ctx context.Context, s *sbState, name, kind string
 }
 
 // rollback rolls s's VMM back to its snapshot name, in place.
-func (d *Daemon) rollback(ctx context.Context, s *sbState, name string) (any, error) {
+func (d *Daemon) rollback(ctx context.Context, s *sbState, name string) (*wire.RollbackReply, error) {
 	if err := running(s, true); err != nil {
 		return nil, err
 	}
@@ -771,20 +770,19 @@ func (d *Daemon) rollback(ctx context.Context, s *sbState, name string) (any, er
 	// The VMM puts the writable disks back too, on new overlays over the
 	// snapshot's layers (it refuses, 409, a snapshot without disk state
 	// for a VMM with writable disks), and removes the replaced tops.
-	var raw json.RawMessage
-	if err := vmmCall(ctx, sb.API, http.MethodPost, "rollback", vmmctl.RollbackRequest{Path: use}, &raw); err != nil {
+	var vrep vmmctl.RollbackReply
+	if err := vmmCall(ctx, sb.API, http.MethodPost, "rollback", vmmctl.RollbackRequest{Path: use}, &vrep); err != nil {
 		return nil, err
 	}
-	// The answer goes back to the client whole (its line among it).
-	var rep map[string]any
-	var drep vmmctl.RollbackReply
-	if err := json.Unmarshal(raw, &rep); err != nil {
-		return nil, fmt.Errorf("the VMM's rollback answer: %w", err)
-	}
-	if json.Unmarshal(raw, &drep) == nil && drep.Disks != nil {
-		sb.Disks = liveDisks(drep.Disks)
+	if vrep.Disks != nil {
+		sb.Disks = liveDisks(vrep.Disks)
 		d.save(s)
 	}
+	// The tenant gets the figures, not the host's paths.
+	rep := &wire.RollbackReply{Snapshot: name, PauseMS: vrep.PauseMS, TotalMS: vrep.TotalMS, LoadMS: vrep.LoadMS,
+		PagesWritten: vrep.Written, PagesCleared: vrep.Cleared,
+		Line: fmt.Sprintf("%s rolled back to %s: pause %.1f ms, %d pages rewritten, %d cleared (load %.1f ms)",
+			sb.ID, name, vrep.PauseMS, vrep.Written, vrep.Cleared, vrep.LoadMS)}
 	d.collectDisksLater(sb.Tenant) // layers only the replaced tops stood on
 	s.chainOK, s.chain = false, 0
 	// The rollback reset the vsock transport: connections to the agent

@@ -173,6 +173,24 @@ type RollbackRequest struct {
 	Snapshot string `json:"snapshot"`
 }
 
+// RollbackReply is the answer to a rollback: what the VMM did, without
+// the host's paths (its snapshot and disk files), and the line `warren
+// rollback` prints.
+type RollbackReply struct {
+	// Snapshot is the snapshot's name, as asked.
+	Snapshot string `json:"snapshot"`
+	// PauseMS is how long the guest was paused, TotalMS the whole
+	// rollback in the VMM and LoadMS the snapshot's load within it.
+	PauseMS float64 `json:"pause_ms"`
+	TotalMS float64 `json:"total_ms"`
+	LoadMS  float64 `json:"load_ms"`
+	// PagesWritten were rewritten from the snapshot; PagesCleared zeroed.
+	PagesWritten uint64 `json:"pages_written"`
+	PagesCleared uint64 `json:"pages_cleared"`
+	// Line is the one-line summary.
+	Line string `json:"line"`
+}
+
 // ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
 type ForkRequest struct {
 	// N is the number of children, 1 to 64 (0 is 1).

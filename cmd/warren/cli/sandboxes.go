@@ -249,13 +249,7 @@ func sbForkCmd(d *daemonCmd) func() int {
 func sbRollbackCmd(d *daemonCmd) func() int {
 	return func() int {
 		rep, err := d.c.Rollback(d.ctx, d.id, d.fs.Arg(1))
-		return show(d, rep, err, func(rep map[string]any) {
-			if line, ok := rep["line"].(string); ok && line != "" {
-				fmt.Fprintln(d.stdout, line)
-			} else {
-				fmt.Fprintf(d.stdout, "%s rolled back to %s\n", d.id, d.fs.Arg(1))
-			}
-		})
+		return show(d, rep, err, func(rep *wire.RollbackReply) { fmt.Fprintln(d.stdout, rep.Line) })
 	}
 }
 

@@ -397,7 +397,7 @@ func (s *Stub) handler() http.Handler {
 		defer s.mu.Unlock()
 		for _, sn := range x.Snapshots {
 			if sn.Name == req.Snapshot {
-				reply(w, 200, map[string]any{"line": "rolled back to " + sn.Name})
+				reply(w, 200, wire.RollbackReply{Snapshot: sn.Name, Line: "rolled back to " + sn.Name})
 				return
 			}
 		}
