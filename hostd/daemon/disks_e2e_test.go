@@ -70,13 +70,18 @@ func TestE2EDisks(t *testing.T) {
 				td = startE2EDaemon(outer, state, warren, mod)
 				return td.client(t, tenant)
 			}
-			diskScenario(t, c, state, tenant, kernel, initrd, "testdisk.img", orig, keyed, step, restart)
+			// settle waits out the daemon's background sweep of the
+			// tenant's unreferenced disk layers (diskgc.go), which a
+			// delete or a pause starts: until it is done, a file listed
+			// may be gone when it is opened.
+			settle := func() { td.settleDiskGC(t, tenant) }
+			diskScenario(t, c, state, tenant, kernel, initrd, "testdisk.img", orig, keyed, step, restart, settle)
 		})
 	}
 }
 
 // diskScenario is TestE2EDisks for one tenant.
-func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img string, orig []byte, keyed bool, step func(string, ...any), restart func() *client) {
+func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img string, orig []byte, keyed bool, step func(string, ...any), restart func() *client, settle func()) {
 	var all []store.Sandbox
 	defer func() {
 		for _, sb := range all { // leave no VMM behind, whatever happened
@@ -182,6 +187,7 @@ func diskScenario(t *testing.T, c *client, state, tenant, kernel, initrd, img st
 	c.ok(200, "DELETE", "/v1/sandboxes/"+b.ID, nil, nil)
 	c.ok(200, "POST", "/v1/sandboxes/"+a.ID+"/pause?to_disk=true", nil, nil)
 	if keyed {
+		settle() // (CI once saw a layer the sweep removed between the listing and its check)
 		layers, _ := filepath.Glob(filepath.Join(sbDir(a.ID), "disk*"))
 		if len(layers) < 2 {
 			t.Fatalf("after a fork, %s's directory holds disk files %q", a.ID, layers)

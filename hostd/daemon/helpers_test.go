@@ -19,6 +19,7 @@ import (
 
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/vmm/testguest"
 )
 
@@ -297,3 +298,16 @@ type osCmd = exec.Cmd
 func newCmd(name string, args ...string) *exec.Cmd { return exec.Command(name, args...) }
 
 func sprintf(format string, a ...any) string { return fmt.Sprintf(format, a...) }
+
+// settleDiskGC waits until no sweep of tenant's disk layers runs
+// (collectDisksLater: one started by a request has begun before its
+// answer).
+func (td *testDaemon) settleDiskGC(t testing.TB, tenant string) {
+	t.Helper()
+	g := &td.disks.gc
+	kvmtest.WaitFor(t, 3*time.Minute, "the disk sweep of "+tenant, func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return !g.running[tenant]
+	})
+}
