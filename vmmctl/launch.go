@@ -77,6 +77,34 @@ type Disk struct {
 	ReadOnly bool
 }
 
+// String is d as --disk spells it: PATH, or PATH,ro.
+func (d Disk) String() string {
+	if d.ReadOnly {
+		return d.Path + ",ro"
+	}
+	return d.Path
+}
+
+// ParseDisk reads PATH[,ro|,rw] (--disk, and a template's disk names).
+func ParseDisk(v string) (Disk, error) {
+	parts := strings.Split(v, ",")
+	d := Disk{Path: parts[0]}
+	if d.Path == "" {
+		return d, errors.New("empty disk path")
+	}
+	for _, opt := range parts[1:] {
+		switch opt {
+		case "ro":
+			d.ReadOnly = true
+		case "rw":
+			d.ReadOnly = false
+		default:
+			return d, fmt.Errorf("unknown disk option %q (want ro or rw)", opt)
+		}
+	}
+	return d, nil
+}
+
 // Restore is `warren restore`: a sandbox's VM from a snapshot.
 type Restore struct {
 	// Snapshot is the snapshot's DIR/NAME (required); Lazy maps its
@@ -160,12 +188,8 @@ func (r *Run) args() ([]string, error) {
 		if d.Path == "" || strings.Contains(d.Path, ",") {
 			e.fail("disk %d: path %q: want one without a comma", i, d.Path)
 		}
-		v := d.Path
-		if d.ReadOnly {
-			v += ",ro"
-		}
 		e.abs("--disk", d.Path)
-		e.str("--disk", v)
+		e.str("--disk", d.String())
 	}
 	e.path("--vsock", r.Vsock)
 	e.path("--api", r.API)

@@ -175,31 +175,16 @@ func (d *diskFlag) String() string {
 	}
 	var s []string
 	for _, x := range *d {
-		if x.ReadOnly {
-			s = append(s, x.Path+",ro")
-		} else {
-			s = append(s, x.Path)
-		}
+		s = append(s, x.String())
 	}
 	return strings.Join(s, " ")
 }
 
-// Set parses PATH[,ro] (or PATH,rw).
+// Set parses PATH[,ro] (or PATH,rw): vmmctl.ParseDisk.
 func (d *diskFlag) Set(v string) error {
-	parts := strings.Split(v, ",")
-	spec := Disk{Path: parts[0]}
-	if spec.Path == "" {
-		return fmt.Errorf("empty disk path")
-	}
-	for _, opt := range parts[1:] {
-		switch opt {
-		case "ro":
-			spec.ReadOnly = true
-		case "rw":
-			spec.ReadOnly = false
-		default:
-			return fmt.Errorf("unknown disk option %q (want ro or rw)", opt)
-		}
+	spec, err := vmmctl.ParseDisk(v)
+	if err != nil {
+		return err
 	}
 	*d = append(*d, spec)
 	return nil

@@ -10,6 +10,7 @@ import (
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/cow/disk"
 	"github.com/warrenvm/warren/hostd/store"
+	"github.com/warrenvm/warren/vmmctl"
 	"golang.org/x/sys/unix"
 )
 
@@ -73,22 +74,15 @@ type templateDisk struct {
 // parseTemplateDisk parses NAME[,ro|,rw], NAME a file of the guest
 // directory (checked, not opened: a host path is refused with a 400).
 func parseTemplateDisk(v string) (templateDisk, error) {
-	parts := strings.Split(v, ",")
-	td := templateDisk{name: parts[0]}
-	if err := checkGuestName("disk", td.name); err != nil {
-		return td, err
+	name, _, _ := strings.Cut(v, ",")
+	if err := checkGuestName("disk", name); err != nil {
+		return templateDisk{name: name}, err
 	}
-	for _, opt := range parts[1:] {
-		switch opt {
-		case "ro":
-			td.readOnly = true
-		case "rw":
-			td.readOnly = false
-		default:
-			return td, errf(400, "disk %q: unknown option %q (want ro)", v, opt)
-		}
+	d, err := vmmctl.ParseDisk(v)
+	if err != nil {
+		return templateDisk{}, errf(400, "disk %q: %v", v, err)
 	}
-	return td, nil
+	return templateDisk{name: d.Path, readOnly: d.ReadOnly}, nil
 }
 
 // openTemplateDisks opens every disk's file of the guest directory dir
