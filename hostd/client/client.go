@@ -326,6 +326,13 @@ func callFor[T any](ctx context.Context, c *Client, method, path string, body an
 	return &v, nil
 }
 
+// listFor is a GET of path answered by a list of T.
+func listFor[T any](ctx context.Context, c *Client, path string) ([]T, error) {
+	var l []T
+	err := c.call(ctx, http.MethodGet, path, nil, &l)
+	return l, err
+}
+
 // longFor is long with the result decoded into a new T.
 func longFor[T any](ctx context.Context, c *Client, method, path string, body any, fn ProgressFunc) (*T, error) {
 	var v T
@@ -356,9 +363,7 @@ func (c *Client) CreateTemplate(ctx context.Context, req wire.TemplateRequest, f
 
 // Templates lists the tenant's templates.
 func (c *Client) Templates(ctx context.Context) ([]Template, error) {
-	var l []Template
-	err := c.call(ctx, http.MethodGet, "/v1/templates", nil, &l)
-	return l, err
+	return listFor[Template](ctx, c, "/v1/templates")
 }
 
 // Template returns one template.
@@ -428,9 +433,7 @@ func (c *Client) Create(ctx context.Context, req wire.SandboxRequest, fn Progres
 
 // Sandboxes lists the tenant's sandboxes, oldest first.
 func (c *Client) Sandboxes(ctx context.Context) ([]Sandbox, error) {
-	var l []Sandbox
-	err := c.call(ctx, http.MethodGet, "/v1/sandboxes", nil, &l)
-	return l, err
+	return listFor[Sandbox](ctx, c, "/v1/sandboxes")
 }
 
 // Sandbox returns one sandbox.
