@@ -400,20 +400,25 @@ func ioctlTable() []ioctlEntry {
 		{both, "KVM_SET_PIT2", kiowT[kvm.PITState2](0xa0)},
 		{both, "KVM_SET_USER_MEMORY_REGION", kiowT[kvm.UserspaceMemoryRegion](0x46)}, // restore, fork: remap memory
 		{both, "KVM_CHECK_EXTENSION", kio(0x03)},
-		// VM and vCPU creation: setup only
+		// vCPU creation and its CPUID and TSC frequency: each vCPU's own
+		// thread makes and sets up its vCPU when the VM starts, after the
+		// jail (vmm.VM: one thread owns a vCPU), so both profiles allow
+		// them. (`warren run|restore --jail strict` failed with
+		// KVM_CREATE_VCPU EPERM before: TestHostileGuestProgram.)
+		{both, "KVM_CREATE_VCPU", kio(0x41)},
+		{both, "KVM_SET_CPUID2", kiow(0x90, 8)},
+		{both, "KVM_SET_TSC_KHZ", kio(0xa2)},
+		// VM creation: setup only
 		{setup, "KVM_GET_API_VERSION", kio(0x00)},
 		{setup, "KVM_CREATE_VM", kio(0x01)},
 		{setup, "KVM_GET_VCPU_MMAP_SIZE", kio(0x04)},
 		{setup, "KVM_GET_SUPPORTED_CPUID", kiowr(0x05, 8)},
 		{setup, "KVM_GET_MSR_INDEX_LIST", kiowr(0x02, 4)},
-		{setup, "KVM_CREATE_VCPU", kio(0x41)},
 		{setup, "KVM_SET_TSS_ADDR", kio(0x47)},
 		{setup, "KVM_SET_IDENTITY_MAP_ADDR", kiow(0x48, 8)},
 		{setup, "KVM_CREATE_IRQCHIP", kio(0x60)},
 		{setup, "KVM_CREATE_PIT2", kiowT[kvm.PITConfig](0x77)},
 		{setup, "KVM_ENABLE_CAP", kiow(0xa3, 104)},
-		{setup, "KVM_SET_CPUID2", kiow(0x90, 8)},
-		{setup, "KVM_SET_TSC_KHZ", kio(0xa2)},
 		// tap (devices/virtio/net): setup only
 		{setup, "TUNSETIFF", unix.TUNSETIFF},
 		{setup, "TUNSETVNETHDRSZ", unix.TUNSETVNETHDRSZ},
