@@ -1,5 +1,7 @@
 package virtio
 
+import "github.com/warrenvm/warren/internal/virtiommio"
+
 // Virtio device IDs.
 const (
 	TypeNet   = 1
@@ -15,14 +17,14 @@ const (
 	FeatureVersion1     = 1 << 32
 )
 
-// Device status bits.
+// Device status bits (virtiommio's, under this package's names).
 const (
-	StatusAcknowledge = 1
-	StatusDriver      = 2
-	StatusDriverOK    = 4
-	StatusFeaturesOK  = 8
-	StatusNeedsReset  = 64
-	StatusFailed      = 128
+	StatusAcknowledge = virtiommio.StatusAcknowledge
+	StatusDriver      = virtiommio.StatusDriver
+	StatusDriverOK    = virtiommio.StatusDriverOK
+	StatusFeaturesOK  = virtiommio.StatusFeaturesOK
+	StatusNeedsReset  = virtiommio.StatusNeedsReset
+	StatusFailed      = virtiommio.StatusFailed
 )
 
 // Device is a virtio device model behind a transport.

@@ -5,35 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+
+	reg "github.com/warrenvm/warren/internal/virtiommio"
 )
 
-// MMIO register offsets (virtio 1.x, MMIO version 2).
 const (
-	regMagic            = 0x000
-	regVersion          = 0x004
-	regDeviceID         = 0x008
-	regVendorID         = 0x00c
-	regDeviceFeatures   = 0x010
-	regDeviceFeatSel    = 0x014
-	regDriverFeatures   = 0x020
-	regDriverFeatSel    = 0x024
-	regQueueSel         = 0x030
-	regQueueNumMax      = 0x034
-	regQueueNum         = 0x038
-	regQueueReady       = 0x044
-	regQueueNotify      = 0x050
-	regInterruptStatus  = 0x060
-	regInterruptACK     = 0x064
-	regStatus           = 0x070
-	regQueueDescLow     = 0x080
-	regQueueDescHigh    = 0x084
-	regQueueDriverLow   = 0x090
-	regQueueDriverHigh  = 0x094
-	regQueueDeviceLow   = 0x0a0
-	regQueueDeviceHigh  = 0x0a4
-	regConfigGeneration = 0x0fc
-	regConfig           = 0x100
-
 	mmioMagic   = 0x74726976 // "virt"
 	mmioVersion = 2
 	vendorID    = 0x5741_5252 // "WARR"
@@ -42,7 +18,7 @@ const (
 	MMIOSize = 0x1000
 
 	// NotifyOffset is the QueueNotify register offset, for ioeventfd.
-	NotifyOffset = regQueueNotify
+	NotifyOffset = reg.QueueNotify
 
 	intUsedBuffer   = 1
 	intConfigChange = 2
@@ -137,14 +113,14 @@ func (t *MMIO) Notify(q uint32) {
 }
 
 // isRegister is the start of Read and Write: an access to the device's
-// config space (off from regConfig) goes to config, the device's
+// config space (off from reg.Config) goes to config, the device's
 // ReadConfig or WriteConfig, under t.mu; of the rest, only 32-bit accesses
 // to 32-bit registers are served (isRegister returns true), others are
 // ignored.
 func (t *MMIO) isRegister(off uint64, data []byte, config func(off uint64, data []byte)) bool {
-	if off >= regConfig {
+	if off >= reg.Config {
 		t.mu.Lock()
-		config(off-regConfig, data)
+		config(off-reg.Config, data)
 		t.mu.Unlock()
 		return false
 	}
@@ -166,34 +142,34 @@ func (t *MMIO) Read(off uint64, data []byte) {
 func (t *MMIO) readReg(off uint64) uint32 {
 	q := t.selected()
 	switch off {
-	case regMagic:
+	case reg.Magic:
 		return mmioMagic
-	case regVersion:
+	case reg.Version:
 		return mmioVersion
-	case regDeviceID:
+	case reg.DeviceID:
 		return t.dev.Type()
-	case regVendorID:
+	case reg.VendorID:
 		return vendorID
-	case regDeviceFeatures:
+	case reg.DeviceFeatures:
 		if t.devFeatSel > 1 {
 			return 0
 		}
 		return uint32(t.features() >> (32 * t.devFeatSel))
-	case regQueueNumMax:
+	case reg.QueueNumMax:
 		if q == nil {
 			return 0
 		}
 		return uint32(q.MaxSize)
-	case regQueueReady:
+	case reg.QueueReady:
 		if q != nil && q.Ready {
 			return 1
 		}
 		return 0
-	case regInterruptStatus:
+	case reg.InterruptStatus:
 		return t.intStatus
-	case regStatus:
+	case reg.Status:
 		return t.status
-	case regConfigGeneration:
+	case reg.ConfigGeneration:
 		return t.configGen
 	}
 	return 0
@@ -205,7 +181,7 @@ func (t *MMIO) Write(off uint64, data []byte) {
 		return
 	}
 	v := binary.LittleEndian.Uint32(data)
-	if off == regQueueNotify {
+	if off == reg.QueueNotify {
 		t.Notify(v)
 		return
 	}
@@ -214,22 +190,22 @@ func (t *MMIO) Write(off uint64, data []byte) {
 	q := t.selected()
 	configurable := q != nil && !q.Ready && t.status&StatusDriverOK == 0
 	switch off {
-	case regDeviceFeatSel:
+	case reg.DeviceFeaturesSel:
 		t.devFeatSel = v
-	case regDriverFeatSel:
+	case reg.DriverFeaturesSel:
 		t.drvFeatSel = v
-	case regDriverFeatures:
+	case reg.DriverFeatures:
 		if t.status&StatusFeaturesOK == 0 && t.drvFeatSel <= 1 {
 			shift := 32 * t.drvFeatSel
 			t.drvFeatures = t.drvFeatures&^(0xffffffff<<shift) | uint64(v)<<shift
 		}
-	case regQueueSel:
+	case reg.QueueSel:
 		t.queueSel = v
-	case regQueueNum:
+	case reg.QueueNum:
 		if configurable {
 			q.Size = uint16(min(v, 0xffff))
 		}
-	case regQueueReady:
+	case reg.QueueReady:
 		if q == nil {
 			return
 		}
@@ -242,22 +218,22 @@ func (t *MMIO) Write(off uint64, data []byte) {
 			}
 			q.Ready = true
 		}
-	case regQueueDescLow, regQueueDescHigh, regQueueDriverLow, regQueueDriverHigh, regQueueDeviceLow, regQueueDeviceHigh:
+	case reg.QueueDescLow, reg.QueueDescHigh, reg.QueueDriverLow, reg.QueueDriverHigh, reg.QueueDeviceLow, reg.QueueDeviceHigh:
 		if configurable {
 			setHalf(queueAddr(q, off), off, v)
 		}
-	case regInterruptACK:
+	case reg.InterruptACK:
 		t.intStatus &^= v
-	case regStatus:
+	case reg.Status:
 		t.setStatus(v)
 	}
 }
 
 func queueAddr(q *Queue, off uint64) *uint64 {
 	switch off {
-	case regQueueDescLow, regQueueDescHigh:
+	case reg.QueueDescLow, reg.QueueDescHigh:
 		return &q.Desc
-	case regQueueDriverLow, regQueueDriverHigh:
+	case reg.QueueDriverLow, reg.QueueDriverHigh:
 		return &q.Avail
 	}
 	return &q.Used

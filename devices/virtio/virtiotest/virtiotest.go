@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/warrenvm/warren/devices/virtio"
+	reg "github.com/warrenvm/warren/internal/virtiommio"
 )
 
 // Memory is guest RAM as one byte slice starting at guest address 0.
@@ -187,29 +188,29 @@ func Read32(r Registers, off uint64) uint32 {
 // features, FEATURES_OK, each queue's size and rings, DRIVER_OK. It returns
 // the final status register.
 func Bring(r Registers, features uint64, drivers ...*Driver) uint32 {
-	Write32(r, 0x070, 0)
-	Write32(r, 0x070, 1|2)
-	Write32(r, 0x024, 0)
-	Write32(r, 0x020, uint32(features))
-	Write32(r, 0x024, 1)
-	Write32(r, 0x020, uint32(features>>32))
-	Write32(r, 0x070, 1|2|8)
-	if Read32(r, 0x070)&8 == 0 {
-		return Read32(r, 0x070)
+	Write32(r, reg.Status, 0)
+	Write32(r, reg.Status, reg.StatusAcknowledge|reg.StatusDriver)
+	Write32(r, reg.DriverFeaturesSel, 0)
+	Write32(r, reg.DriverFeatures, uint32(features))
+	Write32(r, reg.DriverFeaturesSel, 1)
+	Write32(r, reg.DriverFeatures, uint32(features>>32))
+	Write32(r, reg.Status, reg.StatusAcknowledge|reg.StatusDriver|reg.StatusFeaturesOK)
+	if Read32(r, reg.Status)&reg.StatusFeaturesOK == 0 {
+		return Read32(r, reg.Status)
 	}
 	for i, d := range drivers {
-		Write32(r, 0x030, uint32(i))
-		Write32(r, 0x038, uint32(d.Q.Size))
-		Write32(r, 0x080, uint32(d.Q.Desc))
-		Write32(r, 0x084, uint32(d.Q.Desc>>32))
-		Write32(r, 0x090, uint32(d.Q.Avail))
-		Write32(r, 0x094, uint32(d.Q.Avail>>32))
-		Write32(r, 0x0a0, uint32(d.Q.Used))
-		Write32(r, 0x0a4, uint32(d.Q.Used>>32))
-		Write32(r, 0x044, 1)
+		Write32(r, reg.QueueSel, uint32(i))
+		Write32(r, reg.QueueNum, uint32(d.Q.Size))
+		Write32(r, reg.QueueDescLow, uint32(d.Q.Desc))
+		Write32(r, reg.QueueDescHigh, uint32(d.Q.Desc>>32))
+		Write32(r, reg.QueueDriverLow, uint32(d.Q.Avail))
+		Write32(r, reg.QueueDriverHigh, uint32(d.Q.Avail>>32))
+		Write32(r, reg.QueueDeviceLow, uint32(d.Q.Used))
+		Write32(r, reg.QueueDeviceHigh, uint32(d.Q.Used>>32))
+		Write32(r, reg.QueueReady, 1)
 	}
-	Write32(r, 0x070, 1|2|8|4)
-	return Read32(r, 0x070)
+	Write32(r, reg.Status, reg.StatusAcknowledge|reg.StatusDriver|reg.StatusFeaturesOK|reg.StatusDriverOK)
+	return Read32(r, reg.Status)
 }
 
 // Signals counts interrupts (a virtio.Signaller).
@@ -381,7 +382,7 @@ func Hostile(r Registers, mem Memory, maxSizes []uint16, data []byte) {
 			}
 			Bring(r, u64(args), drivers...)
 			for i := range nqueues {
-				Write32(r, 0x050, uint32(i))
+				Write32(r, reg.QueueNotify, uint32(i))
 			}
 		}
 	}

@@ -37,6 +37,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	reg "github.com/warrenvm/warren/internal/virtiommio"
 )
 
 func main() {
@@ -176,40 +178,11 @@ const (
 	outside = 0xfff0_0000_0000
 )
 
-// Virtio-mmio registers (virtio 1.x, section 4.2.2).
-const (
-	regDeviceFeatures    = 0x010
-	regDeviceFeaturesSel = 0x014
-	regDriverFeatures    = 0x020
-	regDriverFeaturesSel = 0x024
-	regQueueSel          = 0x030
-	regQueueNumMax       = 0x034
-	regQueueNum          = 0x038
-	regQueueReady        = 0x044
-	regQueueNotify       = 0x050
-	regInterruptStatus   = 0x060
-	regInterruptACK      = 0x064
-	regStatus            = 0x070
-	regQueueDescLow      = 0x080
-	regQueueDescHigh     = 0x084
-	regQueueDriverLow    = 0x090
-	regQueueDriverHigh   = 0x094
-	regQueueDeviceLow    = 0x0a0
-	regQueueDeviceHigh   = 0x0a4
-	regConfigGeneration  = 0x0fc
-
-	statusAcknowledge = 1
-	statusDriver      = 2
-	statusDriverOK    = 4
-	statusFeaturesOK  = 8
-	statusNeedsReset  = 0x40
-)
-
 // regs are the registers a random write picks from, the queue and status
 // ones more often than the rest; -1 is any offset in the window.
-var regs = []int{regStatus, regStatus, regQueueSel, regQueueNum, regQueueReady, regQueueReady,
-	regQueueNotify, regQueueNotify, regQueueDescLow, regQueueDriverLow, regQueueDeviceLow,
-	regQueueDescHigh, regDriverFeatures, regDriverFeaturesSel, regDeviceFeaturesSel, regInterruptACK, -1, -1}
+var regs = []int{reg.Status, reg.Status, reg.QueueSel, reg.QueueNum, reg.QueueReady, reg.QueueReady,
+	reg.QueueNotify, reg.QueueNotify, reg.QueueDescLow, reg.QueueDriverLow, reg.QueueDeviceLow,
+	reg.QueueDescHigh, reg.DriverFeatures, reg.DriverFeaturesSel, reg.DeviceFeaturesSel, reg.InterruptACK, -1, -1}
 
 // hostile holds the mapped windows and the scratch pages.
 type hostile struct {
@@ -293,7 +266,7 @@ func (h *hostile) write(w, off int, v uint32) {
 func (h *hostile) read(w, off int) uint32 {
 	h.reads++
 	v := *h.reg(w, off)
-	if off == regStatus && v&statusNeedsReset != 0 {
+	if off == reg.Status && v&reg.StatusNeedsReset != 0 {
 		h.seen[w] = true
 	}
 	return v
@@ -388,23 +361,23 @@ func (h *hostile) descriptors(table []byte, n int) {
 // queues of its own making, then notifies them.
 func (h *hostile) bringUp(w int) {
 	h.bringUps++
-	h.write(w, regStatus, 0)
-	h.write(w, regStatus, statusAcknowledge)
-	h.write(w, regStatus, statusAcknowledge|statusDriver)
+	h.write(w, reg.Status, 0)
+	h.write(w, reg.Status, reg.StatusAcknowledge)
+	h.write(w, reg.Status, reg.StatusAcknowledge|reg.StatusDriver)
 	for sel := uint32(0); sel < 2; sel++ {
-		h.write(w, regDeviceFeaturesSel, sel)
-		f := h.read(w, regDeviceFeatures)
+		h.write(w, reg.DeviceFeaturesSel, sel)
+		f := h.read(w, reg.DeviceFeatures)
 		if h.rng.IntN(4) == 0 {
 			f = h.rng.Uint32()
 		}
-		h.write(w, regDriverFeaturesSel, sel)
-		h.write(w, regDriverFeatures, f)
+		h.write(w, reg.DriverFeaturesSel, sel)
+		h.write(w, reg.DriverFeatures, f)
 	}
-	h.write(w, regStatus, statusAcknowledge|statusDriver|statusFeaturesOK)
-	h.read(w, regStatus)
+	h.write(w, reg.Status, reg.StatusAcknowledge|reg.StatusDriver|reg.StatusFeaturesOK)
+	h.read(w, reg.Status)
 	for q := range 3 {
-		h.write(w, regQueueSel, uint32(q))
-		qmax := int(h.read(w, regQueueNumMax))
+		h.write(w, reg.QueueSel, uint32(q))
+		qmax := int(h.read(w, reg.QueueNumMax))
 		n := 1 << h.rng.IntN(9) // 1 to 256
 		if qmax > 0 && n > qmax {
 			n = qmax
@@ -412,7 +385,7 @@ func (h *hostile) bringUp(w int) {
 		if h.rng.IntN(8) == 0 {
 			n = h.rng.IntN(70000) // not a power of two, or past the maximum
 		}
-		h.write(w, regQueueNum, uint32(n))
+		h.write(w, reg.QueueNum, uint32(n))
 		desc, avail, used := h.addr(16), h.addr(2), h.addr(4)
 		if t := h.at(desc, 16*min(n, 256)); t != nil && n > 0 {
 			h.descriptors(t, min(n, 256))
@@ -427,18 +400,18 @@ func (h *hostile) bringUp(w int) {
 		for _, r := range []struct {
 			low int
 			a   uint64
-		}{{regQueueDescLow, desc}, {regQueueDriverLow, avail}, {regQueueDeviceLow, used}} {
+		}{{reg.QueueDescLow, desc}, {reg.QueueDriverLow, avail}, {reg.QueueDeviceLow, used}} {
 			h.write(w, r.low, uint32(r.a))
 			h.write(w, r.low+4, uint32(r.a>>32))
 		}
-		h.write(w, regQueueReady, 1)
+		h.write(w, reg.QueueReady, 1)
 	}
-	h.write(w, regStatus, statusAcknowledge|statusDriver|statusFeaturesOK|statusDriverOK)
+	h.write(w, reg.Status, reg.StatusAcknowledge|reg.StatusDriver|reg.StatusFeaturesOK|reg.StatusDriverOK)
 	for q := range 3 {
-		h.write(w, regQueueNotify, uint32(q))
+		h.write(w, reg.QueueNotify, uint32(q))
 		h.notifies++
 	}
-	h.read(w, regStatus)
+	h.read(w, reg.Status)
 }
 
 // turn is one step: mostly a random register write, now and then a read,
@@ -450,7 +423,7 @@ func (h *hostile) turn() {
 		h.bringUp(w)
 		return
 	case r < 16:
-		h.read(w, []int{regStatus, regInterruptStatus, regQueueNumMax, regConfigGeneration, regQueueReady}[r%5])
+		h.read(w, []int{reg.Status, reg.InterruptStatus, reg.QueueNumMax, reg.ConfigGeneration, reg.QueueReady}[r%5])
 		return
 	case r < 20:
 		p := h.rng.IntN(scratchPages)
@@ -466,15 +439,15 @@ func (h *hostile) turn() {
 	}
 	v := h.rng.Uint32()
 	switch off {
-	case regQueueNum:
+	case reg.QueueNum:
 		v &= 0x3ff
-	case regQueueDescLow, regQueueDriverLow, regQueueDeviceLow:
+	case reg.QueueDescLow, reg.QueueDriverLow, reg.QueueDeviceLow:
 		a := h.addr(16)
 		v = uint32(a)
 		h.write(w, off+4, uint32(a>>32))
-	case regQueueDescHigh, regQueueDriverHigh, regQueueDeviceHigh:
+	case reg.QueueDescHigh, reg.QueueDriverHigh, reg.QueueDeviceHigh:
 		v = uint32(h.addr(16) >> 32)
-	case regQueueNotify:
+	case reg.QueueNotify:
 		v &= 3
 		h.notifies++
 	}
