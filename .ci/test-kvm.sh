@@ -33,6 +33,37 @@ set -u
 
 if [ "${1:-}" = --inner ]; then
 	# In L1: $STATE, $TESTS and $PKGS come from run.sh's --env.
+	#
+	# Where an L2 guest was when it triple-faulted: KVM resets the vCPU on
+	# the shutdown intercept before the VMM sees KVM_EXIT_SHUTDOWN, so the
+	# registers the VMM logs are the reset state (rip 0xfff0). L1's own
+	# kvm:kvm_exit tracepoint, filtered to shutdown exits (SVM 0x7f, VMX's
+	# triple fault 2), records the guest's rip at the exit itself; each
+	# attempt's lines are printed after it, with the guest kernel's symbol
+	# where build/System.map has one.
+	tr=/sys/kernel/tracing
+	[ -d $tr/events ] || mount -t tracefs nodev $tr 2>/dev/null
+	if [ -w $tr/events/kvm/kvm_exit/filter ] &&
+		echo '(isa == 2 && exit_reason == 127) || (isa == 1 && exit_reason == 2)' >$tr/events/kvm/kvm_exit/filter &&
+		echo 1 >$tr/events/kvm/kvm_exit/enable; then
+		echo 1 >$tr/tracing_on
+		echo >$tr/trace
+	else
+		tr=
+	fi
+	shutdowns() {
+		[ -n "$tr" ] || return 0
+		grep -v '^#' $tr/trace | while read -r line; do
+			rip=$(echo "$line" | sed -n 's/.* rip 0x\([0-9a-f]*\).*/\1/p')
+			sym=
+			if [ -n "$rip" ] && [ -f build/System.map ]; then
+				rip=$(printf '%016s' "$rip" | tr ' ' 0)
+				sym=$(awk -v r="$rip" '("x" $1) <= ("x" r) && $2 ~ /^[tTwW]$/ { s = $3 } ("x" $1) > ("x" r) { exit } END { print s }' build/System.map)
+			fi
+			echo "=== L2 shutdown exit (triple fault) in L1's KVM trace: $line${sym:+ (guest kernel: $sym)}"
+		done
+		echo >$tr/trace
+	}
 	for p in $PKGS; do
 		key=$(echo "$p" | tr / _)
 		if [ -f "$STATE/$key.done" ]; then
@@ -64,6 +95,7 @@ if [ "${1:-}" = --inner ]; then
 				{ (cd "$p" && "$TESTS/$key.test" -test.count=1 -test.v -test.timeout "$timeout"); echo $? >"$STATE/$key.rc"; } 2>&1 | tee "$log"
 			fi
 			rc=$(cat "$STATE/$key.rc" 2>/dev/null || echo 1)
+			shutdowns | tee -a "$log"
 			if [ "$rc" = 0 ]; then
 				touch "$STATE/$key.done"
 				break
