@@ -2,6 +2,7 @@ package vmmproc
 
 import (
 	"bytes"
+	"context"
 	"github.com/warrenvm/warren/internal/kvmtest"
 	"io"
 	"os"
@@ -33,13 +34,6 @@ const (
 	exitTimedOut = 124
 	exitNotFound = 127
 )
-
-// runCLI runs the warren command in-process with no input.
-func runCLI(args ...string) (int, string, string) {
-	var out, errb bytes.Buffer
-	rc := cliMain(args, nil, &out, &errb)
-	return rc, out.String(), errb.String()
-}
 
 // artifact returns build/NAME at the repository root (or $ENV), failing the
 // test when it is missing on a host that has KVM.
@@ -83,11 +77,23 @@ func TestBootLinux(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			console := filepath.Join(t.TempDir(), "console.log")
-			rc, _, stderr := runCLI("run", "--kernel", c.kernel, "--initramfs", initramfs, "--mem", "256",
+			// A process of its own with a deadline: a boot that hangs
+			// fails here, with the console, instead of going silent until
+			// the package's timeout (CI took a hang of pvh-2cpu for the
+			// nested host frozen).
+			ctx, cancel := context.WithTimeout(context.Background(), bootDeadline)
+			defer cancel()
+			var stderr bytes.Buffer
+			cmd := cliProcess(ctx, "run", "--kernel", c.kernel, "--initramfs", initramfs, "--mem", "256",
 				"--cpus", c.cpus, "--cmdline", "warren.poweroff=1 warren.hostname=e2e", "--console", console)
+			cmd.Stderr = &stderr
+			err := cmd.Run()
 			log, _ := os.ReadFile(console)
-			if rc != 0 {
-				t.Fatalf("warren run exited %d: %s\nconsole:\n%s", rc, stderr, tail(log))
+			if ctx.Err() != nil {
+				t.Fatalf("warren run did not end within %v (killed); console:\n%s", bootDeadline, tail(log))
+			}
+			if err != nil {
+				t.Fatalf("warren run: %v: %s\nconsole:\n%s", err, stderr.String(), tail(log))
 			}
 			if n := len(readyLine.FindAll(log, -1)); n != 1 {
 				t.Fatalf("%d ready lines, want exactly 1; console:\n%s", n, tail(log))
