@@ -74,7 +74,7 @@ type VM struct {
 	cfg     Config
 	log     *slog.Logger
 	sys     *kvm.System
-	vm      *kvm.VM
+	vm      *kvm.VM // cleared by Close, under closeMu
 	mem     *guestmem.Memory
 	entry   boot.EntryState
 	format  boot.Format
@@ -100,6 +100,11 @@ type VM struct {
 	vcpuMu   sync.Mutex
 	tids     map[int]int // vCPU id -> OS thread id, while running
 	vcpus    map[int]*kvm.VCPU
+
+	// closeMu guards vm against Close for InjectIRQ, which host-input
+	// goroutines call too: no ioctl goes to the VM's descriptor once it
+	// is closed (or to a file that reuses the number).
+	closeMu sync.RWMutex
 
 	pause   pauseState // see pause.go
 	restore *State     // set by Restore: the vCPU threads load it instead of booting
@@ -276,6 +281,11 @@ func (v *VM) KVM() *kvm.VM { return v.vm }
 // InjectIRQ raises an edge on an ISA interrupt line (GSI) of the in-kernel
 // irqchip.
 func (v *VM) InjectIRQ(gsi uint32) error {
+	v.closeMu.RLock()
+	defer v.closeMu.RUnlock()
+	if v.vm == nil {
+		return errors.New("vmm: the VM is closed")
+	}
 	if err := v.vm.IRQLine(gsi, true); err != nil {
 		return err
 	}
@@ -405,7 +415,9 @@ func (v *VM) Close() error {
 		v.closers[i]()
 	}
 	v.closers = nil
+	v.closeMu.Lock()
 	closeField(&v.vm)
+	v.closeMu.Unlock()
 	closeField(&v.sys)
 	closeField(&v.mem)
 	return nil
