@@ -497,7 +497,13 @@ func (d *Daemon) allSandboxes() []*sbState {
 // requests' context (PeerCredOf). l may be a TLS listener (tls.NewListener
 // with ServerTLS's configuration).
 func (d *Daemon) Serve(l net.Listener, auth Authenticator) error {
-	srv := &http.Server{Handler: d.Handler(auth), ReadHeaderTimeout: 10 * time.Second, ConnContext: peerConnContext,
+	return d.ServeHandler(l, d.Handler(auth))
+}
+
+// ServeHandler is Serve with the handler given: the daemon's Handler,
+// wrapped (the tests check every answer against hostd/openapi.yaml so).
+func (d *Daemon) ServeHandler(l net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ConnContext: peerConnContext,
 		// TLS handshake failures (no client certificate, plain HTTP)
 		// and the like go to the daemon's log.
 		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}

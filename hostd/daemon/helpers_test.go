@@ -62,8 +62,13 @@ func startDaemon(t testing.TB, state string, l Launcher, mod ...func(*Config)) *
 		t.Fatal(err)
 	}
 	td := &testDaemon{Daemon: d, state: state, sock: sock, audit: audit, done: make(chan struct{})}
-	go func() { d.Serve(ln, HeaderAuth); close(td.done) }()
-	t.Cleanup(func() { d.Close() })
+	var spec conformance
+	h := spec.wrap(t, d.Handler(HeaderAuth))
+	go func() { d.ServeHandler(ln, h); close(td.done) }()
+	t.Cleanup(func() {
+		d.Close()
+		spec.report(t)
+	})
 	return td
 }
 
