@@ -119,7 +119,8 @@ unit: testguests
 # .ci/test-kvm.sh runs the KVM packages' test binaries in the nested KVM
 # host. A package that fails runs once more (its failed and remaining
 # tests); a second failure fails the build, except that an attempt where an
-# L2 guest triple-faulted (the emulated SVM's flake) is excused up to twice.
+# L2 guest triple-faulted or a Linux boot stalled (the emulated SVM's flakes)
+# is excused up to twice.
 # When L1 itself dies or freezes (its kernel has died of a kernel-stack
 # overflow in KVM, reported soft lockups, or stalled silently:
 # .ci/kvmhost/README.md), it boots a fresh L1 and resumes: passed packages

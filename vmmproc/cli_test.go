@@ -90,7 +90,7 @@ func TestBootLinux(t *testing.T) {
 			err := cmd.Run()
 			log, _ := os.ReadFile(console)
 			if ctx.Err() != nil {
-				t.Fatalf("warren run did not end within %v (killed); console:\n%s", bootDeadline, tail(log))
+				t.Fatalf("%s: warren run did not end within %v (killed); console:\n%s", bootStalled, bootDeadline, tail(log))
 			}
 			if err != nil {
 				t.Fatalf("warren run: %v: %s\nconsole:\n%s", err, stderr.String(), tail(log))
