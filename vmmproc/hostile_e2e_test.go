@@ -139,8 +139,8 @@ func TestHostileGuestDevices(t *testing.T) {
 // own beside the counter guest's; it must survive the minute and stay up
 // after it, its devices must go to NEEDS_RESET, and the neighbour must
 // count on. WARREN_HOSTILE_RUN overrides the minute: the nested host runs
-// it for 10 s (make test-kvm), since there a minute of it crashed L1's
-// own kernel in 2 of 3 runs (the nested host's known "stack guard page"
+// it for 5 s (make test-kvm), since there a minute of it crashed L1's
+// own kernel in 4 of 6 runs (the nested host's known "stack guard page"
 // crash, in L1's page-fault entry: .ci/kvmhost/README.md), which a
 // Warren VMM, an L1 user process, cannot cause.
 func TestHostileGuestProgram(t *testing.T) {
