@@ -71,7 +71,7 @@ func (c *conformance) wrap(t testing.TB, h http.Handler) http.Handler {
 		rr := r.Clone(r.Context())
 		rr.URL.Scheme, rr.URL.Host, rr.Host = "http", "localhost", "localhost"
 		route, params, err := router.FindRoute(rr)
-		tee := &teeWriter{ResponseWriter: w}
+		tee := &teeWriter{recorder: recorder{ResponseWriter: w}}
 		h.ServeHTTP(tee, r)
 		if err != nil {
 			// Not a path of the API: the daemon's own 404 or 405.
@@ -136,41 +136,21 @@ func decodeLine(b []byte) (any, error) {
 	return v, err
 }
 
-// teeWriter passes an answer on and keeps a copy of it.
+// teeWriter passes an answer on and keeps a copy of it: the daemon's own
+// status recorder (flushing, unwrapping) plus the body.
 type teeWriter struct {
-	http.ResponseWriter
-	code int
+	recorder
 	body bytes.Buffer
 }
 
-func (w *teeWriter) WriteHeader(code int) {
-	if w.code == 0 {
-		w.code = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
 func (w *teeWriter) Write(p []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
 	w.body.Write(p)
-	return w.ResponseWriter.Write(p)
+	return w.recorder.Write(p)
 }
 
 func (w *teeWriter) status() int {
-	if w.code == 0 {
+	if w.recorder.status == 0 {
 		return http.StatusOK
 	}
-	return w.code
+	return w.recorder.status
 }
-
-// Flush passes streaming on (progress lines, exec frames).
-func (w *teeWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-// Unwrap lets http.ResponseController reach the connection.
-func (w *teeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
