@@ -111,6 +111,16 @@ func TestAgentEndToEnd(t *testing.T) {
 	defer cancel()
 	c := agentclient.New(sock)
 	defer c.Close()
+	// A call given its own deadline that never answers fails the test with
+	// where the guest and every goroutine (the VMM's vsock worker and host
+	// streams among them) are, instead of hanging until the harness takes
+	// the nested host for frozen (CI saw stdout-10MiB silent for 300 s).
+	stuck := func(t *testing.T, what string, err error) {
+		t.Helper()
+		dumpGuest(t, g)
+		dumpStacks(t)
+		t.Fatalf("%s: %v", what, err)
+	}
 
 	t.Run("health", func(t *testing.T) {
 		code, out, errOut := cli(t, nil, "health", "--wait", "2m", sock)
@@ -188,11 +198,17 @@ func TestAgentEndToEnd(t *testing.T) {
 
 	t.Run("stdout-10MiB", func(t *testing.T) {
 		// The 5 MiB file twice: 10 MiB of stdout, checked byte for byte.
-		code, out, errOut := cli(t, nil, "exec", sock, "--", "cat", "/tmp/data.bin", "/tmp/data.bin")
+		var o, e bytes.Buffer
+		ectx, ecancel := context.WithTimeout(ctx, 2*time.Minute)
+		code, err := c.Exec(ectx, agentwire.ExecRequest{Argv: []string{"cat", "/tmp/data.bin", "/tmp/data.bin"}}, &o, &e)
+		ecancel()
+		if err != nil {
+			stuck(t, fmt.Sprintf("exec of 10 MiB of stdout (%d bytes came)", o.Len()), err)
+		}
 		want := sha256.Sum256(append(append([]byte{}, data...), data...))
-		if code != 0 || len(out) != 2*len(data) || sha256.Sum256([]byte(out)) != want {
+		if code != 0 || o.Len() != 2*len(data) || sha256.Sum256(o.Bytes()) != want {
 			t.Fatalf("exit %d, %d bytes of stdout (want %d, intact: %v), stderr %q",
-				code, len(out), 2*len(data), sha256.Sum256([]byte(out)) == want, errOut)
+				code, o.Len(), 2*len(data), sha256.Sum256(o.Bytes()) == want, e.String())
 		}
 	})
 
@@ -273,28 +289,19 @@ func TestAgentEndToEnd(t *testing.T) {
 			t.Fatal("the endless writer produced nothing")
 		}
 		time.Sleep(2 * time.Second) // let both streams run out of credit
-		// Each call has its own deadline: one that never answers fails
-		// the test with where the guest and every goroutine (the VMM's
-		// vsock worker and host streams among them) are, instead of
-		// hanging until the harness takes the host for frozen.
-		stuck := func(what string, err error) {
-			t.Helper()
-			dumpGuest(t, g)
-			dumpStacks(t)
-			t.Fatalf("%s: %v", what, err)
-		}
+		// Each call has its own deadline (stuck).
 		hctx, hcancel := context.WithTimeout(ctx, time.Minute)
 		_, err := c.Health(hctx)
 		hcancel()
 		if err != nil {
-			stuck("health while two streams are stalled", err)
+			stuck(t, "health while two streams are stalled", err)
 		}
 		var o bytes.Buffer
 		ectx, ecancel := context.WithTimeout(ctx, 2*time.Minute)
 		code, err := c.Exec(ectx, agentwire.ExecRequest{Argv: []string{"cat", "/tmp/data.bin"}}, &o, io.Discard)
 		ecancel()
 		if err != nil {
-			stuck(fmt.Sprintf("exec while two streams are stalled (%d bytes)", o.Len()), err)
+			stuck(t, fmt.Sprintf("exec while two streams are stalled (%d bytes)", o.Len()), err)
 		}
 		if code != 0 || sha256.Sum256(o.Bytes()) != sha256.Sum256(data) {
 			t.Fatalf("exec while two streams are stalled: exit %d, %d bytes", code, o.Len())
@@ -309,7 +316,7 @@ func TestAgentEndToEnd(t *testing.T) {
 		select {
 		case <-ended:
 		case <-time.After(time.Minute):
-			stuck("the stalled execs, cancelled", errors.New("still running after a minute"))
+			stuck(t, "the stalled execs, cancelled", errors.New("still running after a minute"))
 		}
 		if m := &g.dev.vsock.Metrics; m.TxPackets.Load() == 0 || m.RxPackets.Load() == 0 {
 			t.Errorf("vsock counters did not move")
