@@ -199,7 +199,9 @@ func TestAgentEndToEnd(t *testing.T) {
 	t.Run("stdout-10MiB", func(t *testing.T) {
 		// The 5 MiB file twice: 10 MiB of stdout, checked byte for byte.
 		var o, e bytes.Buffer
-		ectx, ecancel := context.WithTimeout(ctx, 2*time.Minute)
+		// 4 minutes: 2 s in the nested host, 2 min directly on a PVM
+		// host, and under CI's 300 s of silence.
+		ectx, ecancel := context.WithTimeout(ctx, 4*time.Minute)
 		code, err := c.Exec(ectx, agentwire.ExecRequest{Argv: []string{"cat", "/tmp/data.bin", "/tmp/data.bin"}}, &o, &e)
 		ecancel()
 		if err != nil {
@@ -249,7 +251,15 @@ func TestAgentEndToEnd(t *testing.T) {
 	})
 
 	t.Run("timeout-kills", func(t *testing.T) {
-		code, out, errOut := cli(t, nil, "exec", "--timeout", "3s", sock, "--", "sh", "-c", "echo $$; sleep 600")
+		// The timeout must leave the shell time to start and print its
+		// pid: 3 s, or four times what a shell takes here (several
+		// seconds on a PVM host, where a 3 s timeout killed it first).
+		start := time.Now()
+		if code, _, errOut := cli(t, nil, "exec", sock, "--", "sh", "-c", "echo $$"); code != 0 {
+			t.Fatalf("a shell: exit %d (stderr %q)", code, errOut)
+		}
+		timeout := max(3*time.Second, 4*time.Since(start)).Round(time.Second)
+		code, out, errOut := cli(t, nil, "exec", "--timeout", timeout.String(), sock, "--", "sh", "-c", "echo $$; sleep 600")
 		if code != exitTimedOut {
 			t.Fatalf("exit %d (stderr %q), want %d", code, errOut, exitTimedOut)
 		}
