@@ -25,6 +25,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -243,8 +244,7 @@ func physAddrs(b []byte) ([]uint64, error) {
 		if _, err := pm.ReadAt(e[:], int64(v/pageSize*8)); err != nil {
 			return nil, err
 		}
-		x := uint64(e[0]) | uint64(e[1])<<8 | uint64(e[2])<<16 | uint64(e[3])<<24 |
-			uint64(e[4])<<32 | uint64(e[5])<<40 | uint64(e[6])<<48 | uint64(e[7])<<56
+		x := binary.LittleEndian.Uint64(e[:])
 		pfn := x & (1<<55 - 1)
 		if x>>63 == 0 || pfn == 0 {
 			return nil, fmt.Errorf("pagemap: page %#x not present (%#x)", v, x)
@@ -309,9 +309,8 @@ func (h *hostile) at(a uint64, n int) []byte {
 	return nil
 }
 
-func put16(b []byte, v uint16) { b[0], b[1] = byte(v), byte(v>>8) }
-func put32(b []byte, v uint32) { put16(b, uint16(v)); put16(b[2:], uint16(v>>16)) }
-func put64(b []byte, v uint64) { put32(b, uint32(v)); put32(b[4:], uint32(v>>32)) }
+// le writes the little-endian fields of descriptors and rings.
+var le = binary.LittleEndian
 
 // Descriptor flags.
 const (
@@ -325,10 +324,10 @@ const (
 func (h *hostile) descriptors(table []byte, n int) {
 	put := func(i int, addr uint64, length uint32, flags, next uint16) {
 		d := table[16*i:]
-		put64(d, addr)
-		put32(d[8:], length)
-		put16(d[12:], flags)
-		put16(d[14:], next)
+		le.PutUint64(d, addr)
+		le.PutUint32(d[8:], length)
+		le.PutUint16(d[12:], flags)
+		le.PutUint16(d[14:], next)
 	}
 	for i := range n {
 		switch h.rng.IntN(8) {
@@ -339,10 +338,10 @@ func (h *hostile) descriptors(table []byte, n int) {
 			put(i, ind, uint32(16*(1+h.rng.IntN(512))), descIndirect|uint16(h.rng.IntN(2))*descNext, uint16(h.rng.IntN(n)))
 			if t := h.at(ind, 64); t != nil {
 				for j := 0; j < 4; j++ {
-					put64(t[16*j:], h.addr(1))
-					put32(t[16*j+8:], uint32(h.rng.IntN(8192)))
-					put16(t[16*j+12:], uint16(h.rng.IntN(8)))
-					put16(t[16*j+14:], uint16(h.rng.IntN(8)))
+					le.PutUint64(t[16*j:], h.addr(1))
+					le.PutUint32(t[16*j+8:], uint32(h.rng.IntN(8192)))
+					le.PutUint16(t[16*j+12:], uint16(h.rng.IntN(8)))
+					le.PutUint16(t[16*j+14:], uint16(h.rng.IntN(8)))
 				}
 			}
 		case 2: // a buffer outside guest RAM
@@ -391,10 +390,10 @@ func (h *hostile) bringUp(w int) {
 			h.descriptors(t, min(n, 256))
 		}
 		if a := h.at(avail, 4+2*min(n, 256)); a != nil {
-			put16(a, uint16(h.rng.IntN(2)))               // flags
-			put16(a[2:], uint16(h.rng.IntN(3*max(n, 1)))) // idx: may jump past the ring
+			le.PutUint16(a, uint16(h.rng.IntN(2)))               // flags
+			le.PutUint16(a[2:], uint16(h.rng.IntN(3*max(n, 1)))) // idx: may jump past the ring
 			for i := 0; i < min(n, 256); i++ {
-				put16(a[4+2*i:], uint16(h.rng.IntN(max(n, 1)+4))) // heads, a few out of range
+				le.PutUint16(a[4+2*i:], uint16(h.rng.IntN(max(n, 1)+4))) // heads, a few out of range
 			}
 		}
 		for _, r := range []struct {
@@ -429,7 +428,7 @@ func (h *hostile) turn() {
 		p := h.rng.IntN(scratchPages)
 		for i := p * pageSize; i < (p+1)*pageSize; i += 8 {
 			// Scribbled pages hold addresses too, never into the rest of RAM.
-			put64(h.scratch[i:], h.addr(1))
+			le.PutUint64(h.scratch[i:], h.addr(1))
 		}
 		return
 	}
