@@ -309,9 +309,6 @@ func (h *hostile) at(a uint64, n int) []byte {
 	return nil
 }
 
-// le writes the little-endian fields of descriptors and rings.
-var le = binary.LittleEndian
-
 // Descriptor flags.
 const (
 	descNext     = 1
@@ -324,10 +321,10 @@ const (
 func (h *hostile) descriptors(table []byte, n int) {
 	put := func(i int, addr uint64, length uint32, flags, next uint16) {
 		d := table[16*i:]
-		le.PutUint64(d, addr)
-		le.PutUint32(d[8:], length)
-		le.PutUint16(d[12:], flags)
-		le.PutUint16(d[14:], next)
+		binary.LittleEndian.PutUint64(d, addr)
+		binary.LittleEndian.PutUint32(d[8:], length)
+		binary.LittleEndian.PutUint16(d[12:], flags)
+		binary.LittleEndian.PutUint16(d[14:], next)
 	}
 	for i := range n {
 		switch h.rng.IntN(8) {
@@ -338,10 +335,10 @@ func (h *hostile) descriptors(table []byte, n int) {
 			put(i, ind, uint32(16*(1+h.rng.IntN(512))), descIndirect|uint16(h.rng.IntN(2))*descNext, uint16(h.rng.IntN(n)))
 			if t := h.at(ind, 64); t != nil {
 				for j := 0; j < 4; j++ {
-					le.PutUint64(t[16*j:], h.addr(1))
-					le.PutUint32(t[16*j+8:], uint32(h.rng.IntN(8192)))
-					le.PutUint16(t[16*j+12:], uint16(h.rng.IntN(8)))
-					le.PutUint16(t[16*j+14:], uint16(h.rng.IntN(8)))
+					binary.LittleEndian.PutUint64(t[16*j:], h.addr(1))
+					binary.LittleEndian.PutUint32(t[16*j+8:], uint32(h.rng.IntN(8192)))
+					binary.LittleEndian.PutUint16(t[16*j+12:], uint16(h.rng.IntN(8)))
+					binary.LittleEndian.PutUint16(t[16*j+14:], uint16(h.rng.IntN(8)))
 				}
 			}
 		case 2: // a buffer outside guest RAM
@@ -390,10 +387,10 @@ func (h *hostile) bringUp(w int) {
 			h.descriptors(t, min(n, 256))
 		}
 		if a := h.at(avail, 4+2*min(n, 256)); a != nil {
-			le.PutUint16(a, uint16(h.rng.IntN(2)))               // flags
-			le.PutUint16(a[2:], uint16(h.rng.IntN(3*max(n, 1)))) // idx: may jump past the ring
+			binary.LittleEndian.PutUint16(a, uint16(h.rng.IntN(2)))               // flags
+			binary.LittleEndian.PutUint16(a[2:], uint16(h.rng.IntN(3*max(n, 1)))) // idx: may jump past the ring
 			for i := 0; i < min(n, 256); i++ {
-				le.PutUint16(a[4+2*i:], uint16(h.rng.IntN(max(n, 1)+4))) // heads, a few out of range
+				binary.LittleEndian.PutUint16(a[4+2*i:], uint16(h.rng.IntN(max(n, 1)+4))) // heads, a few out of range
 			}
 		}
 		for _, r := range []struct {
@@ -428,7 +425,7 @@ func (h *hostile) turn() {
 		p := h.rng.IntN(scratchPages)
 		for i := p * pageSize; i < (p+1)*pageSize; i += 8 {
 			// Scribbled pages hold addresses too, never into the rest of RAM.
-			le.PutUint64(h.scratch[i:], h.addr(1))
+			binary.LittleEndian.PutUint64(h.scratch[i:], h.addr(1))
 		}
 		return
 	}
