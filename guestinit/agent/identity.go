@@ -25,11 +25,12 @@ var MachineIDPath = "/etc/machine-id"
 // "" leaves them alone (PID 1 sets it for a read-only root).
 var HostnameEtcDir = "/etc"
 
-// ApplyIdentity makes the guest take on id: the hostname (sethostname,
-// and HostnameEtcDir's hostname file and 127.0.1.1 hosts line where they
-// exist), the machine id (written to MachineIDPath, replaced atomically)
-// and the MAC address of the first Ethernet interface (SIOCSIFHWADDR;
-// virtio-net allows a live change). Fields that are empty are left
+// ApplyIdentity makes the guest take on id: the machine id (written to
+// MachineIDPath, replaced atomically), the MAC address of the first
+// Ethernet interface (SIOCSIFHWADDR; virtio-net allows a live change) and,
+// last, the hostname (sethostname, and HostnameEtcDir's hostname file and
+// 127.0.1.1 hosts line where they exist), so that the new hostname means
+// the whole identity is in place. Fields that are empty are left
 // alone. It needs CAP_SYS_ADMIN and CAP_NET_ADMIN (PID 1 has them).
 func ApplyIdentity(id *agentwire.Identity) error {
 	if id == nil {
@@ -39,16 +40,6 @@ func ApplyIdentity(id *agentwire.Identity) error {
 		return err
 	}
 	var errs []error
-	if id.Hostname != "" {
-		if err := unix.Sethostname([]byte(id.Hostname)); err != nil {
-			errs = append(errs, fmt.Errorf("identity: sethostname: %w", err))
-		}
-		if HostnameEtcDir != "" {
-			if err := etc.WriteHostname(HostnameEtcDir, id.Hostname, false); err != nil {
-				errs = append(errs, fmt.Errorf("identity: %w", err))
-			}
-		}
-	}
 	if id.MachineID != "" {
 		err := os.MkdirAll(filepath.Dir(MachineIDPath), 0o755)
 		if err == nil {
@@ -61,6 +52,19 @@ func ApplyIdentity(id *agentwire.Identity) error {
 	if id.MAC != "" {
 		if err := setMAC(id.MAC); err != nil {
 			errs = append(errs, fmt.Errorf("identity: MAC: %w", err))
+		}
+	}
+	// The hostname last: a reader that sees the new hostname (the health
+	// answer reads it first) sees the rest of the identity too. CI once
+	// saw a fork child's new hostname with no machine id yet.
+	if id.Hostname != "" {
+		if err := unix.Sethostname([]byte(id.Hostname)); err != nil {
+			errs = append(errs, fmt.Errorf("identity: sethostname: %w", err))
+		}
+		if HostnameEtcDir != "" {
+			if err := etc.WriteHostname(HostnameEtcDir, id.Hostname, false); err != nil {
+				errs = append(errs, fmt.Errorf("identity: %w", err))
+			}
 		}
 	}
 	return errors.Join(errs...)

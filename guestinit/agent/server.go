@@ -203,6 +203,8 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.AgentUptimeSeconds = time.Since(s.start).Seconds()
+	// The hostname before the machine id: ApplyIdentity changes them in
+	// the other order, so a new hostname comes with its machine id.
 	h.Hostname, _ = os.Hostname()
 	if b, err := os.ReadFile(MachineIDPath); err == nil {
 		h.MachineID = strings.TrimSpace(string(b))
