@@ -237,6 +237,9 @@ type FileInfo struct {
 	IsDir bool `json:"is_dir"`
 	// Link is a symbolic link's target.
 	Link string `json:"link,omitempty"`
+	// Path is the file's absolute path (in GET /list answers; the other
+	// answers may leave it out).
+	Path string `json:"path,omitempty"`
 }
 
 // Error codes of Error.Code.

@@ -8,9 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/guestinit/etc"
@@ -47,19 +45,21 @@ func (s *Server) handleFiles(w http.ResponseWriter, r *http.Request) {
 	case http.MethodGet:
 		readFile(w, p)
 	case http.MethodPut:
-		mode := fs.FileMode(0o644)
-		if m := r.URL.Query().Get("mode"); m != "" {
-			v, err := strconv.ParseUint(m, 8, 32)
-			if err != nil || v&^0o7777 != 0 {
-				writeError(w, badRequest("mode %q is not octal permission bits", m))
-				return
-			}
-			mode = fs.FileMode(v&0o777) | unixModeBits(uint32(v))
+		mode, e := parseMode(r.URL.Query().Get("mode"), 0o644)
+		if e != nil {
+			writeError(w, e)
+			return
 		}
 		fi, err := writeFile(p, r.Body, mode)
 		writeResult(w, fi, err)
+	case http.MethodDelete:
+		if err := removePath(p, r.URL.Query().Get("recursive") == "1"); err != nil {
+			writeError(w, errorFrom(err))
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 	default:
-		methodNotAllowed(w, r, "GET, PUT")
+		methodNotAllowed(w, r, "GET, PUT, DELETE")
 	}
 }
 
@@ -147,22 +147,4 @@ func statFile(p string) (any, error) {
 		return nil, err
 	}
 	return fileInfo(p, fi), nil
-}
-
-// listDir is GET /list: the directory's entries, sorted by name.
-func listDir(p string) (any, error) {
-	ents, err := os.ReadDir(p)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]agentwire.FileInfo, 0, len(ents))
-	for _, de := range ents {
-		fi, err := de.Info()
-		if err != nil {
-			continue // removed since ReadDir
-		}
-		out = append(out, fileInfo(filepath.Join(p, de.Name()), fi))
-	}
-	slices.SortFunc(out, func(a, b agentwire.FileInfo) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
 }

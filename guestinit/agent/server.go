@@ -27,7 +27,10 @@ type Options struct {
 	// (os.Environ).
 	Env []string
 	// Sync, when non-nil, is the clock and RNG re-sync loop whose counters
-	// /health reports.
+	// /health reports. NewServer wraps its SetIdentity so that, after each
+	// identity applied (a forked child's), the processes started from then
+	// on are named from a new id namespace (RenewProcessIDs); call
+	// NewServer before the Syncer runs.
 	Sync *Syncer
 	// Dir is the default working directory of started processes; ""
 	// means the agent's own.
@@ -62,6 +65,11 @@ type Server struct {
 	srv    *http.Server
 	// services supervises the services of POST /services.
 	services *supervisor
+	// table holds the processes of the process API (POST /processes).
+	table *processTable
+	// maxOutput is how many bytes of each process's output the table's
+	// processes keep (agentwire.MaxProcessOutput; tests lower it).
+	maxOutput int
 
 	mu sync.Mutex
 	// procs holds the processes this server started whose /exec handler
@@ -103,15 +111,33 @@ func NewServer(w Waiter, opts Options) *Server {
 		logDir = agentwire.DefaultLogDir
 	}
 	s := &Server{waiter: w, env: env, dir: opts.Dir, user: opts.User, etcDir: etcDir, sync: opts.Sync,
-		start: time.Now(), mux: http.NewServeMux(), procs: map[int]*proc{}}
+		start: time.Now(), mux: http.NewServeMux(), procs: map[int]*proc{},
+		table: newProcessTable(agentwire.MaxProcesses), maxOutput: agentwire.MaxProcessOutput}
 	s.services = newSupervisor(w, logDir, s.resolve)
+	if opts.Sync != nil {
+		apply := opts.Sync.SetIdentity
+		opts.Sync.SetIdentity = func(id *agentwire.Identity) error {
+			var err error
+			if apply != nil {
+				err = apply(id)
+			}
+			s.RenewProcessIDs(id)
+			return err
+		}
+	}
 	s.mux.HandleFunc("/exec", s.handleExec)
 	s.mux.HandleFunc("/services", s.handleServices)
 	s.mux.HandleFunc("/kill", s.handleKill)
 	s.mux.HandleFunc("/health", s.handleHealth)
 	s.mux.HandleFunc("/files", s.handleFiles)
 	s.mux.HandleFunc("/stat", getPath(statFile))
-	s.mux.HandleFunc("/list", getPath(listDir))
+	s.mux.HandleFunc("/list", handleList)
+	s.mux.HandleFunc("/mkdir", handleMkdir)
+	s.mux.HandleFunc("/rename", handleRename)
+	s.mux.HandleFunc("/watch", handleWatch)
+	s.mux.HandleFunc("/processes", s.handleProcesses)
+	s.mux.HandleFunc("/processes/{id}", s.handleProcess)
+	s.mux.HandleFunc("/processes/{id}/{op}", s.handleProcessOp)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &agentwire.Error{Message: "no such endpoint " + r.URL.Path, Code: agentwire.CodeNotFound, Status: http.StatusNotFound})
 	})
@@ -127,12 +153,27 @@ func (s *Server) Handler() http.Handler { return s.mux }
 func (s *Server) Serve(l net.Listener) error { return s.srv.Serve(l) }
 
 // Close closes the listeners and all connections (running execs see their
-// client disconnect and are killed), and stops the services (SIGKILL at
-// once) and waits until they have been reaped.
+// client disconnect and are killed), stops the services (SIGKILL at once),
+// SIGKILLs the processes of the process API, and waits until they all
+// have been reaped.
 func (s *Server) Close() error {
 	err := s.srv.Close()
 	s.services.stopAll(0)
+	s.table.killAll()
 	return err
+}
+
+// RenewProcessIDs makes the processes started from now on (POST
+// /processes) take their ids from a new namespace (a new random prefix,
+// drawn with id's fields mixed in, when id is not nil); the processes
+// kept keep theirs. A forked child calls it when it takes its identity,
+// so that its new processes' ids never collide with its parent's.
+func (s *Server) RenewProcessIDs(id *agentwire.Identity) {
+	var salt string
+	if id != nil {
+		salt = id.MachineID + "\x00" + id.Hostname + "\x00" + id.MAC
+	}
+	s.table.renewPrefix(salt)
 }
 
 // writeJSON writes v with status 200.

@@ -235,6 +235,38 @@ type ExecFrame struct {
 	// Error, in the last frame instead of Exit, says the exec failed
 	// after its output had started.
 	Error string `json:"error,omitempty"`
+	// Start, in the first frame of a process's output stream (GET
+	// /v1/sandboxes/{id}/processes/{pid}/output), says at which offset of
+	// the process's output the stream starts and how many bytes asked
+	// for were no longer kept; a later frame with Start says the reader
+	// fell behind what is kept: the stream goes on from that offset,
+	// Dropped bytes lost.
+	Start *OutputStart `json:"start,omitempty"`
+}
+
+// The process API (/v1/sandboxes/{id}/processes): the guest agent's,
+// passed on (see agentwire's process.go for the semantics). The daemon adds
+// the sandbox's Env before a request's own, and turns the output stream's
+// frames into ExecFrame lines.
+type (
+	// ProcessRequest is the body of POST /v1/sandboxes/{id}/processes.
+	ProcessRequest = agentwire.ProcessRequest
+	// ProcessInfo is a process's state: the answer of the process calls.
+	ProcessInfo = agentwire.ProcessInfo
+	// TerminalSize is the body of POST .../processes/{pid}/resize.
+	TerminalSize = agentwire.TerminalSize
+	// SignalRequest is the body of POST .../processes/{pid}/signal.
+	SignalRequest = agentwire.SignalRequest
+	// OutputStart is ExecFrame.Start.
+	OutputStart = agentwire.OutputStart
+	// WatchEvent is a line of GET /v1/sandboxes/{id}/files/watch.
+	WatchEvent = agentwire.WatchEvent
+)
+
+// RenameRequest is the body of POST /v1/sandboxes/{id}/files/rename.
+type RenameRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
 }
 
 // FileInfo describes a guest file: the answer of PUT
