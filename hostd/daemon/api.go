@@ -265,6 +265,8 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 	handle("POST /v1/sandboxes/{id}/exec", d.withSandbox(withBody(d.exec)))
 	handle("GET /v1/sandboxes/{id}/files", d.withSandbox(d.getFile))
 	handle("PUT /v1/sandboxes/{id}/files", d.withSandbox(d.putFile))
+	d.fileRoutes(handle)
+	d.processRoutes(handle)
 	handle("POST /v1/sandboxes/{id}/pause", d.withSandbox(d.postPause))
 	handle("POST /v1/sandboxes/{id}/resume", d.withSandbox(func(w http.ResponseWriter, r *http.Request, s *sbState) {
 		d.lockedOp(w, r, s, d.resume)

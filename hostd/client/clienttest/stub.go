@@ -2,7 +2,8 @@
 // clients: an in-memory daemon on a unix socket (or TCP with a token)
 // that speaks the API's shapes (progress streams, exec frames, files,
 // errors, tenants, secrets, egress policies, encryption keys) without any VM. Exec echoes its argv on stdout, says
-// "err" on stderr, and exits with the number given as `exit N`.
+// "err" on stderr, and exits with the number given as `exit N`; the
+// process API (processes.go) and the file API (files.go) work in memory.
 package clienttest
 
 import (
@@ -38,6 +39,14 @@ type Stub struct {
 	secrets   map[string]map[string]string // tenant -> name -> value
 	egress    map[string]json.RawMessage   // sandbox -> policy
 	keys      map[string]*wire.KeyInfo     // tenant -> its key
+	// procs are the processes by "SANDBOX/ID", procOrder their ids by
+	// sandbox in start order, nproc the last id's number
+	// (processes.go); dirs the guest directories made, "SANDBOX:PATH"
+	// (files.go).
+	procs     map[string]*stubProc
+	procOrder map[string][]string
+	nproc     int
+	dirs      map[string]bool
 	// Requests records "TENANT METHOD PATH" of every request.
 	Requests []string
 	// Uploads holds the bodies of POST /v1/images by upload id, and
@@ -73,7 +82,7 @@ func New(t testing.TB) *Stub {
 	s := &Stub{Socket: filepath.Join(dir, "hostd.sock"), Token: "0123456789abcdef-token",
 		templates: map[string]*store.Template{}, sandboxes: map[string]*store.Sandbox{}, files: map[string][]byte{},
 		secrets: map[string]map[string]string{}, egress: map[string]json.RawMessage{}, keys: map[string]*wire.KeyInfo{},
-		Uploads: map[string][]byte{}}
+		Uploads: map[string][]byte{}, procs: map[string]*stubProc{}, procOrder: map[string][]string{}, dirs: map[string]bool{}}
 	ul, err := net.Listen("unix", s.Socket)
 	if err != nil {
 		t.Fatal(err)
@@ -510,6 +519,8 @@ func (s *Stub) handler() http.Handler {
 	}
 	mux.HandleFunc("GET /v1/sandboxes/{id}/egress", sb(egress))
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/egress", sb(egress))
+	s.processRoutes(mux, sb)
+	s.fileRoutes(mux, sb)
 	mux.HandleFunc("GET /v1/events", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		enc := json.NewEncoder(w)
