@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -72,6 +73,28 @@ func (s *Server) handleProcesses(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleProcess serves /processes/{id}: GET its state, DELETE it.
+// routeProcess sends /processes/ID to handleProcess and
+// /processes/ID/OP to handleProcessOp, with the path values "id" and
+// "op" set. It parses the path itself instead of registering
+// "/processes/{id}" patterns: the initramfs's busybox build of the agent
+// is a module of an older go version, where net/http's mux keeps its
+// Go 1.21 behaviour (GODEBUG httpmuxgo121) and takes "{id}" literally.
+func (s *Server) routeProcess(w http.ResponseWriter, r *http.Request) {
+	rest := strings.TrimPrefix(r.URL.Path, "/processes/")
+	id, op, hasOp := strings.Cut(rest, "/")
+	if id == "" || (hasOp && (op == "" || strings.Contains(op, "/"))) {
+		writeError(w, &agentwire.Error{Message: "no such endpoint " + r.URL.Path, Code: agentwire.CodeNotFound, Status: http.StatusNotFound})
+		return
+	}
+	r.SetPathValue("id", id)
+	if !hasOp {
+		s.handleProcess(w, r)
+		return
+	}
+	r.SetPathValue("op", op)
+	s.handleProcessOp(w, r)
+}
+
 func (s *Server) handleProcess(w http.ResponseWriter, r *http.Request) {
 	p, err := s.table.get(r.PathValue("id"))
 	if err != nil {

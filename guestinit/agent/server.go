@@ -136,8 +136,7 @@ func NewServer(w Waiter, opts Options) *Server {
 	s.mux.HandleFunc("/rename", handleRename)
 	s.mux.HandleFunc("/watch", handleWatch)
 	s.mux.HandleFunc("/processes", s.handleProcesses)
-	s.mux.HandleFunc("/processes/{id}", s.handleProcess)
-	s.mux.HandleFunc("/processes/{id}/{op}", s.handleProcessOp)
+	s.mux.HandleFunc("/processes/", s.routeProcess)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &agentwire.Error{Message: "no such endpoint " + r.URL.Path, Code: agentwire.CodeNotFound, Status: http.StatusNotFound})
 	})
