@@ -56,7 +56,7 @@ func execCmd(c *vmCmd) func() int {
 		ctx := c.context()
 		vm := agentclient.New(vmPath)
 		defer vm.Close()
-		req := agentwire.ExecRequest{Argv: argv, Env: e.env, Cwd: e.cwd, TimeoutMS: e.timeoutMS()}
+		req := agentwire.ExecRequest{Argv: argv, Env: e.env, Cwd: e.cwd, User: e.user, TimeoutMS: e.timeoutMS()}
 		if e.interactive && c.stdin != nil {
 			req.Input = c.stdin
 		}
@@ -97,6 +97,7 @@ func execFailure(code string) int {
 type execFlags struct {
 	timeout     time.Duration
 	cwd         string
+	user        string
 	interactive bool
 	env         stringsFlag
 }
@@ -106,6 +107,7 @@ func newExecFlags(fs *flag.FlagSet, stdinHelp string) *execFlags {
 	e := &execFlags{}
 	fs.DurationVar(&e.timeout, "timeout", 0, "kill the process (and its process group) after this long (0: never)")
 	fs.StringVar(&e.cwd, "cwd", "", "working directory in the guest")
+	fs.StringVar(&e.user, "user", "", "run the process as this guest user: a name or uid, or name:group (default the image's user, else root)")
 	fs.BoolVar(&e.interactive, "i", false, stdinHelp)
 	fs.Var(&e.env, "env", "set KEY=VALUE in the process's environment (repeatable)")
 	return e

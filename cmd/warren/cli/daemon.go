@@ -36,7 +36,15 @@ Sandboxes, through the host daemon (warren-hostd):
   create    [--template ID] [--mem MiB] [--cpus N] [--name NAME] [--env K=V]...
             [--egress POLICY.json] [--secret NAME]...                             prints the sandbox id
   ls                        list sandboxes
-  exec      [--timeout D] [--cwd DIR] [--env K=V] [-i] SANDBOX -- PROGRAM [ARGS...]
+  exec      [--timeout D] [--cwd DIR] [--env K=V] [--user U] [-i] [-t] [-d] SANDBOX -- PROGRAM [ARGS...]
+            -d: in the background, prints its id; -t: on a terminal (Ctrl-] detaches)
+  ps        SANDBOX         the sandbox's processes (exec -d, -t, --user)
+  logs      [-f] [--offset N] SANDBOX PID   a process's output (kept in the guest); -f follows it
+  attach    [--from-start] SANDBOX PID      follow a process's output, forward stdin (Ctrl-] detaches)
+  signal    SANDBOX PID SIGNAL              signal a process's group
+  wait      SANDBOX PID     wait until a process exits; exit with its code
+  files     ls [-d DEPTH] SANDBOX [PATH]; stat SANDBOX PATH; mkdir [-p] [-m MODE] SANDBOX PATH;
+            rm [-r] SANDBOX PATH; mv SANDBOX FROM TO; watch [-r] [--count N] SANDBOX PATH
   cp        SRC DST         one side SANDBOX:/guest/path, the other a host path or -
   pause     [--to-disk] SANDBOX
   resume    SANDBOX
@@ -53,6 +61,8 @@ Sandboxes, through the host daemon (warren-hostd):
                             keys revoke --yes (crypto-shreds it: stops the tenant's sandboxes, and its
                             snapshots and disks can no longer be read)
   events                    stream lifecycle events
+  mcp       [--http [HOST]:PORT [--http-token T]]   an MCP server of the sandbox tools, for LLM clients
+                            (stdio; or HTTP with a bearer token, --http-token or $WARREN_MCP_TOKEN)
 
   Every daemon verb takes --host (default $WARREN_HOST, else /run/warren/hostd.sock:
   a unix socket path, or https://HOST:PORT (--ca-file $WARREN_CA, --client-cert
@@ -71,7 +81,7 @@ with a / or ending in .sock, .api or .vsock).
 // boolFlags are the flags, of either spelling of every verb, that take no
 // value (to find the verbs' positional arguments before parsing).
 var boolFlags = map[string]bool{"i": true, "json": true, "netns": true, "incremental": true, "to-disk": true,
-	"list": true, "h": true, "help": true, "lazy": true, "network": true}
+	"list": true, "h": true, "help": true, "lazy": true, "network": true, "d": true, "t": true}
 
 // isDaemonVerb reports whether verb is one of the daemon's (of its own,
 // or shared with the VM level).
@@ -223,7 +233,19 @@ var daemonVerbs = map[string]daemonVerb{
 	"ls":               {usage: "ls", setup: lsCmd},
 	"rm":               {usage: "rm SANDBOX...", min: 1, max: -1, setup: rmCmd},
 	"events":           {usage: "events", setup: eventsCmd},
-	"exec":             {usage: "exec [--timeout D] [--cwd DIR] [--env K=V]... [-i] SANDBOX -- PROGRAM [ARGS...]", max: -1, setup: sbExecCmd},
+	"mcp":              {usage: mcpUsage, setup: mcpCmd},
+	"exec":             {usage: "exec [--timeout D] [--cwd DIR] [--env K=V]... [--user U] [-i] [-t] [-d] SANDBOX -- PROGRAM [ARGS...]", max: -1, setup: sbExecCmd},
+	"ps":               onSandbox("ps SANDBOX\n\nlists the sandbox's processes (started with warren exec -d, -t or --user)", 1, psCmd),
+	"logs":             onSandbox("logs [-f] [--offset N] SANDBOX PID\n\nprints the process's output kept in the guest (the last MiB); -f follows it until it exits", 2, logsCmd),
+	"attach":           onSandbox(attachUsage, 2, attachCmd),
+	"signal":           onSandbox("signal SANDBOX PID SIGNAL\n\nsends SIGNAL (TERM, SIGKILL, 9, ...) to the process's group", 3, signalCmd),
+	"wait":             onSandbox("wait SANDBOX PID\n\nwaits until the process has exited, and exits with its code", 2, waitCmd),
+	"files":            {usage: "files [ls] [-d DEPTH] SANDBOX [PATH]", min: 1, max: 2, sandbox: true, setup: filesLsCmd},
+	"files stat":       onSandbox("files stat SANDBOX PATH", 2, filesStatCmd),
+	"files mkdir":      onSandbox("files mkdir [-p] [-m MODE] SANDBOX PATH", 2, filesMkdirCmd),
+	"files rm":         onSandbox("files rm [-r] SANDBOX PATH", 2, filesRmCmd),
+	"files mv":         onSandbox("files mv SANDBOX FROM TO", 3, filesMvCmd),
+	"files watch":      onSandbox("files watch [-r] [--count N] SANDBOX PATH\n\nprints a line per change under the guest directory PATH (TIME OP PATH) until interrupted", 2, filesWatchCmd),
 	"cp":               {usage: "cp SRC DST\n\nOne of SRC and DST is SANDBOX:/guest/path, the other a host path or - (stdin/stdout).", min: 2, max: 2, setup: sbCpCmd},
 	"pause":            onSandbox("pause [--to-disk] SANDBOX", 1, sbPauseCmd),
 	"resume":           onSandbox("resume SANDBOX", 1, sbResumeCmd),
@@ -241,7 +263,13 @@ var subcommands = map[string][]string{
 	"images":    {"ls", "rm"},
 	"secrets":   {"ls", "set", "rm"},
 	"keys":      {"show", "create", "revoke"},
+	"files":     {"ls", "stat", "mkdir", "rm", "mv", "watch"},
 }
+
+const attachUsage = "attach [--from-start] [--no-stdin] SANDBOX PID\n\n" +
+	"follows the process's output from now on (--from-start: from the oldest byte kept) and forwards\n" +
+	"standard input when it takes it; on a terminal (warren exec -t) the local one goes raw.\n" +
+	"Ctrl-] (on a terminal) or an interrupt detaches; the process runs on. The exit code is the process's."
 
 // runDaemon runs verb (with its sub-command, if it has them) with args.
 func (a *app) runDaemon(verb string, args []string) int {

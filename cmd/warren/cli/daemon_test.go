@@ -31,6 +31,11 @@ func TestRouting(t *testing.T) {
 		{[]string{"exec", "x", "--", "true"}, true}, // an existing socket
 		{[]string{"exec", "sb-0123456789ab", "--", "true"}, false},
 		{[]string{"exec", "--timeout", "2m", "mybox", "--", "true"}, false},
+		{[]string{"exec", "-d", "-t", "mybox", "--", "true"}, false},
+		{[]string{"exec", "--user", "u", "-i", "sb-0123456789ab", "--", "true"}, false},
+		{[]string{"exec", "-i", "box.vsock", "--", "true"}, true},
+		{[]string{"ps", "box"}, false},
+		{[]string{"files", "ls", "box", "/"}, false},
 		{[]string{"cp", "a", "b"}, true},
 		{[]string{"cp", "/v.sock:/etc/hosts", "out"}, true},
 		{[]string{"cp", "sb-0123456789ab:/etc/hosts", "out"}, false},

@@ -1,7 +1,8 @@
 package cli
 
 // The daemon verbs on sandboxes (rows of daemonVerbs): create, ls, rm,
-// events, exec, cp, pause, resume, snapshot, fork, rollback and egress.
+// events, exec, cp, pause, resume, snapshot, fork, rollback and egress
+// (exec's process API side, -d, -t and --user, is guestprocs.go's).
 
 import (
 	"context"
@@ -99,11 +100,20 @@ func eventsCmd(d *daemonCmd) func() int {
 }
 
 func sbExecCmd(d *daemonCmd) func() int {
-	e := newExecFlags(d.fs, "send standard input (read to its end first) to the process")
+	e := newExecFlags(d.fs, "send standard input to the process (without -t or -d: read to its end first)")
+	pf := newProcessFlags(d)
 	return func() int {
 		ref, argv, ok := e.command(d.fs.Args())
 		if !ok || e.timeout < 0 {
 			return d.usageErr()
+		}
+		if pf.wanted(e) {
+			id, err := d.c.Resolve(d.ctx, ref)
+			if err != nil {
+				d.fail(err)
+				return exitExecFailed
+			}
+			return d.startSession(id, wire.ProcessRequest{Argv: argv, Env: e.env, Cwd: e.cwd, User: e.user, TimeoutMS: e.timeoutMS()}, pf, e.interactive)
 		}
 		req := wire.ExecRequest{Argv: argv, Env: e.env, Cwd: e.cwd, TimeoutMS: e.timeoutMS()}
 		if e.interactive && d.stdin != nil {
