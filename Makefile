@@ -32,7 +32,7 @@ KVM_WHERE = if [ -n "$${WARREN_KVM:-}" ]; then echo "make: KVM work runs $$WARRE
 KVMHOST := bash .ci/kvmhost/run.sh --timeout 900
 RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"
 
-.PHONY: all warren hostd run boot test unit vet kernel initramfs testguests testdisk test-kvm bench clean rootfs testsum
+.PHONY: all warren hostd run boot test unit vet kernel initramfs testguests testdisk test-kvm test-sdk sdk-build bench clean rootfs testsum
 
 all: warren
 
@@ -100,14 +100,34 @@ vet:
 # test's default 10 minutes.
 # internal/testsum prints what plain go test would, then every skipped
 # test grouped by its reason.
-test: vet kernel initramfs testguests testdisk warren rootfs testsum
+test: vet kernel initramfs testguests testdisk warren hostd rootfs testsum
 	@where=$$($(KVM_WHERE)) || exit 1; set -o pipefail; \
 	if [ "$$where" = direct ]; then \
-		$(TEST_ENV) $(GO) test -json -count=1 -timeout 50m ./... 2>&1 | $(BUILD)/testsum -title "KVM tests on this host"; \
+		$(TEST_ENV) $(GO) test -json -count=1 -timeout 50m ./... 2>&1 | $(BUILD)/testsum -title "KVM tests on this host" && \
+			$(MAKE) test-sdk; \
 	else \
 		$(TEST_ENV) WARREN_KVM_TESTS=nested $(GO) test -json -count=1 -timeout 50m ./... 2>&1 | \
-			$(BUILD)/testsum -title "this host; its KVM tests follow, nested" && $(MAKE) test-kvm; \
+			$(BUILD)/testsum -title "this host; its KVM tests follow, nested" && $(MAKE) test-kvm && $(MAKE) test-sdk; \
 	fi
+
+# The SDKs' builds (needs the npm registry, or npm's cache: ~/.npm) and the
+# MCP server's end-to-end test binary. The TypeScript SDK compiles with the
+# tsc of its package-lock.json.
+sdk-build:
+	cd sdk/js && npm ci --no-audit --no-fund --prefer-offline --loglevel=error && npm run --silent build
+	@mkdir -p $(BUILD)/tests
+	CGO_ENABLED=0 $(GO) test -c -o $(BUILD)/tests/mcpserver.test ./mcpserver
+
+# The Python and TypeScript SDKs' tests and the MCP server's stdio test
+# against a real warren-hostd with real VMs (sdk/test.sh: one daemon, one
+# template from the Debian image), here or in the nested KVM host (its
+# host-root mode: this machine's python3 and node; no network there, which
+# is why sdk-build runs first, here).
+test-sdk: warren hostd kernel initramfs rootfs sdk-build
+	@where=$$($(KVM_WHERE)) || exit 1; \
+	if [ "$$where" = direct ]; then bash sdk/test.sh; else \
+		echo "make test-sdk: the SDK tests run inside a nested KVM host (.ci/kvmhost)"; \
+		$(KVMHOST) --host-root $(CURDIR) -- 'bash sdk/test.sh'; fi
 
 testsum:
 	@mkdir -p $(BUILD)

@@ -5,7 +5,7 @@
 # Debian image of `make rootfs` (it has Python, coreutils' stty, bash), then
 # run, each against it:
 #   the Python SDK's tests:      cd sdk/python && python3 -m unittest discover -s tests -v
-#   the TypeScript SDK's tests:  cd sdk/js && node --test test/   (on dist/, which `make sdk-build` builds with tsc: no network here)
+#   the TypeScript SDK's tests:  cd sdk/js && node --test test/*.test.mjs   (on dist/, which `make sdk-build` builds with tsc: no network here)
 #   the MCP server's stdio test: build/tests/mcpserver.test -test.run E2E -test.v
 # each seeing WARREN_HOST (the daemon's socket), WARREN_TENANT,
 # WARREN_TEST_TEMPLATE (the template's id) and WARREN_BIN (bin/warren).
@@ -44,7 +44,7 @@ for s in "${SUITES[@]}"; do
 	echo "== sdk/test.sh: $s"
 	case $s in
 	python) (cd sdk/python && python3 -m unittest discover -s tests -v) || rc=1 ;;
-	js) (cd sdk/js && node --test test/) || rc=1 ;;
+	js) (cd sdk/js && node --test test/*.test.mjs) || rc=1 ;;
 	mcp) "$ROOT/build/tests/mcpserver.test" -test.run E2E -test.v -test.timeout 15m || rc=1 ;;
 	*) echo "unknown suite $s" >&2; rc=2 ;;
 	esac

@@ -127,6 +127,9 @@ func TestE2EProcesses(t *testing.T) {
 	fr := c.fork(sb.ID, 1)
 	child := fr.Children[0]
 	sbs = append(sbs, child)
+	if child.Status != store.Running {
+		t.Fatalf("fork child %+v: %v", child, fr.Errors)
+	}
 	cbase := "/v1/sandboxes/" + child.ID
 	var clist []wire.ProcessInfo
 	c.ok(200, "GET", cbase+"/processes", nil, &clist)
