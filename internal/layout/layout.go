@@ -27,14 +27,17 @@ const Module = "github.com/warrenvm/warren"
 // with vmmctl, its control contract, so that hostd may import it and it
 // never hostd. agentclient ranks with them, in the VMM process's layer: the VMM process serves the guest's re-sync connections with it,
 // and the daemon, the CLI and the benchmarks above call the agent through
-// it. cmd and bench drive everything; nothing imports them.
+// it. mcpserver, a client of the daemon's API as the CLI is, ranks with
+// cmd, which wires it. cmd and bench drive everything; nothing imports
+// them.
 var ranks = map[string]int{
 	"vmm/kvm": 0,
 	"vmm":     1, "devices": 1,
 	"cow": 2, "memsnap": 2, "ebpf": 2, "image": 2,
 	"vmmctl": 3, "agentclient": 3, "vmmproc": 3,
-	"hostd": 4,
-	"cmd":   5, "bench": 5,
+	"hostd":     4,
+	"mcpserver": 5,
+	"cmd":       5, "bench": 5,
 }
 
 // Contracts are the groups that hold a format both sides of the guest

@@ -207,3 +207,38 @@ func TestGroupDocs(t *testing.T) {
 		}
 	}
 }
+
+// TestReadmeQuickstarts checks that each quickstart README.md copies from
+// an SDK's own README (after a marker `<!-- the quickstart of PATH, which
+// its end-to-end test runs -->`) is that README's: the SDKs' end-to-end
+// tests (sdk/test.sh) run the quickstart of their own README as written,
+// so the copy a reader runs is the one tested.
+func TestReadmeQuickstarts(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	re := regexp.MustCompile("<!-- the quickstart of (\\S+), which its end-to-end test runs -->\n(```[a-z]*\n[\\s\\S]*?```)")
+	ms := re.FindAllStringSubmatch(readme, -1)
+	if len(ms) < 2 {
+		t.Fatalf("README.md has %d SDK quickstarts, want the Python and TypeScript ones", len(ms))
+	}
+	for _, m := range ms {
+		src, err := os.ReadFile(filepath.Join(root, m[1]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, q, ok := strings.Cut(string(src), "## Quickstart")
+		fence := m[2][:strings.Index(m[2], "\n")+1]
+		start := strings.Index(q, fence)
+		if !ok || start < 0 {
+			t.Errorf("%s: no %q block under its Quickstart heading", m[1], strings.TrimSpace(fence))
+			continue
+		}
+		end := strings.Index(q[start+len(fence):], "```")
+		if want := q[start : start+len(fence)+end+3]; want != m[2] {
+			t.Errorf("README.md's copy of %s's quickstart differs from it:\n%s\nwant:\n%s", m[1], m[2], want)
+		}
+	}
+}
