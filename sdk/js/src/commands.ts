@@ -47,12 +47,26 @@ export interface RawProcessInfo {
   stdin_open?: boolean;
 }
 
-/** A command (process) of a sandbox, running or exited: {@link Commands.list}'s entries. */
+/**
+ * How every process call ({@link Commands.connect}, `kill`, `sendStdin`, ...)
+ * takes a process: its id in the sandbox (a string: {@link CommandHandle.id},
+ * {@link ProcessInfo.id}), or its pid in the guest (a number:
+ * {@link CommandHandle.pid}, {@link ProcessInfo.pid}), looked up among the
+ * sandbox's processes. As the Python SDK's `ProcessRef`.
+ */
+export type ProcessRef = string | number;
+
+/**
+ * A command (process) of a sandbox, running or exited: {@link Commands.list}'s
+ * entries (the Python SDK's `ProcessInfo`).
+ */
 export interface ProcessInfo {
-  /** The process's id in its sandbox: what {@link Commands.connect}, `kill` and `sendStdin` take. */
-  pid: string;
-  /** Its pid in the guest (also its process group's). */
-  guestPid: number;
+  /** The process's id in its sandbox, assigned by the daemon (e.g. "1b5103a2-3"): what {@link Commands.connect}, `kill` and `sendStdin` take. */
+  id: string;
+  /** Its pid in the guest (also its process group's), as E2B's `pid`; the process calls take it too. */
+  pid: number;
+  /** Its command line. */
+  argv: string[];
   /** The program (argv[0]). */
   cmd: string;
   /** Its arguments (argv[1:]). */
@@ -90,8 +104,9 @@ export interface ProcessInfo {
  */
 export function toProcessInfo(r: RawProcessInfo): ProcessInfo {
   const p: ProcessInfo = {
-    pid: r.id,
-    guestPid: r.pid,
+    id: r.id,
+    pid: r.pid,
+    argv: r.argv ? [...r.argv] : [],
     cmd: r.argv?.[0] ?? '',
     args: r.argv?.slice(1) ?? [],
     state: r.state,
@@ -216,7 +231,7 @@ export class OutputFollower {
   constructor(
     private readonly conn: ConnectionConfig,
     private readonly sandboxId: string,
-    private readonly pid: string,
+    private readonly id: string,
     offset: number | undefined,
     private readonly onData: (stream: 'stdout' | 'stderr', data: Uint8Array) => void,
   ) {
@@ -244,7 +259,7 @@ export class OutputFollower {
       const ac = new AbortController();
       this.ac = ac;
       try {
-        const path = sandboxPath(this.sandboxId, `/processes/${encodeURIComponent(this.pid)}/output`) + query({ offset: this.offset, follow: 1 });
+        const path = sandboxPath(this.sandboxId, `/processes/${encodeURIComponent(this.id)}/output`) + query({ offset: this.offset, follow: 1 });
         const res = await this.conn.request('GET', path, { headers: { Accept: 'application/x-ndjson' }, signal: ac.signal });
         for await (const f of readNDJSON<OutputFrame>(res)) {
           if (f.start) {
@@ -264,22 +279,22 @@ export class OutputFollower {
             if (f.timed_out) x.timedOut = true;
             return x;
           } else if (f.error !== undefined) {
-            throw new StreamError(`output of ${this.pid}: ${f.error}`, 502);
+            throw new StreamError(`output of ${this.id}: ${f.error}`, 502);
           }
         }
-        throw new StreamError(`output of ${this.pid}: the stream ended before the exit`);
+        throw new StreamError(`output of ${this.id}: the stream ended before the exit`);
       } catch (e) {
         if (this.stopped) break;
         if (isFinal(e)) throw e;
         lastErr = e;
         if (Date.now() - lastProgress > RECONNECT_WINDOW_MS) {
-          throw e instanceof StreamError ? e : new StreamError(`output of ${this.pid}: cannot resume: ${(e as Error).message}`);
+          throw e instanceof StreamError ? e : new StreamError(`output of ${this.id}: cannot resume: ${(e as Error).message}`);
         }
         await sleep(delay);
         delay = Math.min(delay * 2, 2000);
       }
     }
-    throw lastErr instanceof Error && !this.stopped ? lastErr : new StreamError(`output of ${this.pid}: disconnected`);
+    throw lastErr instanceof Error && !this.stopped ? lastErr : new StreamError(`output of ${this.id}: disconnected`);
   }
 }
 
@@ -304,12 +319,19 @@ export interface HandleInit {
  * {@link CommandHandle.disconnect} leaves it running.
  */
 export class CommandHandle implements AsyncIterable<OutputChunk> {
-  /** The process's id in its sandbox (what `commands.connect`, `kill` and `sendStdin` take; E2B's `pid`). */
-  readonly pid: string;
-  /** The same id, under the Python SDK's name (`handle.id`). */
+  /**
+   * The process's id in its sandbox, assigned by the daemon (e.g.
+   * "1b5103a2-3"): the key to come back to it ({@link Commands.connect}),
+   * kill it or write to it from any client. As the Python SDK's `handle.id`.
+   */
   readonly id: string;
-  /** Its pid in the guest (the Python SDK's `handle.pid`). */
-  readonly guestPid: number;
+  /**
+   * Its pid in the guest (also its process group's), as E2B's and the
+   * Python SDK's `handle.pid`. The process calls take it too (looked up
+   * among the sandbox's processes), but {@link CommandHandle.id} is the
+   * stable key.
+   */
+  readonly pid: number;
   /** The sandbox it runs in. */
   readonly sandboxId: string;
   /** @internal */
@@ -327,9 +349,8 @@ export class CommandHandle implements AsyncIterable<OutputChunk> {
   constructor(init: HandleInit) {
     this.conn = init.conn;
     this.sandboxId = init.sandboxId;
-    this.pid = init.info.id;
     this.id = init.info.id;
-    this.guestPid = init.info.pid;
+    this.pid = init.info.pid;
     const push = (stream: 'stdout' | 'stderr', text: string) => {
       if (!text) return;
       this.chunks.push({ stream, data: text });
@@ -337,7 +358,7 @@ export class CommandHandle implements AsyncIterable<OutputChunk> {
       if (cb) this.guard(() => cb(text));
       this.wake();
     };
-    this.follower = new OutputFollower(init.conn, init.sandboxId, this.pid, init.offset, (stream, bytes) => {
+    this.follower = new OutputFollower(init.conn, init.sandboxId, this.id, init.offset, (stream, bytes) => {
       if (init.onData) {
         const cb = init.onData;
         this.guard(() => cb(bytes));
@@ -413,7 +434,7 @@ export class CommandHandle implements AsyncIterable<OutputChunk> {
     let x: ExitInfo;
     if (this.follower.isStopped && !this.exit) {
       // Disconnected: ask the daemon for the exit only.
-      const info = await this.conn.json<RawProcessInfo>('GET', sandboxPath(this.sandboxId, `/processes/${encodeURIComponent(this.pid)}/wait`), undefined, { timeoutMs: 0 });
+      const info = await this.conn.json<RawProcessInfo>('GET', sandboxPath(this.sandboxId, `/processes/${encodeURIComponent(this.id)}/wait`), undefined, { timeoutMs: 0 });
       x = info.exit ?? { code: -1 };
     } else {
       x = await this.follower.done;
@@ -428,7 +449,7 @@ export class CommandHandle implements AsyncIterable<OutputChunk> {
    * @returns true if it was killed, false if it was not found or had already exited
    */
   async kill(): Promise<boolean> {
-    return killProcess(this.conn, this.sandboxId, this.pid);
+    return killProcess(this.conn, this.sandboxId, this.id);
   }
 
   /**
@@ -437,7 +458,7 @@ export class CommandHandle implements AsyncIterable<OutputChunk> {
    * @param signal - a name ("SIGTERM", "TERM") or a number ("15")
    */
   async signal(signal: string): Promise<ProcessInfo> {
-    return signalProcess(this.conn, this.sandboxId, this.pid, signal);
+    return signalProcess(this.conn, this.sandboxId, this.id, signal);
   }
 
   /**
@@ -446,12 +467,12 @@ export class CommandHandle implements AsyncIterable<OutputChunk> {
    * @param data - text (UTF-8) or bytes
    */
   async sendStdin(data: string | Uint8Array): Promise<void> {
-    await sendStdin(this.conn, this.sandboxId, this.pid, data, false);
+    await sendStdin(this.conn, this.sandboxId, this.id, data, false);
   }
 
   /** Closes the command's standard input (end of file). */
   async closeStdin(): Promise<void> {
-    await sendStdin(this.conn, this.sandboxId, this.pid, '', true);
+    await sendStdin(this.conn, this.sandboxId, this.id, '', true);
   }
 
   /**
@@ -509,13 +530,13 @@ export function resultOf(x: ExitInfo, stdout: string, stderr: string, dropped = 
   return r;
 }
 
-function procPath(sandboxId: string, pid: string, rest = ''): string {
-  return sandboxPath(sandboxId, `/processes/${encodeURIComponent(pid)}${rest}`);
+function procPath(sandboxId: string, id: string, rest = ''): string {
+  return sandboxPath(sandboxId, `/processes/${encodeURIComponent(id)}${rest}`);
 }
 
-async function killProcess(conn: ConnectionConfig, sandboxId: string, pid: string): Promise<boolean> {
+async function killProcess(conn: ConnectionConfig, sandboxId: string, id: string): Promise<boolean> {
   try {
-    const info = await conn.json<RawProcessInfo>('POST', procPath(sandboxId, pid, '/signal'), { signal: 'SIGKILL' });
+    const info = await conn.json<RawProcessInfo>('POST', procPath(sandboxId, id, '/signal'), { signal: 'SIGKILL' });
     return !(info && info.state === 'exited' && info.exit && !info.exit.signal);
   } catch (e) {
     if (e instanceof NotFoundError || e instanceof ConflictError) return false;
@@ -523,18 +544,18 @@ async function killProcess(conn: ConnectionConfig, sandboxId: string, pid: strin
   }
 }
 
-async function signalProcess(conn: ConnectionConfig, sandboxId: string, pid: string, signal: string): Promise<ProcessInfo> {
-  return toProcessInfo(await conn.json<RawProcessInfo>('POST', procPath(sandboxId, pid, '/signal'), { signal }));
+async function signalProcess(conn: ConnectionConfig, sandboxId: string, id: string, signal: string): Promise<ProcessInfo> {
+  return toProcessInfo(await conn.json<RawProcessInfo>('POST', procPath(sandboxId, id, '/signal'), { signal }));
 }
 
-async function sendStdin(conn: ConnectionConfig, sandboxId: string, pid: string, data: string | Uint8Array, eof: boolean): Promise<void> {
+async function sendStdin(conn: ConnectionConfig, sandboxId: string, id: string, data: string | Uint8Array, eof: boolean): Promise<void> {
   const b = typeof data === 'string' ? Buffer.from(data, 'utf8') : data;
   // The daemon takes at most 1 MiB a request.
   const max = 1 << 20;
   for (let off = 0; off < b.byteLength || (off === 0 && eof); off += max) {
     const part = b.subarray(off, off + max);
     const last = off + max >= b.byteLength;
-    const res = await conn.request('POST', procPath(sandboxId, pid, '/stdin') + (eof && last ? '?eof=1' : ''), { body: part });
+    const res = await conn.request('POST', procPath(sandboxId, id, '/stdin') + (eof && last ? '?eof=1' : ''), { body: part });
     res.resume();
     if (last) break;
   }
@@ -598,17 +619,24 @@ export class Commands {
   }
 
   /**
-   * The process id of `pid`: an id as is, or a guest pid (a number) looked
-   * up among the sandbox's processes. Internal.
+   * The process id of `pid`: an id (a string) as is, or a guest pid (an
+   * integer) looked up among the sandbox's processes (the running one
+   * when an exited one had the same pid). Internal.
+   *
+   * @throws InvalidArgumentError when `pid` is neither
+   * @throws NotFoundError when no single process has that guest pid
    */
-  async resolve(pid: string | number): Promise<string> {
+  async resolve(pid: ProcessRef): Promise<string> {
     if (typeof pid === 'string') return pid;
+    if (typeof pid !== 'number' || !Number.isInteger(pid)) {
+      throw new InvalidArgumentError(`a process is its id (a string) or its guest pid (an integer), not ${String(pid)}`);
+    }
     const l = await this.list();
-    const m = l.filter((p) => p.guestPid === pid);
+    const m = l.filter((p) => p.pid === pid);
     const running = m.filter((p) => p.state === 'running');
     const one = running.length === 1 ? running[0] : m.length === 1 ? m[0] : undefined;
     if (!one) throw new NotFoundError(`no single process with guest pid ${pid} in sandbox ${this.sandboxId}`, 404);
-    return one.pid;
+    return one.id;
   }
 
   /** The sandbox's commands, running and exited (the guest keeps the latest 256), oldest first. */
@@ -620,10 +648,10 @@ export class Commands {
   /**
    * One command's state.
    *
-   * @param pid - the process's id (or its guest pid, a number)
+   * @param pid - the process's id (`handle.id`, `ProcessInfo.id`), or its guest pid (a number: `handle.pid`), looked up
    * @throws NotFoundError when the sandbox does not know it
    */
-  async getInfo(pid: string | number): Promise<ProcessInfo> {
+  async getInfo(pid: ProcessRef): Promise<ProcessInfo> {
     return toProcessInfo(await this.conn.json<RawProcessInfo>('GET', procPath(this.sandboxId, await this.resolve(pid))));
   }
 
@@ -632,11 +660,11 @@ export class Commands {
    * follows its output (by default from the oldest byte kept, with
    * `fromStart: false` from now on) until its exit.
    *
-   * @param pid - the process's id (or its guest pid, a number)
+   * @param pid - the process's id (`handle.id`, `ProcessInfo.id`), or its guest pid (a number: `handle.pid`), looked up
    * @param opts - callbacks, fromStart
    * @throws NotFoundError when the sandbox does not know it
    */
-  async connect(pid: string | number, opts: CommandConnectOpts = {}): Promise<CommandHandle> {
+  async connect(pid: ProcessRef, opts: CommandConnectOpts = {}): Promise<CommandHandle> {
     const info = await this.conn.json<RawProcessInfo>('GET', procPath(this.sandboxId, await this.resolve(pid)));
     return new CommandHandle({
       conn: this.conn,
@@ -651,49 +679,56 @@ export class Commands {
   /**
    * Kills a command (SIGKILL to its process group).
    *
-   * @param pid - the process's id (or its guest pid, a number)
+   * @param pid - the process's id (`handle.id`, `ProcessInfo.id`), or its guest pid (a number: `handle.pid`), looked up
    * @returns true if it was killed, false if it was not found or had already exited
    */
-  async kill(pid: string | number): Promise<boolean> {
-    return killProcess(this.conn, this.sandboxId, await this.resolve(pid));
+  async kill(pid: ProcessRef): Promise<boolean> {
+    let id: string;
+    try {
+      id = await this.resolve(pid);
+    } catch (e) {
+      if (e instanceof NotFoundError) return false;
+      throw e;
+    }
+    return killProcess(this.conn, this.sandboxId, id);
   }
 
   /**
    * Sends a signal to a command's process group.
    *
-   * @param pid - the process's id (or its guest pid, a number)
+   * @param pid - the process's id (`handle.id`, `ProcessInfo.id`), or its guest pid (a number: `handle.pid`), looked up
    * @param signal - a name ("SIGTERM", "TERM") or a number ("15")
    */
-  async signal(pid: string | number, signal: string): Promise<ProcessInfo> {
+  async signal(pid: ProcessRef, signal: string): Promise<ProcessInfo> {
     return signalProcess(this.conn, this.sandboxId, await this.resolve(pid), signal);
   }
 
   /**
    * Writes to a command's standard input (started with `stdin: true`, or a PTY).
    *
-   * @param pid - the process's id (or its guest pid, a number)
+   * @param pid - the process's id (`handle.id`, `ProcessInfo.id`), or its guest pid (a number: `handle.pid`), looked up
    * @param data - text (UTF-8) or bytes
    */
-  async sendStdin(pid: string | number, data: string | Uint8Array): Promise<void> {
+  async sendStdin(pid: ProcessRef, data: string | Uint8Array): Promise<void> {
     await sendStdin(this.conn, this.sandboxId, await this.resolve(pid), data, false);
   }
 
   /**
    * Closes a command's standard input.
    *
-   * @param pid - the process's id (or its guest pid, a number)
+   * @param pid - the process's id (`handle.id`, `ProcessInfo.id`), or its guest pid (a number: `handle.pid`), looked up
    */
-  async closeStdin(pid: string | number): Promise<void> {
+  async closeStdin(pid: ProcessRef): Promise<void> {
     await sendStdin(this.conn, this.sandboxId, await this.resolve(pid), '', true);
   }
 
   /**
    * Kills a command if it runs and forgets it (it leaves {@link list}).
    *
-   * @param pid - the process's id (or its guest pid, a number)
+   * @param pid - the process's id (`handle.id`, `ProcessInfo.id`), or its guest pid (a number: `handle.pid`), looked up
    * @returns false when the sandbox did not know it
    */
-  async remove(pid: string | number): Promise<boolean> {
+  async remove(pid: ProcessRef): Promise<boolean> {
     try {
       const res = await this.conn.request('DELETE', procPath(this.sandboxId, await this.resolve(pid)));
       res.resume();

@@ -10,7 +10,7 @@
 export { Sandbox, DEFAULT_LONG_TIMEOUT_MS } from './sandbox.js';
 export type { SandboxInfo, SandboxOpts, SandboxConnectOpts, SandboxListOpts, SandboxStatus, SnapshotInfo, RollbackInfo } from './sandbox.js';
 export { Commands, CommandHandle, DEFAULT_COMMAND_TIMEOUT_MS, RECONNECT_WINDOW_MS, toArgv, toEnvList } from './commands.js';
-export type { CommandStartOpts, CommandConnectOpts, ProcessInfo, OutputChunk, ExitInfo } from './commands.js';
+export type { CommandStartOpts, CommandConnectOpts, ProcessInfo, ProcessRef, OutputChunk, ExitInfo } from './commands.js';
 export { Pty, PtyHandle, DEFAULT_PTY_CMD } from './pty.js';
 export type { PtySize, PtyCreateOpts } from './pty.js';
 export { Filesystem, FileType, FilesystemEventType, toEntryInfo } from './filesystem.js';

@@ -7,7 +7,7 @@
  */
 import { Buffer } from 'node:buffer';
 import { ConnectionConfig, sandboxPath } from './connection.js';
-import { CommandHandle, Commands, DEFAULT_COMMAND_TIMEOUT_MS, ProcessInfo, RawProcessInfo, toProcessInfo } from './commands.js';
+import { CommandHandle, Commands, DEFAULT_COMMAND_TIMEOUT_MS, ProcessInfo, ProcessRef, RawProcessInfo, toProcessInfo } from './commands.js';
 
 /** A terminal's size in characters. */
 export interface PtySize {
@@ -65,13 +65,13 @@ export class PtyHandle extends CommandHandle {
    * @param size - the new size
    */
   async resize(size: PtySize): Promise<ProcessInfo> {
-    return resize(this.conn, this.sandboxId, this.pid, size);
+    return resize(this.conn, this.sandboxId, this.id, size);
   }
 }
 
-async function resize(conn: ConnectionConfig, sandboxId: string, pid: string, size: PtySize): Promise<ProcessInfo> {
+async function resize(conn: ConnectionConfig, sandboxId: string, id: string, size: PtySize): Promise<ProcessInfo> {
   return toProcessInfo(
-    await conn.json<RawProcessInfo>('POST', sandboxPath(sandboxId, `/processes/${encodeURIComponent(pid)}/resize`), {
+    await conn.json<RawProcessInfo>('POST', sandboxPath(sandboxId, `/processes/${encodeURIComponent(id)}/resize`), {
       rows: size.rows,
       cols: size.cols,
     }),
@@ -106,10 +106,10 @@ export class Pty {
   /**
    * Comes back to a terminal's process from any client.
    *
-   * @param pid - the process's id (or its guest pid, a number)
+   * @param pid - the process's id (`handle.id`), or its guest pid (a number: `handle.pid`), looked up
    * @param opts - onData, and fromStart (default true: replay the output kept; false: from now on)
    */
-  async connect(pid: string | number, opts: { onData?: (data: Uint8Array) => void | Promise<void>; fromStart?: boolean } = {}): Promise<PtyHandle> {
+  async connect(pid: ProcessRef, opts: { onData?: (data: Uint8Array) => void | Promise<void>; fromStart?: boolean } = {}): Promise<PtyHandle> {
     const id = await this.commands.resolve(pid);
     const info = await this.conn.json<RawProcessInfo>('GET', sandboxPath(this.sandboxId, `/processes/${encodeURIComponent(id)}`));
     return new PtyHandle({ conn: this.conn, sandboxId: this.sandboxId, info, offset: opts.fromStart === false ? info.output_bytes : undefined, onData: opts.onData });
@@ -118,30 +118,30 @@ export class Pty {
   /**
    * Types into a terminal.
    *
-   * @param pid - the process's id (or its guest pid, a number)
+   * @param pid - the process's id (`handle.id`), or its guest pid (a number: `handle.pid`), looked up
    * @param data - text (UTF-8) or bytes
    */
-  async sendInput(pid: string | number, data: string | Uint8Array): Promise<void> {
+  async sendInput(pid: ProcessRef, data: string | Uint8Array): Promise<void> {
     await this.commands.sendStdin(pid, typeof data === 'string' ? Buffer.from(data, 'utf8') : data);
   }
 
   /**
    * Resizes a terminal.
    *
-   * @param pid - the process's id (or its guest pid, a number)
+   * @param pid - the process's id (`handle.id`), or its guest pid (a number: `handle.pid`), looked up
    * @param size - the new size
    */
-  async resize(pid: string | number, size: PtySize): Promise<ProcessInfo> {
+  async resize(pid: ProcessRef, size: PtySize): Promise<ProcessInfo> {
     return resize(this.conn, this.sandboxId, await this.commands.resolve(pid), size);
   }
 
   /**
    * Kills a terminal's process.
    *
-   * @param pid - the process's id (or its guest pid, a number)
+   * @param pid - the process's id (`handle.id`), or its guest pid (a number: `handle.pid`), looked up
    * @returns false if it was not found or had already exited
    */
-  async kill(pid: string | number): Promise<boolean> {
+  async kill(pid: ProcessRef): Promise<boolean> {
     return this.commands.kill(pid);
   }
 }

@@ -108,7 +108,10 @@ describe('end to end (real daemon, real VMs)', { skip, timeout: 15 * 60_000 }, (
 
   it('background: handle, stdin, iteration, kill', async () => {
     const h = await sbx.commands.run('while read l; do echo "got $l"; done; echo eof', { background: true, stdin: true });
-    assert.ok(h.pid);
+    assert.equal(typeof h.id, 'string');
+    assert.ok(h.id);
+    assert.ok(Number.isInteger(h.pid) && h.pid > 0, `guest pid ${h.pid}`);
+    assert.equal((await sbx.commands.getInfo(h.pid)).id, h.id);
     await h.sendStdin('one\n');
     await h.sendStdin('two\n');
     await h.closeStdin();
@@ -120,7 +123,7 @@ describe('end to end (real daemon, real VMs)', { skip, timeout: 15 * 60_000 }, (
     const long = await sbx.commands.run('sleep 60', { background: true });
     assert.equal(await long.kill(), true);
     await assert.rejects(long.wait(), (e) => e instanceof CommandExitError && e.error === 'killed by SIGKILL');
-    const info = await sbx.commands.getInfo(long.pid);
+    const info = await sbx.commands.getInfo(long.id);
     assert.equal(info.state, 'exited');
   });
 
@@ -132,25 +135,25 @@ describe('end to end (real daemon, real VMs)', { skip, timeout: 15 * 60_000 }, (
       const s = await Sandbox.connect(${JSON.stringify(sbx.sandboxId)});
       const h = await s.commands.run('echo started; sleep 3; echo done', { background: true });
       await h.disconnect();
-      process.stdout.write(h.pid);
+      process.stdout.write(h.id);
       process.exit(0);
     `;
     const child = spawnSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8', timeout: 60_000 });
     assert.equal(child.status, 0, child.stderr);
-    const pid = child.stdout.trim();
-    assert.ok(pid);
+    const id = child.stdout.trim();
+    assert.ok(id);
     const s2 = await Sandbox.connect(sbx.sandboxId);
     const l = await s2.commands.list();
-    assert.ok(l.some((p) => p.pid === pid), `list has ${pid}`);
+    assert.ok(l.some((p) => p.id === id && Number.isInteger(p.pid)), `list has ${id}`);
     const outs = [];
-    const h = await s2.commands.connect(pid, { onStdout: (d) => outs.push(d) });
+    const h = await s2.commands.connect(id, { onStdout: (d) => outs.push(d) });
     const r = await h.wait();
     assert.equal(r.stdout, 'started\ndone\n');
     assert.equal(outs.join(''), 'started\ndone\n');
     // And from now on (not from the start): only what comes after.
     const h2 = await s2.commands.run('sleep 1; echo late', { background: true });
     await h2.disconnect();
-    const h3 = await s2.commands.connect(h2.pid, { fromStart: false });
+    const h3 = await s2.commands.connect(h2.id, { fromStart: false });
     assert.equal((await h3.wait()).stdout, 'late\n');
     await assert.rejects(s2.commands.connect('no-such-process'), NotFoundError);
   });
@@ -220,7 +223,7 @@ describe('end to end (real daemon, real VMs)', { skip, timeout: 15 * 60_000 }, (
     const r = await sbx.resume();
     assert.equal(r.status, 'running');
     const l = await sbx.commands.list();
-    const me = l.find((x) => x.pid === h.pid);
+    const me = l.find((x) => x.id === h.id);
     assert.ok(me, 'the command is listed after the resume');
     assert.equal(me.state, 'running');
     const res = await h.wait();
@@ -234,7 +237,7 @@ describe('end to end (real daemon, real VMs)', { skip, timeout: 15 * 60_000 }, (
     assert.notEqual(child.sandboxId, sbx.sandboxId);
     assert.equal((await child.getInfo()).parent, sbx.sandboxId);
     const l = await child.commands.list();
-    assert.ok(l.some((p) => p.pid === h.pid && p.state === 'running'), JSON.stringify(l.map((p) => [p.pid, p.state])));
+    assert.ok(l.some((p) => p.id === h.id && p.pid === h.pid && p.state === 'running'), JSON.stringify(l.map((p) => [p.id, p.pid, p.state])));
     assert.equal((await child.commands.run('echo child')).stdout, 'child\n');
     assert.equal(await child.kill(), true);
     await h.kill();

@@ -9,7 +9,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
-import { Sandbox, NotFoundError, CommandExitError, TimeoutError, ConflictError } from '../dist/index.js';
+import { Sandbox, NotFoundError, CommandExitError, TimeoutError, ConflictError, InvalidArgumentError } from '../dist/index.js';
 
 const b64 = (s) => Buffer.from(s).toString('base64');
 const dir = mkdtempSync(join(tmpdir(), 'warren-js-fake-'));
@@ -178,8 +178,10 @@ test('background: handle, iteration, stdin, kill, list, connect', async () => {
   outputCalls = 2; // the next output call answers all
   const sbx = await Sandbox.connect('sb1', opts());
   const h = await sbx.commands.run(['cat'], { background: true, stdin: true });
-  assert.equal(h.pid, 'p1');
-  assert.equal(h.guestPid, 42);
+  // As the Python SDK's handle: id is the process's id in the sandbox, pid the guest's.
+  assert.equal(h.id, 'p1');
+  assert.equal(h.pid, 42);
+  assert.equal('guestPid' in h, false);
   const started = seen.findLast((s) => s[0] === 'POST' && s[1] === '/v1/sandboxes/sb1/processes');
   assert.deepEqual(JSON.parse(started[3]), { argv: ['cat'], stdin: true });
   await h.sendStdin('in');
@@ -200,15 +202,16 @@ test('background: handle, iteration, stdin, kill, list, connect', async () => {
   assert.deepEqual(JSON.parse(seen.findLast((s) => s[1].endsWith('/signal'))[3]), { signal: 'SIGKILL' });
   assert.equal(await sbx.commands.kill('done'), false);
   const l = await sbx.commands.list();
-  assert.deepEqual(l.map((p) => [p.pid, p.state, p.exitCode]), [['p1', 'running', undefined], ['p2', 'exited', 0]]);
+  assert.deepEqual(l.map((p) => [p.id, p.pid, p.state, p.exitCode]), [['p1', 42, 'running', undefined], ['p2', 42, 'exited', 0]]);
   await assert.rejects(sbx.commands.connect('gone'), NotFoundError);
 });
 
 test('connect: replays by default, from now with fromStart: false, by guest pid', async () => {
   const sbx = await Sandbox.connect('sb1', opts());
   outputCalls = 2;
-  const h = await sbx.commands.connect(42); // the running process with guest pid 42: p1
-  assert.equal(h.pid, 'p1');
+  const h = await sbx.commands.connect(42); // the running process with guest pid 42: p1 (p2, exited, had it too)
+  assert.equal(h.id, 'p1');
+  assert.equal(h.pid, 42);
   assert.equal((await h.wait()).stdout, 'llo\n');
   let q = new URL(seen.findLast((s) => s[1].includes('/p1/output'))[1], 'http://x').searchParams;
   assert.equal(q.get('offset'), null);
@@ -217,6 +220,13 @@ test('connect: replays by default, from now with fromStart: false, by guest pid'
   q = new URL(seen.findLast((s) => s[1].includes('/p1/output'))[1], 'http://x').searchParams;
   assert.equal(q.get('offset'), '7');
   await assert.rejects(sbx.commands.connect(7), NotFoundError);
+  // Every process call takes the guest pid too, looked up; kill says false for an unknown one, as for an unknown id.
+  const before = seen.length;
+  assert.equal(await sbx.commands.kill(42), true);
+  assert.ok(seen.slice(before).some((s) => s[0] === 'POST' && s[1] === '/v1/sandboxes/sb1/processes/p1/signal'));
+  assert.equal(await sbx.commands.kill(7), false);
+  assert.equal((await sbx.commands.getInfo(42)).id, 'p1');
+  await assert.rejects(sbx.commands.kill(1.5), InvalidArgumentError);
 });
 
 test('files: streamed write with mode, read formats, errors, makeDir, watch', async () => {

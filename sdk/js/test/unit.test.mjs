@@ -250,8 +250,11 @@ test('toProcessInfo and toSandboxInfo', () => {
     output_from: 0,
     pty: { rows: 24, cols: 80 },
   });
-  assert.equal(p.pid, 'p3');
-  assert.equal(p.guestPid, 812);
+  // As the Python SDK's ProcessInfo: id is the process's id in the sandbox, pid the guest's.
+  assert.equal(p.id, 'p3');
+  assert.equal(p.pid, 812);
+  assert.equal('guestPid' in p, false);
+  assert.deepEqual(p.argv, ['/bin/sh', '-c', 'sleep 3']);
   assert.equal(p.cmd, '/bin/sh');
   assert.deepEqual(p.args, ['-c', 'sleep 3']);
   assert.equal(p.exitCode, 0);
