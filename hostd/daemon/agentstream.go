@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/warrenvm/warren/agentclient"
 )
 
 // Helpers of the handlers that pass a request on to a sandbox's guest agent
@@ -69,4 +71,49 @@ func queryBool(r *http.Request, name string, def bool) (bool, error) {
 		return false, errf(400, "bad %s %q: want 0 or 1", name, v)
 	}
 	return b, nil
+}
+
+// askAgent answers a call of one reply: bad (a refusal of the request
+// found before the agent is asked) when it is not nil, else what ask gets
+// from the sandbox's ready agent (200), or the agent's error as agentErr
+// makes it. A list ask returns goes through nonNil first.
+func (d *Daemon) askAgent(w http.ResponseWriter, s *sbState, bad error, ask func(c *agentclient.Client) (any, error)) {
+	if bad != nil {
+		writeErr(w, bad)
+		return
+	}
+	c, _, err := d.readyAgent(s)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	v, err := ask(c)
+	reply(w, 200, v, agentErrOrNil(err))
+}
+
+// query reads a request's query parameters, keeping the first one refused
+// (a 400) in err.
+type query struct {
+	r   *http.Request
+	err error
+}
+
+func (q *query) keep(err error) {
+	if q.err == nil {
+		q.err = err
+	}
+}
+
+// path is parameter name, an absolute guest path (guestPath).
+func (q *query) path(name string) string {
+	p, err := guestPath(q.r, name)
+	q.keep(err)
+	return p
+}
+
+// flag is parameter name as a boolean (queryBool), def when absent.
+func (q *query) flag(name string, def bool) bool {
+	b, err := queryBool(q.r, name, def)
+	q.keep(err)
+	return b
 }

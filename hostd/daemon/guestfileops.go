@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/hostd/wire"
 )
@@ -48,110 +49,57 @@ func checkGuestPath(what, p string) (string, error) {
 }
 
 func (d *Daemon) listFiles(w http.ResponseWriter, r *http.Request, s *sbState) {
-	p, err := guestPath(r, "path")
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
+	q := query{r: r}
+	p := q.path("path")
 	depth := 1
 	if v := r.URL.Query().Get("depth"); v != "" {
-		depth, err = strconv.Atoi(v)
-		if err != nil || depth < 1 || depth > agentwire.MaxListDepth {
-			writeErr(w, errf(400, "bad depth %q: want 1 to %d", v, agentwire.MaxListDepth))
-			return
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > agentwire.MaxListDepth {
+			q.keep(errf(400, "bad depth %q: want 1 to %d", v, agentwire.MaxListDepth))
 		}
+		depth = n
 	}
-	c, _, err := d.readyAgent(s)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	l, err := c.ListDepth(r.Context(), p, depth)
-	if err != nil {
-		writeErr(w, agentErr(err))
-		return
-	}
-	writeJSON(w, 200, nonNil(l))
+	d.askAgent(w, s, q.err, func(c *agentclient.Client) (any, error) {
+		l, err := c.ListDepth(r.Context(), p, depth)
+		return nonNil(l), err
+	})
 }
 
 func (d *Daemon) statFile(w http.ResponseWriter, r *http.Request, s *sbState) {
-	p, err := guestPath(r, "path")
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	c, _, err := d.readyAgent(s)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	fi, err := c.Stat(r.Context(), p)
-	reply(w, 200, fi, agentErrOrNil(err))
+	q := query{r: r}
+	p := q.path("path")
+	d.askAgent(w, s, q.err, func(c *agentclient.Client) (any, error) { return c.Stat(r.Context(), p) })
 }
 
 func (d *Daemon) mkdir(w http.ResponseWriter, r *http.Request, s *sbState) {
-	p, err := guestPath(r, "path")
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	parents, err := queryBool(r, "parents", false)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
+	q := query{r: r}
+	p, parents := q.path("path"), q.flag("parents", false)
 	mode := uint64(0o755)
 	if m := r.URL.Query().Get("mode"); m != "" {
+		var err error
 		if mode, err = strconv.ParseUint(m, 8, 32); err != nil || mode > 0o777 {
-			writeErr(w, errf(400, "bad mode %q: want octal permissions, at most 777", m))
-			return
+			q.keep(errf(400, "bad mode %q: want octal permissions, at most 777", m))
 		}
 	}
-	c, _, err := d.readyAgent(s)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	fi, err := c.Mkdir(r.Context(), p, fs.FileMode(mode), parents)
-	reply(w, 200, fi, agentErrOrNil(err))
+	d.askAgent(w, s, q.err, func(c *agentclient.Client) (any, error) {
+		return c.Mkdir(r.Context(), p, fs.FileMode(mode), parents)
+	})
 }
 
 func (d *Daemon) removeFile(w http.ResponseWriter, r *http.Request, s *sbState) {
-	p, err := guestPath(r, "path")
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	recursive, err := queryBool(r, "recursive", false)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	c, _, err := d.readyAgent(s)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	err = c.Remove(r.Context(), p, recursive)
-	reply(w, 200, map[string]string{"deleted": p}, agentErrOrNil(err))
+	q := query{r: r}
+	p, recursive := q.path("path"), q.flag("recursive", false)
+	d.askAgent(w, s, q.err, func(c *agentclient.Client) (any, error) {
+		return map[string]string{"deleted": p}, c.Remove(r.Context(), p, recursive)
+	})
 }
 
 func (d *Daemon) renameFile(w http.ResponseWriter, r *http.Request, s *sbState, req wire.RenameRequest) {
-	if _, err := checkGuestPath("from", req.From); err != nil {
-		writeErr(w, err)
-		return
+	_, bad := checkGuestPath("from", req.From)
+	if bad == nil {
+		_, bad = checkGuestPath("to", req.To)
 	}
-	if _, err := checkGuestPath("to", req.To); err != nil {
-		writeErr(w, err)
-		return
-	}
-	c, _, err := d.readyAgent(s)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	fi, err := c.Rename(r.Context(), req.From, req.To)
-	reply(w, 200, fi, agentErrOrNil(err))
+	d.askAgent(w, s, bad, func(c *agentclient.Client) (any, error) { return c.Rename(r.Context(), req.From, req.To) })
 }
 
 // watchFiles streams the agent's WatchEvents as NDJSON, each flushed as it

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/hostd/wire"
 )
@@ -63,66 +64,41 @@ func (d *Daemon) startProcess(w http.ResponseWriter, r *http.Request, s *sbState
 }
 
 func (d *Daemon) listProcesses(w http.ResponseWriter, r *http.Request, s *sbState) {
-	c, _, err := d.readyAgent(s)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	l, err := c.Processes(r.Context())
-	if err != nil {
-		writeErr(w, agentErr(err))
-		return
-	}
-	writeJSON(w, 200, nonNil(l))
+	d.askAgent(w, s, nil, func(c *agentclient.Client) (any, error) {
+		l, err := c.Processes(r.Context())
+		return nonNil(l), err
+	})
 }
 
 func (d *Daemon) getProcess(w http.ResponseWriter, r *http.Request, s *sbState) {
-	c, _, err := d.readyAgent(s)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	pi, err := c.Process(r.Context(), r.PathValue("pid"))
-	reply(w, 200, pi, agentErrOrNil(err))
+	d.askAgent(w, s, nil, func(c *agentclient.Client) (any, error) { return c.Process(r.Context(), r.PathValue("pid")) })
 }
 
 func (d *Daemon) removeProcess(w http.ResponseWriter, r *http.Request, s *sbState) {
-	c, _, err := d.readyAgent(s)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
 	pid := r.PathValue("pid")
-	err = c.RemoveProcess(r.Context(), pid)
-	reply(w, 200, map[string]string{"deleted": pid}, agentErrOrNil(err))
+	d.askAgent(w, s, nil, func(c *agentclient.Client) (any, error) {
+		return map[string]string{"deleted": pid}, c.RemoveProcess(r.Context(), pid)
+	})
 }
 
 func (d *Daemon) signalProcess(w http.ResponseWriter, r *http.Request, s *sbState, req wire.SignalRequest) {
+	var bad error
 	if req.Signal == "" {
-		writeErr(w, errf(400, "signal is required"))
-		return
+		bad = errf(400, "signal is required")
 	}
-	c, _, err := d.readyAgent(s)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	pi, err := c.SignalProcess(r.Context(), r.PathValue("pid"), req.Signal)
-	reply(w, 200, pi, agentErrOrNil(err))
+	d.askAgent(w, s, bad, func(c *agentclient.Client) (any, error) {
+		return c.SignalProcess(r.Context(), r.PathValue("pid"), req.Signal)
+	})
 }
 
 func (d *Daemon) resizeProcess(w http.ResponseWriter, r *http.Request, s *sbState, req wire.TerminalSize) {
+	var bad error
 	if req.Rows == 0 || req.Cols == 0 {
-		writeErr(w, errf(400, "rows and cols must be positive"))
-		return
+		bad = errf(400, "rows and cols must be positive")
 	}
-	c, _, err := d.readyAgent(s)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	pi, err := c.ResizeProcess(r.Context(), r.PathValue("pid"), req)
-	reply(w, 200, pi, agentErrOrNil(err))
+	d.askAgent(w, s, bad, func(c *agentclient.Client) (any, error) {
+		return c.ResizeProcess(r.Context(), r.PathValue("pid"), req)
+	})
 }
 
 // processStdin passes one bounded chunk (agentwire.MaxStdinChunk) of a
