@@ -123,8 +123,14 @@ type Proxy struct {
 	transport *http.Transport
 
 	mu      sync.Mutex
-	servers map[*http.Server]struct{}
-	closed  bool
+	servers map[*http.Server]struct{} // +checklocks:mu
+	// listeners are those Serve was given: Close and Shutdown close them
+	// before they return, whether their server has begun to accept on
+	// them or not (an http.Server closed before its Serve call has
+	// tracked the listener closes it later, on Serve's goroutine, and a
+	// restart on the same address could find it still bound).
+	listeners map[net.Listener]struct{} // +checklocks:mu
+	closed    bool                      // +checklocks:mu
 
 	requests, substituted, denied atomic.Uint64
 }
@@ -161,7 +167,8 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.ErrorLog == nil {
 		cfg.ErrorLog = log.New(io.Discard, "", 0)
 	}
-	p := &Proxy{cfg: cfg, guard: cfg.Upstream.Guard, audit: cfg.Audit, servers: map[*http.Server]struct{}{}}
+	p := &Proxy{cfg: cfg, guard: cfg.Upstream.Guard, audit: cfg.Audit, servers: map[*http.Server]struct{}{},
+		listeners: map[net.Listener]struct{}{}}
 	if p.guard == nil {
 		p.guard = &policy.Guard{}
 	}
@@ -319,20 +326,31 @@ func (p *Proxy) Serve(l net.Listener, useTLS bool) error {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
+		l.Close()
 		return http.ErrServerClosed
 	}
 	p.servers[srv] = struct{}{}
+	p.listeners[l] = struct{}{}
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
 		delete(p.servers, srv)
+		delete(p.listeners, l)
 		p.mu.Unlock()
 	}()
 	l = newLimitListener(l, p.cfg.MaxConns)
+	var err error
 	if useTLS {
-		return srv.ServeTLS(l, "", "")
+		err = srv.ServeTLS(l, "", "")
+	} else {
+		err = srv.Serve(l)
 	}
-	return srv.Serve(l)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return http.ErrServerClosed // its listener closed under it
+	}
+	return err
 }
 
 // Close closes every listener and connection at once.
@@ -364,6 +382,9 @@ func (p *Proxy) stop() []*http.Server {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
+	for l := range p.listeners {
+		l.Close()
+	}
 	var out []*http.Server
 	for s := range p.servers {
 		out = append(out, s)

@@ -624,3 +624,49 @@ func TestShutdown(t *testing.T) {
 		t.Fatalf("Serve after Shutdown: %v", err)
 	}
 }
+
+// TestCloseFreesAddress: the listeners Serve was given are closed when
+// Close returns (an egress restart binds the same gateway ports at once),
+// and a Serve called after Close closes its listener and returns
+// http.ErrServerClosed instead of leaving it bound.
+func TestCloseFreesAddress(t *testing.T) {
+	ca, err := NewCA("sb-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, serving := range []bool{true, false} {
+		p, err := New(Config{Policy: testPolicy(), CA: ca, Store: EnvStore{}, Sandbox: "sb-test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		done := make(chan error, 1)
+		if serving {
+			go func() { done <- p.Serve(l, false) }()
+			for { // until it answers
+				c, err := net.Dial("tcp", addr)
+				if err == nil {
+					c.Close()
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			p.Close()
+		} else {
+			p.Close()
+			done <- p.Serve(l, false)
+		}
+		again, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatalf("serving %v: %s still bound after Close: %v", serving, addr, err)
+		}
+		again.Close()
+		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+			t.Fatalf("serving %v: Serve: %v", serving, err)
+		}
+	}
+}

@@ -124,6 +124,11 @@ type Sandbox struct {
 	ca     *credproxy.CA
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the filter's event reader returns
+	// served are the proxy's listeners, handed to its Serve goroutines:
+	// Close closes them itself, so that the gateway's ports are free when
+	// it returns even if a goroutine has not begun to serve (a restart
+	// binds them again at once).
+	served []net.Listener
 
 	mu  sync.Mutex
 	pol policy.Policy // +checklocks:mu
@@ -237,6 +242,7 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("egress: proxy: %w", err)
 	}
+	s.served = []net.Listener{prep.HTTP, prep.HTTPS}
 	go s.proxy.Serve(prep.HTTP, false)
 	go s.proxy.Serve(prep.HTTPS, true)
 	s.log.Record(audit.Record{Source: audit.SourcePolicy, Reason: "start", Detail: summary(cfg.Policy) +
@@ -384,6 +390,10 @@ func (s *Sandbox) Close() error {
 		s.proxy.Close()
 		s.proxy = nil
 	}
+	for _, l := range s.served {
+		l.Close()
+	}
+	s.served = nil
 	if s.gate != nil {
 		s.gate.Close()
 		s.gate = nil

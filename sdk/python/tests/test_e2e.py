@@ -36,13 +36,24 @@ def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = "") ->
     raise AssertionError(f"timed out waiting for {what}")
 
 
+# The defaults a long-running server must outlive: the SDK's request
+# timeout (60 s), E2B's default command timeout (60 s) and the daemon's
+# reply timeout for one agent answer (agentclient.DefaultLimits, 2 min).
+SERVER_OUTLIVES = 130.0
+
+
 @unittest.skipUnless(TEMPLATE, SKIP)
 class E2ETest(unittest.TestCase):
     sb: warren.Sandbox
+    server: warren.CommandHandle
+    server_started: float
 
     @classmethod
     def setUpClass(cls) -> None:
         cls.sb = warren.Sandbox.create(template=TEMPLATE, envs={"SDK_TEST": "py"}, labels={"sdk": "python"}, timeout=180)
+        # A server for test_9: it must outlive every default timeout.
+        cls.server = cls.sb.commands.run("python3 -m http.server 8000 --bind 127.0.0.1", background=True)
+        cls.server_started = time.monotonic()
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -212,6 +223,17 @@ class E2ETest(unittest.TestCase):
                 del os.environ["TEMPLATE"]
             else:
                 os.environ["TEMPLATE"] = old
+
+    def test_9_server_outlives_default_timeouts(self) -> None:
+        sb, server = self.sb, self.server
+        left = SERVER_OUTLIVES - (time.monotonic() - self.server_started)
+        if left > 0:
+            time.sleep(left)
+        info = sb.commands.get(server.id)
+        self.assertEqual(info.state, "running", info)
+        r = sb.commands.run(["python3", "-c", "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/').status)"])
+        self.assertEqual(r.stdout, "200\n")
+        self.assertTrue(server.kill())
 
 
 if __name__ == "__main__":
