@@ -39,14 +39,35 @@ WARREN_TEST_TEMPLATE=$("$WARREN_BIN" templates create --image "$IMAGE" --mem 512
 export WARREN_TEST_TEMPLATE
 echo "== template $WARREN_TEST_TEMPLATE"
 
-rc=0
+# suite runs one suite against the daemon.
+suite() {
+	case $1 in
+	python) (cd sdk/python && python3 -m unittest discover -s tests -v) ;;
+	js) (cd sdk/js && node --test test/*.test.mjs) ;;
+	mcp) "$ROOT/build/tests/mcpserver.test" -test.run E2E -test.v -test.timeout 15m ;;
+	*) echo "unknown suite $1" >&2; return 2 ;;
+	esac
+}
+# faults counts the VMMs the daemon saw die of a guest triple fault.
+faults() { grep -c 'KVM_EXIT_SHUTDOWN' "$S/hostd.log" || true; }
+
+# In the nested KVM host an L2 guest triple-faults about once in a hundred
+# starts (the emulated SVM's flake: .ci/kvmhost/README.md, issue 18), which
+# stops the suite's sandbox. As .ci/test-kvm.sh does for the Go packages, a
+# suite that failed there while the daemon logged a guest's triple fault
+# runs once more, at most twice in all; anywhere else, and for any other
+# failure, a failure is a failure.
+rc=0 excused=0
 for s in "${SUITES[@]}"; do
 	echo "== sdk/test.sh: $s"
-	case $s in
-	python) (cd sdk/python && python3 -m unittest discover -s tests -v) || rc=1 ;;
-	js) (cd sdk/js && node --test test/*.test.mjs) || rc=1 ;;
-	mcp) "$ROOT/build/tests/mcpserver.test" -test.run E2E -test.v -test.timeout 15m || rc=1 ;;
-	*) echo "unknown suite $s" >&2; rc=2 ;;
-	esac
+	before=$(faults)
+	suite "$s" && continue
+	if [ -n "${WARREN_KVMHOST:-}" ] && [ "$excused" -lt 2 ] && [ "$(faults)" -gt "$before" ]; then
+		excused=$((excused + 1))
+		echo "== FLAKY? sdk/test.sh: $s failed while a guest triple-faulted (the nested host's known flake, excused $excused of 2 times); running it again"
+		grep 'KVM_EXIT_SHUTDOWN' "$S/hostd.log" | tail -n 1
+		suite "$s" && continue
+	fi
+	rc=1
 done
 exit $rc
