@@ -427,13 +427,7 @@ func (c *Client) List(ctx context.Context, path string) ([]agentwire.FileInfo, e
 // agentwire.CodeExists; a first start that fails (no such program, no
 // such user) is an *agentwire.Error, and nothing is left running.
 func (c *Client) StartService(ctx context.Context, spec agentwire.ServiceSpec) (agentwire.ServiceStatus, error) {
-	var st agentwire.ServiceStatus
-	b, err := json.Marshal(spec)
-	if err != nil {
-		return st, err
-	}
-	err = c.callJSON(ctx, http.MethodPost, endpoint("/services", nil), bytes.NewReader(b), c.small(), &st)
-	return st, err
+	return postRecord[agentwire.ServiceStatus](ctx, c, "/services", spec)
 }
 
 // Services returns the status of every supervised service, sorted by name.

@@ -26,13 +26,7 @@ func processPath(id string, rest string) string {
 // program the guest does not have, or a user it does not know, is an
 // *agentwire.Error and nothing runs.
 func (c *Client) StartProcess(ctx context.Context, req agentwire.ProcessRequest) (agentwire.ProcessInfo, error) {
-	var pi agentwire.ProcessInfo
-	b, err := json.Marshal(req)
-	if err != nil {
-		return pi, err
-	}
-	err = c.callJSON(ctx, http.MethodPost, endpoint("/processes", nil), bytes.NewReader(b), c.small(), &pi)
-	return pi, err
+	return postRecord[agentwire.ProcessInfo](ctx, c, "/processes", req)
 }
 
 // Processes lists the processes the agent keeps, oldest first.
@@ -135,13 +129,19 @@ func (c *Client) ResizeProcess(ctx context.Context, id string, size agentwire.Te
 }
 
 func (c *Client) postProcess(ctx context.Context, id, rest string, body any) (agentwire.ProcessInfo, error) {
-	var pi agentwire.ProcessInfo
+	return postRecord[agentwire.ProcessInfo](ctx, c, processPath(id, rest), body)
+}
+
+// postRecord POSTs body as JSON to path and decodes the agent's answer of
+// one record (at most the client's small reply limit) into a T.
+func postRecord[T any](ctx context.Context, c *Client, path string, body any) (T, error) {
+	var v T
 	b, err := json.Marshal(body)
 	if err != nil {
-		return pi, err
+		return v, err
 	}
-	err = c.callJSON(ctx, http.MethodPost, endpoint(processPath(id, rest), nil), bytes.NewReader(b), c.small(), &pi)
-	return pi, err
+	err = c.callJSON(ctx, http.MethodPost, endpoint(path, nil), bytes.NewReader(b), c.small(), &v)
+	return v, err
 }
 
 // WaitProcess waits until process id has exited and returns its state
