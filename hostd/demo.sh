@@ -3,9 +3,9 @@
 # on a temporary state directory and socket, build a template from the
 # Debian image of `make rootfs` (its layers become an ext4 root file
 # system; boot once, snapshot), create a sandbox from it, run Python in it
-# and write a file, fork it into two children that each write their own
-# file, pause and resume it, list the sandboxes, delete everything and stop
-# the daemon. `make run` runs it (with /dev/kvm here, or in the nested KVM
+# and write a file, start a background process, fork it into two children
+# that each write their own file, pause and resume it (the process runs
+# on), list the sandboxes, delete everything and stop the daemon. `make run` runs it (with /dev/kvm here, or in the nested KVM
 # host: see the Makefile); by hand, from the repository root, after
 # `make warren hostd kernel initramfs rootfs`: bash hostd/demo.sh
 # (WARREN_DEMO_IMAGE=REF uses another image).
@@ -55,6 +55,10 @@ echo "$SB"
 show "$W" exec "$SB" -- python3 -c 'import platform, sys; print(f"python {platform.python_version()} on {platform.system()}: 6*7 =", 6*7)'
 show "$W" exec "$SB" -- sh -c 'cat /etc/debian_version; echo "agent notes" > /root/notes.txt; ls -l /root'
 
+step "a background process in $SB: it gets an id and outlives this command (and, below, a fork, a pause and a resume)"
+PROC=$(show "$W" exec -d "$SB" -- sh -c 'i=0; while [ $i -lt 600 ]; do echo "tick $i"; i=$((i+1)); sleep 1; done')
+echo "$PROC"
+
 step "fork $SB into 2: each child writes its own file"
 KIDS=$(show "$W" fork -n 2 "$SB")
 echo "$KIDS"
@@ -70,6 +74,8 @@ step "pause, resume"
 show "$W" pause "$SB"
 show "$W" resume "$SB"
 show "$W" exec demo -- python3 -c 'print(open("/root/notes.txt").read().strip(), "- still there")'
+show "$W" ps demo
+show "$W" logs demo "$PROC" | tail -n 2
 show "$W" ls
 
 step "cleanup"
