@@ -11,6 +11,8 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -34,11 +36,7 @@ import (
 // acts for any tenant.
 func TestPeerUIDTenants(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (runs curl as other uids)")
-	}
-	curl, err := exec.LookPath("curl")
-	if err != nil {
-		t.Skip("needs curl")
+		t.Skip("needs root (runs a client as other uids)")
 	}
 	td := startDaemon(t, t.TempDir(), newFakeLauncher(t))
 	a := td.client(t, "tenant-a")
@@ -58,6 +56,16 @@ func TestPeerUIDTenants(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.Chmod(sock, 0o777)
+	// The client: this test binary in its "get" role (TestMain), copied
+	// where the other uids may run it.
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := filepath.Join(dir, "get")
+	if b, err := os.ReadFile(self); err != nil || os.WriteFile(client, b, 0o755) != nil {
+		t.Fatalf("copy the test binary: %v", err)
+	}
 	uids := TenantUIDs{}
 	for _, v := range []string{"65534=nobody-t", "65532=tenant-x,tenant-y"} {
 		if err := uids.ParseTenantUID(v); err != nil {
@@ -66,21 +74,18 @@ func TestPeerUIDTenants(t *testing.T) {
 	}
 	go td.Serve(ln, PeerAuth(uids))
 
-	// as runs curl as uid against path with the tenant header (none for
-	// ""), and returns the status and body.
+	// as runs the client as uid against path with the tenant header (none
+	// for ""), and returns the status and body.
 	as := func(uid int, tenant, path string) (int, string) {
 		t.Helper()
-		args := []string{"-sS", "--max-time", "20", "--unix-socket", sock, "-w", "\n%{http_code}", "http://hostd" + path}
-		if tenant != "" {
-			args = append(args, "-H", TenantHeader+": "+tenant)
-		}
-		cmd := exec.Command(curl, args...)
+		cmd := exec.Command(client, sock, path, tenant)
+		cmd.Env = append(os.Environ(), roleEnv+"=get")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
 		cmd.Dir = "/"
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		if err := cmd.Run(); err != nil {
-			t.Fatalf("curl as %d: %v: %s", uid, err, errb.String())
+			t.Fatalf("the client as %d: %v: %s", uid, err, errb.String())
 		}
 		body, code, _ := strings.Cut(strings.TrimSpace(out.String()), "\n")
 		if i := strings.LastIndexByte(out.String(), '\n'); i >= 0 {
@@ -333,4 +338,39 @@ func TestMainRefusesPlainTCP(t *testing.T) {
 	if code == 0 || !strings.Contains(stderr.String(), "--client-ca needs") {
 		t.Fatalf("Main with --client-ca alone = %d: %s", code, stderr.String())
 	}
+}
+
+// peerGet is the "get" role of the test binary: one GET of args[1] on the
+// daemon socket args[0], with tenant args[2] when not empty; it prints the
+// body, a newline and the status code (as TestPeerUIDTenants reads them).
+func peerGet(args []string) int {
+	if len(args) != 3 {
+		fmt.Fprintln(os.Stderr, "usage: get SOCKET PATH TENANT")
+		return 2
+	}
+	hc := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", args[0])
+		}}}
+	req, err := http.NewRequest("GET", "http://hostd"+args[1], nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if args[2] != "" {
+		req.Header.Set(TenantHeader, args[2])
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("%s\n%d", b, resp.StatusCode)
+	return 0
 }

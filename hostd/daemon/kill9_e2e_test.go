@@ -24,7 +24,9 @@ import (
 // roleEnv makes the test binary play another program (see TestMain):
 // "hostd" runs warren-hostd's Main on the remaining arguments (so a test
 // can kill -9 a real daemon process), "sleep" sleeps (a stand-in VMM for
-// the stray-process tests: its argv is whatever the test gives it).
+// the stray-process tests: its argv is whatever the test gives it), "get"
+// makes one GET on a daemon's socket (TestPeerUIDTenants runs it as other
+// uids).
 const roleEnv = "WARREN_DAEMON_TEST_ROLE"
 
 func TestMain(m *testing.M) {
@@ -34,6 +36,8 @@ func TestMain(m *testing.M) {
 	case "sleep":
 		time.Sleep(2 * time.Minute)
 		os.Exit(0)
+	case "get": // get SOCKET PATH [TENANT]: a GET on a daemon's socket, as another uid
+		os.Exit(peerGet(os.Args[1:]))
 	case "warren": // a stand-in warren: jail-init, and a VMM that sleeps
 		if len(os.Args) > 2 && os.Args[1] == jail.InitVerb { // jail-init [--report-fd N] [--pass-fds N] [--cgroup DIR]... -- ...
 			fd, pass, i := -1, 0, 2
