@@ -473,6 +473,34 @@ func TestProcessIDPrefix(t *testing.T) {
 	}
 }
 
+// TestProcessIDPrefixPerRestore: every re-sync (one follows each restore)
+// renews the namespace with the host's entropy, so sandboxes restored from
+// one template (the same memory, the same random state) name their new
+// processes apart, and the same sandbox's later processes too.
+func TestProcessIDPrefixPerRestore(t *testing.T) {
+	prefix := func(id string) string { p, _, _ := strings.Cut(id, "-"); return p }
+	var firsts []string
+	for _, entropy := range []string{"host entropy of sandbox 1", "host entropy of sandbox 2"} {
+		syncer := NewSyncer(nil)
+		syncer.AddEntropy = func([]byte) error { return nil }
+		s := NewServer(ProcessWaiter{}, Options{Sync: syncer})
+		s.table.renewPrefix("the template's state") // as restored: both alike
+		c := serveClients(t, s)()
+		before := startProc(t, c, agentwire.ProcessRequest{Argv: []string{"true"}})
+		if err := syncer.AddEntropy([]byte(entropy)); err != nil {
+			t.Fatal(err)
+		}
+		after := startProc(t, c, agentwire.ProcessRequest{Argv: []string{"true"}})
+		if prefix(after.ID) == prefix(before.ID) {
+			t.Fatalf("ids %s then %s: a re-sync did not renew the namespace", before.ID, after.ID)
+		}
+		firsts = append(firsts, after.ID)
+	}
+	if firsts[0] == firsts[1] {
+		t.Fatalf("two sandboxes from one template both named a process %s", firsts[0])
+	}
+}
+
 func TestProcessEnvUser(t *testing.T) {
 	c := serveClients(t, newTestServer())()
 	dir := t.TempDir()

@@ -27,9 +27,14 @@ type Options struct {
 	// (os.Environ).
 	Env []string
 	// Sync, when non-nil, is the clock and RNG re-sync loop whose counters
-	// /health reports. NewServer wraps its SetIdentity so that, after each
-	// identity applied (a forked child's), the processes started from then
-	// on are named from a new id namespace (RenewProcessIDs); call
+	// /health reports. NewServer wraps its AddEntropy and SetIdentity so
+	// that, after each re-sync (the host sends one after every restore:
+	// a sandbox created from a template, a fork child, a rollback, a
+	// resume from disk) and each identity applied (a forked child's), the
+	// processes started from then on are named from a new id namespace
+	// (RenewProcessIDs), drawn with the host's fresh entropy mixed in: two
+	// sandboxes restored from one template name their processes apart even
+	// before their guests' random generators have been reseeded. Call
 	// NewServer before the Syncer runs.
 	Sync *Syncer
 	// Dir is the default working directory of started processes; ""
@@ -115,6 +120,15 @@ func NewServer(w Waiter, opts Options) *Server {
 		table: newProcessTable(agentwire.MaxProcesses), maxOutput: agentwire.MaxProcessOutput}
 	s.services = newSupervisor(w, logDir, s.resolve)
 	if opts.Sync != nil {
+		add := opts.Sync.AddEntropy
+		opts.Sync.AddEntropy = func(b []byte) error {
+			var err error
+			if add != nil {
+				err = add(b)
+			}
+			s.table.renewPrefix(string(b))
+			return err
+		}
 		apply := opts.Sync.SetIdentity
 		opts.Sync.SetIdentity = func(id *agentwire.Identity) error {
 			var err error

@@ -13,7 +13,8 @@ import (
 )
 
 // TestE2EProcesses drives the process API on real VMs through the daemon:
-// a background process outlives its client, a pause, a pause to disk and
+// two sandboxes from one template name their processes apart; a
+// background process outlives its client, a pause, a pause to disk and
 // a resume; a fork child lists it (same id, still running) and names its
 // own new processes from another id namespace than the parent's; a
 // rollback brings back the process table of the snapshot; a process with
@@ -100,6 +101,15 @@ func TestE2EProcesses(t *testing.T) {
 	ticker := start(base, "sh", "-c", `i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done`)
 	job := start(base, "sh", "-c", "sleep 2; echo done")
 	step("ticker %s (pid %d), job %s", ticker.ID, ticker.Pid, job.ID)
+	// Another sandbox from the same template (the same memory, the same
+	// random state) names its processes apart: the agent renews its id
+	// namespace with the host's entropy at each restore's re-sync.
+	sb2 := c.create(tp.ID)
+	sbs = append(sbs, sb2)
+	if other := start("/v1/sandboxes/"+sb2.ID, "true"); other.ID == ticker.ID {
+		t.Fatalf("sandboxes %s and %s from one template both named a process %s", sb.ID, sb2.ID, other.ID)
+	}
+	c.ok(200, "DELETE", "/v1/sandboxes/"+sb2.ID, nil, nil)
 	var waited wire.ProcessInfo
 	c.ok(200, "GET", base+"/processes/"+job.ID+"/wait", nil, &waited)
 	if out, exit := output(base, job.ID); out != "done\n" || exit == nil || *exit != 0 || waited.Exit == nil || waited.Exit.Code != 0 {
