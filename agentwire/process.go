@@ -58,10 +58,12 @@ import "time"
 //
 // Processes live in the guest's memory, so they are paused with it, saved
 // in its snapshots and copied into forked children: a restored sandbox or a
-// child lists them as they were. Ids are unique within a sandbox; a forked
-// child names the processes it starts from a new id namespace (its own
-// prefix), so ids of the parent's and the child's new processes never
-// collide. Ids are "<prefix>-<n>": 8 hex digits, a dash, a decimal
+// child lists them as they were. Ids are unique within a sandbox; after
+// every restore (a sandbox created from a template, a fork child, a
+// rollback, a resume from disk) the agent names the processes it starts
+// from a new id namespace (a new prefix, drawn with the host's entropy of
+// that restore's re-sync), so the new processes of a parent and its
+// children, or of two sandboxes from one template, never share ids. Ids are "<prefix>-<n>": 8 hex digits, a dash, a decimal
 // number.
 //
 // The file API's additions (answers as the other file calls': FileInfo
