@@ -109,14 +109,10 @@ func (d *Daemon) renameFile(w http.ResponseWriter, r *http.Request, s *sbState, 
 // answered with its status; a stream that broke after that ends with a
 // line {"error": "..."}.
 func (d *Daemon) watchFiles(w http.ResponseWriter, r *http.Request, s *sbState) {
-	p, err := guestPath(r, "path")
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	recursive, err := queryBool(r, "recursive", false)
-	if err != nil {
-		writeErr(w, err)
+	q := query{r: r}
+	p, recursive := q.path("path"), q.flag("recursive", false)
+	if q.err != nil {
+		writeErr(w, q.err)
 		return
 	}
 	c, _, err := d.readyAgent(s)

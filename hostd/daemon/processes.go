@@ -166,19 +166,18 @@ func (d *Daemon) waitProcess(w http.ResponseWriter, r *http.Request, s *sbState)
 // flushed), and last the Exit frame once the process has exited, or an
 // Error frame when the agent's stream broke after the answer had started.
 func (d *Daemon) processOutput(w http.ResponseWriter, r *http.Request, s *sbState) {
-	q := r.URL.Query()
+	q := query{r: r}
 	offset := int64(-1)
-	if v := q.Get("offset"); v != "" {
+	if v := r.URL.Query().Get("offset"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			writeErr(w, errf(400, "bad offset %q", v))
-			return
+			q.keep(errf(400, "bad offset %q", v))
 		}
 		offset = max(n, -1)
 	}
-	follow, err := queryBool(r, "follow", true)
-	if err != nil {
-		writeErr(w, err)
+	follow := q.flag("follow", true)
+	if q.err != nil {
+		writeErr(w, q.err)
 		return
 	}
 	c, _, err := d.readyAgent(s)
