@@ -126,7 +126,21 @@ func (f *Forker) Fork(ctx context.Context, n int, childDirs []string) (_ *Point,
 			return nil, fmt.Errorf("cow: fork: %w", err)
 		}
 	}
-	if p.Memory, err = f.VM.Memory().Fork(); err != nil {
+	// The pages written since the previous fork, from the records that are
+	// kept anyway (KVM's dirty log and the VMM's own writes), so that
+	// nothing in this pause walks guest memory; without dirty logging,
+	// guestmem scans pagemap instead.
+	var written []uint64
+	mem := f.VM.Memory()
+	if f.VM.TracksDirty() {
+		if written, err = f.VM.TakeDirty(guestmem.ForForks); err != nil {
+			return nil, fmt.Errorf("cow: fork: %w", err)
+		}
+		for w, bits := range mem.TakeWritten(guestmem.ForForks) {
+			written[w] |= bits
+		}
+	}
+	if p.Memory, err = mem.Fork(written); err != nil {
 		return nil, fmt.Errorf("cow: fork: %w", err)
 	}
 	return p, nil

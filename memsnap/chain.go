@@ -470,8 +470,11 @@ func (r *chainReader) ReadAt(p []byte, off int64) (int, error) {
 // pass the pages that may hold data (guestmem Populated), so that holes
 // are not faulted in. It returns how many pages it wrote with stored
 // content and how many it cleared. Chunks are checked as they are read;
-// call Verify first when dst must not be touched on failure.
-func (c *Chain) RestoreOver(dst []byte, candidates []uint64) (written, cleared uint64, err error) {
+// call Verify first when dst must not be touched on failure. changed, when
+// not nil, is called with each page written or cleared (concurrently, for
+// distinct pages): the caller's record of the pages it changed, which no
+// dirty log sees (guestmem's MarkPageWritten).
+func (c *Chain) RestoreOver(dst []byte, candidates []uint64, changed func(page uint64)) (written, cleared uint64, err error) {
 	if uint64(len(dst)) != c.MemSize() {
 		return 0, 0, fmt.Errorf("memsnap: restore %s: destination is %d bytes, memory is %d: %w", c.Top().path, len(dst), c.MemSize(), ErrIncompatible)
 	}
@@ -498,6 +501,9 @@ func (c *Chain) RestoreOver(dst []byte, candidates []uint64) (written, cleared u
 			if !bytes.Equal(d, data[:ps]) {
 				copy(d, data[:ps])
 				nw.Add(1)
+				if changed != nil {
+					changed(page)
+				}
 			}
 			data, page = data[ps:], page+1
 		}
@@ -520,6 +526,9 @@ func (c *Chain) RestoreOver(dst []byte, candidates []uint64) (written, cleared u
 			if !isZero(d) {
 				clear(d)
 				nc.Add(1)
+				if changed != nil {
+					changed(p)
+				}
 			}
 		}
 	}

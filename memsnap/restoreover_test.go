@@ -36,7 +36,7 @@ func TestRestoreOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	w, z, err := c.RestoreOver(cur, nil)
+	w, z, err := c.RestoreOver(cur, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestRestoreOver(t *testing.T) {
 		t.Fatalf("wrote %d + cleared %d pages, %d differed", w, z, len(changed))
 	}
 	// Again: nothing differs now.
-	if w, z, err := c.RestoreOver(cur, nil); err != nil || w+z != 0 {
+	if w, z, err := c.RestoreOver(cur, nil, nil); err != nil || w+z != 0 {
 		t.Fatalf("second RestoreOver wrote %d, cleared %d, err %v", w, z, err)
 	}
 
@@ -65,20 +65,20 @@ func TestRestoreOver(t *testing.T) {
 	}
 	cur[zeroPage*testPS] = 1
 	cand := make([]uint64, 1024/64)
-	if _, _, err := c.RestoreOver(cur, cand); err != nil {
+	if _, _, err := c.RestoreOver(cur, cand, nil); err != nil {
 		t.Fatal(err)
 	}
 	if cur[zeroPage*testPS] != 1 {
 		t.Fatal("a page outside the candidates was touched")
 	}
 	cand[zeroPage/64] |= 1 << (zeroPage % 64)
-	if _, z, err := c.RestoreOver(cur, cand); err != nil || z != 1 {
+	if _, z, err := c.RestoreOver(cur, cand, nil); err != nil || z != 1 {
 		t.Fatalf("cleared %d pages (err %v), want 1", z, err)
 	}
 	if i := firstDiff(cur, want); i >= 0 {
 		t.Fatalf("differs at byte %d", i)
 	}
-	if _, _, err := c.RestoreOver(cur[:testPS], nil); err == nil {
+	if _, _, err := c.RestoreOver(cur[:testPS], nil, nil); err == nil {
 		t.Fatal("RestoreOver into a short buffer: no error")
 	}
 }

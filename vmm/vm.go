@@ -89,9 +89,13 @@ type VM struct {
 	console *panicWatcher
 	conbuf  *lineBuffer // between console and the UART
 
-	manualProtect bool              // dirty pages stay logged until DirtyPages clears them
-	closers       []func()          // run by Close, last first
-	transports    []VirtioTransport // in Config.Virtio order
+	manualProtect bool // dirty pages stay logged until dirtyPages clears them
+	// dirtyMu serialises reads of KVM's dirty log (TakeDirty); dirtyLedger
+	// keeps what each reader has not taken yet.
+	dirtyMu     sync.Mutex
+	dirtyLedger guestmem.Ledger
+	closers     []func()          // run by Close, last first
+	transports  []VirtioTransport // in Config.Virtio order
 
 	stopping atomic.Bool
 	stopOnce sync.Once
@@ -151,7 +155,7 @@ func New(cfg Config) (_ *VM, err error) {
 	// The boot image's pages are no incremental snapshot's concern (the
 	// first snapshot is a full one); a full one's pre-copy need not copy
 	// them twice.
-	v.mem.TakeWritten()
+	v.mem.ForgetWritten()
 	if err := v.createKVM(); err != nil {
 		return nil, err
 	}
@@ -298,14 +302,48 @@ func (v *VM) pulseIRQ(gsi uint32) {
 	}
 }
 
-// DirtyPages returns a bitmap (bit i of word i/64 is page i of the region)
-// of the pages of memory region i (see Memory().Regions()) that the guest
-// wrote since the previous call, and starts a new logging round. It needs
-// Config.TrackDirty. Pages written by the VMM itself are not included.
-func (v *VM) DirtyPages(region int) ([]uint64, error) {
+// TakeDirty returns the pages of the flat memfd image (bit p%64 of word
+// p/64) that the guest wrote since t's previous TakeDirty, from KVM's dirty
+// log of every region, and starts a new logging round; what it read from
+// KVM is kept for the other reader (guestmem.Ledger), so snapshots and forks
+// each see every guest write. It needs Config.TrackDirty. Pages written by
+// the VMM itself are not included (guestmem TakeWritten). Its cost is one
+// bit per page of RAM (KVM_GET_DIRTY_LOG's bitmap) plus the pages found.
+// Call it with the vCPUs paused where the caller needs an exact cut.
+func (v *VM) TakeDirty(t guestmem.Tracker) ([]uint64, error) {
 	if !v.cfg.TrackDirty {
 		return nil, fmt.Errorf("vmm: dirty-page logging is off (Config.TrackDirty)")
 	}
+	v.dirtyMu.Lock()
+	defer v.dirtyMu.Unlock()
+	flat := make([]uint64, (v.mem.Size()/guestmem.PageSize+63)/64)
+	for i, r := range v.mem.Regions() {
+		bm, err := v.dirtyPages(i)
+		if err != nil {
+			return nil, err
+		}
+		first := r.Offset / guestmem.PageSize
+		if first%64 == 0 {
+			// Regions start on 64-page boundaries (the 3 GiB hole): whole words.
+			for w, bits := range bm {
+				flat[first/64+uint64(w)] |= bits
+			}
+			continue
+		}
+		for p := uint64(0); p < r.Size/guestmem.PageSize; p++ {
+			if bm[p/64]&(1<<(p%64)) != 0 {
+				q := first + p
+				flat[q/64] |= 1 << (q % 64)
+			}
+		}
+	}
+	return v.dirtyLedger.Take(t, flat), nil
+}
+
+// dirtyPages returns a bitmap (bit i of word i/64 is page i of the region)
+// of the pages of memory region i that the guest wrote since the previous
+// call, and starts a new logging round. dirtyMu is held.
+func (v *VM) dirtyPages(region int) ([]uint64, error) {
 	rs := v.mem.Regions()
 	if region < 0 || region >= len(rs) {
 		return nil, fmt.Errorf("vmm: no memory region %d", region)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenvm/warren/vmm/guestmem"
 	"github.com/warrenvm/warren/vmm/hostprofile"
 	"github.com/warrenvm/warren/vmm/testguest"
 )
@@ -145,7 +146,7 @@ func TestDirtyPageLog(t *testing.T) {
 	if con.String() != "D\n" {
 		t.Fatalf("console %q", con.String())
 	}
-	bitmap, err := vm.DirtyPages(0)
+	bitmap, err := vm.TakeDirty(guestmem.ForSnapshots)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +165,7 @@ func TestDirtyPageLog(t *testing.T) {
 		t.Errorf("guest write not visible in memfd: %#x", b[0])
 	}
 	// A new round starts clean: the guest has written nothing since.
-	again, err := vm.DirtyPages(0)
+	again, err := vm.TakeDirty(guestmem.ForSnapshots)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -108,7 +108,9 @@ func (s *Snapshotter) Rollback(ctx context.Context, snap *Snapshot) (*RollbackRe
 		if err != nil {
 			return err
 		}
-		rep.Written, rep.Cleared, err = snap.Chain.RestoreOver(m.Flat(), cand)
+		// The pages rewritten are the VMM's writes, in no dirty log: the
+		// next fork must copy them (the snapshots' record is reset below).
+		rep.Written, rep.Cleared, err = snap.Chain.RestoreOver(m.Flat(), cand, m.MarkPageWritten)
 		return err
 	})
 	if err != nil {
@@ -135,7 +137,7 @@ func (s *Snapshotter) Rollback(ctx context.Context, snap *Snapshot) (*RollbackRe
 	if _, err := s.dirtyPages(); err != nil {
 		return broken(err)
 	}
-	s.vm.Memory().TakeWritten()
+	s.vm.Memory().TakeWritten(guestmem.ForSnapshots)
 	s.parentLayer, s.parentName = snap.Layer(), snap.Name()
 	s.vm.RaisePending()
 	var rerr error

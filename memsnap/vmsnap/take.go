@@ -249,28 +249,15 @@ func (s *Snapshotter) Take(ctx context.Context, path string, kind Kind) (*Report
 	return rep, nil
 }
 
-// dirtyPages reads and clears KVM's dirty log of every memory region,
-// as one bitmap over the flat memfd (bit p%64 of word p/64 for page p).
+// dirtyPages returns the pages the guest wrote since the snapshots' previous
+// look (KVM's dirty log through vmm's ledger, so forks keep their own
+// share), as one bitmap over the flat memfd (bit p%64 of word p/64).
 func (s *Snapshotter) dirtyPages() ([]uint64, error) {
 	mem := s.vm.Memory()
-	dirty := make([]uint64, (mem.Size()/guestmem.PageSize+63)/64)
 	if !s.vm.TracksDirty() {
-		return dirty, nil
+		return make([]uint64, (mem.Size()/guestmem.PageSize+63)/64), nil
 	}
-	for i, r := range mem.Regions() {
-		bm, err := s.vm.DirtyPages(i)
-		if err != nil {
-			return nil, err
-		}
-		first := r.Offset / guestmem.PageSize
-		for p := uint64(0); p < r.Size/guestmem.PageSize; p++ {
-			if bm[p/64]&(1<<(p%64)) != 0 {
-				q := first + p
-				dirty[q/64] |= 1 << (q % 64)
-			}
-		}
-	}
-	return dirty, nil
+	return s.vm.TakeDirty(guestmem.ForSnapshots)
 }
 
 // precopy copies every populated page of the running VM after clearing
@@ -320,7 +307,7 @@ func (s *Snapshotter) capture(c *Capture, pre *pageImage) (*pageImage, []uint64,
 	if err != nil {
 		return nil, nil, err
 	}
-	orBits(dirty, mem.TakeWritten())
+	orBits(dirty, mem.TakeWritten(guestmem.ForSnapshots))
 	st, err := s.vm.SaveState()
 	if err != nil {
 		return nil, nil, err

@@ -93,7 +93,7 @@ func fromBase(t *testing.T, b *Base) *Memory {
 func fork(t *testing.T, m *Memory) *Base {
 	t.Helper()
 	addr, size := unsafe.SliceData(m.Flat()), m.Size()
-	b, err := m.Fork()
+	b, err := m.Fork(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestFork(t *testing.T) {
 	fill(t, m, st1, 0, 10, 0x11)
 	fill(t, m, st1, 100, 1, 0x12)
 	fill(t, m, st1, 255, 1, 0x13)
-	m.TakeWritten()
+	m.TakeWritten(ForSnapshots)
 
 	b1 := fork(t, m) // first fork: the memfd becomes the bottom layer
 	if len(b1.Layers) != 1 || b1.Layers[0].Runs != nil {
@@ -140,7 +140,7 @@ func TestFork(t *testing.T) {
 	if n := privatePages(t, m); n != 11 {
 		t.Errorf("parent holds %d private pages, want 11", n)
 	}
-	if w := m.TakeWritten(); w[0] != 0x7fe0 || w[3] != 1<<8 {
+	if w := m.TakeWritten(ForSnapshots); w[0] != 0x7fe0 || w[3] != 1<<8 {
 		t.Errorf("written bitmap after fork = %#x, want pages 5-14 and 200", w)
 	}
 	// The memfd (FD, the bottom layer) keeps the fork-time content.
@@ -385,7 +385,7 @@ func TestPrivatePages(t *testing.T) {
 	if _, err := m.PrivatePages(); err == nil {
 		t.Error("PrivatePages of a closed memory succeeded")
 	}
-	if _, err := m.Fork(); err == nil {
+	if _, err := m.Fork(nil); err == nil {
 		t.Error("Fork of a closed memory succeeded")
 	}
 }

@@ -51,8 +51,10 @@ type Memory struct {
 	// with the VM paused.
 	layers []memLayer
 	// written has one bit per page of the memfd (flat offset / PageSize)
-	// that the VMM wrote since the last TakeWritten; see MarkWritten.
-	written []atomic.Uint64
+	// that the VMM wrote since the last TakeWritten of any reader; see
+	// MarkWritten. writtenLedger keeps each reader's share (track.go).
+	written       []atomic.Uint64
+	writtenLedger Ledger
 }
 
 // ErrOutOfRange is wrapped by accessors given an address outside RAM.
@@ -277,18 +279,6 @@ func (m *Memory) MarkWritten(gpa, n uint64) {
 			}
 		}
 	}
-}
-
-// TakeWritten returns the pages the VMM wrote since the previous call, as
-// a bitmap with one bit per page of the flat memfd image (bit p%64 of word
-// p/64), and clears the record. Call it with the VM paused and devices
-// quiesced, or writes racing with it may land in either snapshot.
-func (m *Memory) TakeWritten() []uint64 {
-	out := make([]uint64, len(m.written))
-	for i := range m.written {
-		out[i] = m.written[i].Swap(0)
-	}
-	return out
 }
 
 // Close unmaps the memory and closes every file it holds (the memfd, or

@@ -61,13 +61,13 @@ func TestMarkWritten(t *testing.T) {
 	m.MarkWritten(5*PageSize, 0)               // empty: ignored
 	holePages := uint64(MMIOHoleStart / PageSize)
 	want := map[uint64]bool{0: true, 1: true, holePages + 3: true}
-	got := m.TakeWritten()
+	got := m.TakeWritten(ForSnapshots)
 	for p := uint64(0); p < uint64(len(got))*64; p++ {
 		if set := got[p/64]&(1<<(p%64)) != 0; set != want[p] {
 			t.Errorf("page %d marked %v, want %v", p, set, want[p])
 		}
 	}
-	for i, w := range m.TakeWritten() {
+	for i, w := range m.TakeWritten(ForSnapshots) {
 		if w != 0 {
 			t.Fatalf("word %d not cleared: %#x", i, w)
 		}
