@@ -34,9 +34,11 @@ package guestmem
 //     reading or writing guest memory: it scans and remaps the mapping,
 //     and a write racing with it may be lost or land in either side.
 //
-// Cost. The first Fork of a New memory copies nothing. Later Forks scan
-// /proc/self/pagemap for the mapping (8 bytes per page) and copy only the
-// pages written since the mapping was made or last forked. To bound the
+// Cost. The first Fork of a New memory copies nothing. Later Forks copy
+// only the pages written since the mapping was made or last forked: named
+// by the caller from the write records it keeps anyway (KVM's dirty log
+// and the VMM's own writes: cow passes them, one bit per page), or else
+// found by scanning /proc/self/pagemap for the mapping (8 bytes per page). To bound the
 // number of layers and of VMAs (vm.max_map_count: every run costs up to
 // two), Fork flattens instead when a Memory would stack more than
 // maxLayers layers or maxRuns runs: it copies the whole content (O(guest
