@@ -138,9 +138,10 @@ unit: testguests
 
 # .ci/test-kvm.sh runs the KVM packages' test binaries in the nested KVM
 # host. A package that fails runs once more (its failed and remaining
-# tests); a second failure fails the build, except that an attempt where an
-# L2 guest triple-faulted or a Linux boot stalled (the emulated SVM's flakes)
-# is excused up to twice.
+# tests); a second failure fails the build, except that an attempt whose
+# only L2 failures are triple faults with the emulated host's known
+# signature in L1's KVM trace (.ci/kvmhost/l2faults.sh) is excused up to
+# twice; a stalled boot or a triple fault without that signature is not.
 # When L1 itself dies or freezes (its kernel has died of a kernel-stack
 # overflow in KVM, reported soft lockups, or stalled silently:
 # .ci/kvmhost/README.md), it boots a fresh L1 and resumes: passed packages

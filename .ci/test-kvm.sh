@@ -20,14 +20,13 @@
 #
 # Test verdicts are strict: a package that fails is run once more (only its
 # failed and not yet run tests), and a second failure fails the build. The
-# one exception: the emulated host makes about one L2 guest start in a
-# hundred triple-fault (KVM_EXIT_SHUTDOWN, seen with every version of the
-# VMM, and in CI twice in one package), and a Linux boot now and then
-# stalls early (QEMU's L2 guests do both in the same L1), so an attempt
-# whose log shows a triple fault or "L2 guest boot stalled" (a boot past
-# its deadline, vmmproc's bootStalled) does not count toward those two, at
-# most twice per package (so a package runs at most four times). Every
-# failure stays in the log.
+# one exception is a failure explained: the emulated host makes about one
+# L2 guest start in a hundred triple-fault (KVM_EXIT_SHUTDOWN; QEMU's L2
+# guests as often, in the same L1), always with one signature in L1's KVM
+# trace (.ci/kvmhost/l2faults.sh). An attempt whose triple faults all carry it
+# does not count toward those two, at most twice per package (so a package
+# runs at most four times). A triple fault without it, or a boot that
+# stalled, counts like any failure. Every failure stays in the log.
 #
 # Inside L1 this same file runs as `sh .ci/test-kvm.sh --inner` (busybox ash);
 # its progress lives in STATE_DIR, which is under the shared directory, so it
@@ -35,38 +34,12 @@
 set -u
 
 if [ "${1:-}" = --inner ]; then
-	# In L1: $STATE, $TESTS and $PKGS come from run.sh's --env.
-	#
-	# Where an L2 guest was when it triple-faulted: KVM resets the vCPU on
-	# the shutdown intercept before the VMM sees KVM_EXIT_SHUTDOWN, so the
-	# registers the VMM logs are the reset state (rip 0xfff0). L1's own
-	# kvm:kvm_exit tracepoint, filtered to shutdown exits (SVM 0x7f, VMX's
-	# triple fault 2), records the guest's rip at the exit itself; each
-	# attempt's lines are printed after it, with the guest kernel's symbol
-	# where build/System.map has one.
-	tr=/sys/kernel/tracing
-	[ -d $tr/events ] || mount -t tracefs nodev $tr 2>/dev/null
-	if [ -w $tr/events/kvm/kvm_exit/filter ] &&
-		echo '(isa == 2 && exit_reason == 127) || (isa == 1 && exit_reason == 2)' >$tr/events/kvm/kvm_exit/filter &&
-		echo 1 >$tr/events/kvm/kvm_exit/enable; then
-		echo 1 >$tr/tracing_on
-		echo >$tr/trace
-	else
-		tr=
-	fi
-	shutdowns() {
-		[ -n "$tr" ] || return 0
-		grep -v '^#' $tr/trace | while read -r line; do
-			rip=$(echo "$line" | sed -n 's/.* rip 0x\([0-9a-f]*\).*/\1/p')
-			sym=
-			if [ -n "$rip" ] && [ -f build/System.map ]; then
-				rip=$(printf '%016s' "$rip" | tr ' ' 0)
-				sym=$(awk -v r="$rip" '("x" $1) <= ("x" r) && $2 ~ /^[tTwW]$/ { s = $3 } ("x" $1) > ("x" r) { exit } END { print s }' build/System.map)
-			fi
-			echo "=== L2 shutdown exit (triple fault) in L1's KVM trace: $line${sym:+ (guest kernel: $sym)}"
-		done
-		echo >$tr/trace
-	}
+	# In L1: $STATE, $TESTS and $PKGS come from run.sh's --env. L1's
+	# trace of L2 shutdown exits tells the emulated host's known fault
+	# from anything else (l2faults.sh); each attempt's traced exits are
+	# appended to its log.
+	. .ci/kvmhost/l2faults.sh
+	l2trace_start
 	for p in $PKGS; do
 		key=$(echo "$p" | tr / _)
 		if [ -f "$STATE/$key.done" ]; then
@@ -98,22 +71,23 @@ if [ "${1:-}" = --inner ]; then
 				{ (cd "$p" && "$TESTS/$key.test" -test.count=1 -test.v -test.timeout "$timeout"); echo $? >"$STATE/$key.rc"; } 2>&1 | tee "$log"
 			fi
 			rc=$(cat "$STATE/$key.rc" 2>/dev/null || echo 1)
-			shutdowns | tee -a "$log"
+			l2trace_dump | tee -a "$log"
 			if [ "$rc" = 0 ]; then
 				touch "$STATE/$key.done"
 				break
 			fi
-			# A guest's triple fault or a Linux boot that stalls early (the
-			# emulated SVM's flakes, QEMU's L2 guests have both: vmmproc's
-			# bootStalled) is excused at most twice per package; any other
-			# failure counts at once.
-			if grep -q -e 'triple fault (KVM_EXIT_SHUTDOWN)' -e 'L2 guest boot stalled' "$log"; then
+			# An attempt whose only L2 failures are the emulated host's
+			# known fault (l2_explained) is excused at most twice per
+			# package; any other failure counts at once.
+			if why=$(l2_explained "$log"); then
 				shutdowns=$(($(cat "$STATE/$key.shutdowns" 2>/dev/null || echo 0) + 1))
 				echo "$shutdowns" >"$STATE/$key.shutdowns"
 				if [ "$shutdowns" -le 2 ]; then
-					echo "=== FLAKY? package $p: a guest triple-faulted or its boot stalled (the nested host's known flakes, excused $shutdowns of 2 times); running its failed and remaining tests again"
+					echo "=== FLAKY? package $p: $why (excused $shutdowns of 2 times); running its failed and remaining tests again"
 					continue
 				fi
+			elif [ -n "$why" ]; then
+				echo "=== package $p: not excused: $why"
 			fi
 			fails=$(($(cat "$STATE/$key.fails" 2>/dev/null || echo 0) + 1))
 			echo "$fails" >"$STATE/$key.fails"

@@ -42,7 +42,8 @@ func dumpGuest(t *testing.T, g *guest) {
 	}
 	le := binary.LittleEndian
 	for _, c := range st.VCPUs {
-		t.Logf("vCPU %d: rip %#x rsp %#x rflags %#x mp_state %d", c.ID, c.Regs.RIP, c.Regs.RSP, c.Regs.RFLAGS, c.MPState)
+		t.Logf("vCPU %d: rip %#x (%s) rsp %#x rflags %#x mp_state %d cr2 %#x cr3 %#x", c.ID, c.Regs.RIP, kernelSymbol(c.Regs.RIP),
+			c.Regs.RSP, c.Regs.RFLAGS, c.MPState, c.Sregs.CR2, c.Sregs.CR3)
 		if len(c.LAPIC) >= 0x400 {
 			var isr, irr []string
 			for i := 0; i < 8; i++ {
@@ -65,6 +66,31 @@ func dumpGuest(t *testing.T, g *guest) {
 		}
 		t.Logf("  ioapic irr %#x", le.Uint32(st.IOAPIC[16:]))
 	}
+}
+
+// kernelSymbol names the guest kernel's text symbol at or below addr, from
+// build/System.map, or says why it cannot.
+func kernelSymbol(addr uint64) string {
+	_, file, _, _ := runtime.Caller(0)
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "build", "System.map"))
+	if err != nil {
+		return "no System.map"
+	}
+	best, name := uint64(0), "user or unknown"
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || !strings.ContainsAny(f[1], "tTwW") {
+			continue
+		}
+		a, err := strconv.ParseUint(f[0], 16, 64)
+		if err == nil && a <= addr && a > best {
+			best, name = a, f[2]
+		}
+	}
+	if addr-best > 1<<20 {
+		return "user or unknown"
+	}
+	return name
 }
 
 // dumpStacks logs every goroutine's stack: in these tests the VMM runs in

@@ -40,15 +40,20 @@ func main() {
 	cpus := flag.Int("cpus", 1, "vCPUs")
 	timeout := flag.Duration("timeout", 10*time.Minute, "limit for one boot")
 	jsonOut := flag.String("json", "", "also write results as JSON to this file")
+	qemuMem := flag.String("qemu-mem", "anon", "QEMU's guest RAM: anon (its default, private anonymous memory) or memfd (a shared memfd, as Warren's guest RAM is): tells the memory's kind from the VMM's code when their L2 fault rates differ in the nested host")
 	keepGoing := flag.Bool("keep-going", false, "count a failed boot (triple fault, no ready line, timeout) and go on, then report each system's failure rate: the nested host's L2 fault rates, Warren's against QEMU's on the same kernel (issue 18)")
 	flag.Parse()
-	if err := run(f, *runs, *mem, *cpus, *timeout, *jsonOut, *keepGoing); err != nil {
+	if *qemuMem != "anon" && *qemuMem != "memfd" {
+		fmt.Fprintf(os.Stderr, "bench/boot: --qemu-mem %q: want anon or memfd\n", *qemuMem)
+		os.Exit(2)
+	}
+	if err := run(f, *runs, *mem, *cpus, *timeout, *jsonOut, *keepGoing, *qemuMem == "memfd"); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/boot:", err)
 		os.Exit(1)
 	}
 }
 
-func run(f rig.Files, runs, mem, cpus int, timeout time.Duration, jsonOut string, keepGoing bool) error {
+func run(f rig.Files, runs, mem, cpus int, timeout time.Duration, jsonOut string, keepGoing, qemuMemfd bool) error {
 	if err := f.Check(rig.Needs{Files: true, QEMU: true}); err != nil {
 		return err
 	}
@@ -60,14 +65,19 @@ func run(f rig.Files, runs, mem, cpus int, timeout time.Duration, jsonOut string
 	full.Add(userArgs)
 
 	m, c := strconv.Itoa(mem), strconv.Itoa(cpus)
+	machine, ram := "microvm,acpi=off", []string(nil)
+	if qemuMemfd {
+		machine += ",memory-backend=ram"
+		ram = []string{"-object", "memory-backend-memfd,id=ram,size=" + m + "M,share=on"}
+	}
 	systems := []struct {
 		name string
 		argv []string
 	}{
 		{"warren", []string{f.Warren, "run", "--kernel", f.Kernel, "--initramfs", f.Initramfs, "--mem", m, "--cpus", c, "--cmdline", userArgs}},
-		{"qemu", []string{f.QEMU, "-M", "microvm,acpi=off", "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", m, "-smp", c,
+		{"qemu", append([]string{f.QEMU, "-M", machine, "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", m, "-smp", c,
 			"-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio",
-			"-kernel", f.Kernel, "-initrd", f.Initramfs, "-append", full.String()}},
+			"-kernel", f.Kernel, "-initrd", f.Initramfs, "-append", full.String()}, ram...)},
 	}
 	fmt.Printf("host profile: %s\nkernel: %s\ninitramfs: %s\ncmdline: %s\n\n", profile, f.Kernel, f.Initramfs, full.String())
 	samples := make([][]time.Duration, len(systems))

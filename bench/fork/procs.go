@@ -152,7 +152,7 @@ func forkToAgent(c config, reg *registry, w *parent, prefix string) (r vmmctl.Fo
 	defer client.Close()
 	agentT, err = waitAnswer(client, start, start.Add(c.runTimeout), func() bool { return !alive(ch.PID) })
 	if err != nil {
-		return r, call, 0, fmt.Errorf("child pid %d: %w; its log: %s", ch.PID, err, logTail(ch))
+		return r, call, 0, fmt.Errorf("child pid %d: %w; its log: %s; its console: %s", ch.PID, err, logTail(ch), consoleTail(ch))
 	}
 	return r, call, agentT, nil
 }
@@ -252,6 +252,13 @@ func stopChildren(reg *registry, children []vmmctl.ForkChild) {
 			os.Remove(f)
 		}
 	}
+}
+
+// consoleTail is the end of a child's console, for an error message: the
+// guest's last words before a hang (the console file goes with the child).
+func consoleTail(ch vmmctl.ForkChild) string {
+	b, _ := os.ReadFile(ch.Console)
+	return tail(string(b))
 }
 
 // logTail is the end of a child's log, for an error message.
