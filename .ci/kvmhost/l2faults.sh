@@ -25,10 +25,10 @@
 # page fault (intr_info 0x80000b0e: valid, hardware exception, vector 14,
 # error code valid) raised by an instruction fetch of a page not present
 # (error code 0x10 in the guest kernel, 0x14 in its user mode), at text that
-# is always mapped (kernel text; a running program's). QEMU's L2 guests fail
-# as often in the same L1, and none of it happens with L1's KVM on shadow
-# paging: the record is in vmm/README.md, "L2 triple faults in the nested
-# host".
+# is always mapped (kernel text; a running program's): the guest's page
+# walk read a present entry as absent, which no VMM state can make a correct
+# CPU do. The record (rates against QEMU's L2 guests in the same L1, and
+# what is still open) is in .ci/kvmhost/README.md, "L2 triple faults".
 
 l2trace_start() {
 	l2trace=/sys/kernel/tracing
