@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/warrenvm/warren/memsnap/vmsnap"
 )
 
 // Launch is what warren-hostd asks a VMM process to be: a VM booted from
@@ -64,6 +66,11 @@ type Run struct {
 	UpstreamCA          string
 	UpstreamAllow       string
 	WildcardCredentials bool
+	// Balloon attaches a memory balloon with free page reporting
+	// (--balloon): the guest gives the memory it frees back to the host,
+	// and the control API sets its target (GET and PUT /v1/balloon). A
+	// restore keeps the snapshot's.
+	Balloon bool
 	// Jail is the --jail value (Jail.Encode writes it, ParseJail and
 	// vmmproc.ParseJail read it); empty: none.
 	Jail string
@@ -107,10 +114,20 @@ func ParseDisk(v string) (Disk, error) {
 
 // Restore is `warren restore`: a sandbox's VM from a snapshot.
 type Restore struct {
-	// Snapshot is the snapshot's DIR/NAME (required); Lazy maps its
-	// memory copy-on-write (--lazy) instead of reading it all first.
+	// Snapshot is the snapshot's DIR/NAME (required).
 	Snapshot string
+	// Lazy maps its memory copy-on-write (--lazy: vmsnap.Mmap) instead of
+	// reading it all first. LazyMode, when set, names the memory mode
+	// instead (--lazy=MODE: vmsnap.Eager, Mmap or Uffd); give one of the
+	// two. Mode says which applies.
 	Lazy     bool
+	LazyMode vmsnap.MemoryMode
+	// RecordWorkingSet, with the Uffd mode, records the pages the guest
+	// touches first, which the control API's POST /v1/working-set/save
+	// writes to this file (--record-working-set). Prefetch, with the Uffd
+	// mode, is a working set the VMM prefetches while the guest runs
+	// (--prefetch; a missing, stale or corrupt one is logged and ignored).
+	RecordWorkingSet, Prefetch string
 	// API, Vsock and Console are the control API's unix socket, the
 	// vsock socket replacing the snapshotted VM's, and the console file
 	// (--api, --vsock, --console).
@@ -125,6 +142,18 @@ type Restore struct {
 	// Jail is the --jail value (Jail.Encode writes it, ParseJail and
 	// vmmproc.ParseJail read it); empty: none.
 	Jail string
+}
+
+// Mode is r's memory mode: LazyMode when set, else vmsnap.Mmap with Lazy,
+// else vmsnap.Eager.
+func (r *Restore) Mode() vmsnap.MemoryMode {
+	switch {
+	case r.LazyMode != "":
+		return r.LazyMode
+	case r.Lazy:
+		return vmsnap.Mmap
+	}
+	return vmsnap.Eager
 }
 
 // Verb is the warren subcommand l runs: "run" or "restore" ("" when
@@ -232,6 +261,7 @@ func (r *Run) args() ([]string, error) {
 	e.path("--upstream-ca", r.UpstreamCA)
 	e.str("--upstream-allow", r.UpstreamAllow)
 	e.flag("--allow-wildcard-credentials", r.WildcardCredentials)
+	e.flag("--balloon", r.Balloon)
 	e.str("--jail", r.Jail)
 	return e.done()
 }
@@ -239,7 +269,23 @@ func (r *Run) args() ([]string, error) {
 // args checks r and encodes it.
 func (r *Restore) args() ([]string, error) {
 	e := encoder{verb: "restore", args: []string{"restore"}}
-	e.flag("--lazy", r.Lazy)
+	switch {
+	case r.LazyMode != "" && r.Lazy:
+		e.fail("lazy and memory mode %q: give one", r.LazyMode)
+	case r.LazyMode != "":
+		if _, err := vmsnap.ParseMemoryMode(string(r.LazyMode)); err != nil {
+			e.fail("%v", err)
+		}
+		// One argument: --lazy alone is a boolean flag.
+		e.args = append(e.args, "--lazy="+string(r.LazyMode))
+	default:
+		e.flag("--lazy", r.Lazy)
+	}
+	if (r.RecordWorkingSet != "" || r.Prefetch != "") && r.Mode() != vmsnap.Uffd {
+		e.fail("a working set to record or prefetch needs the uffd memory mode, not %s", r.Mode())
+	}
+	e.path("--record-working-set", r.RecordWorkingSet)
+	e.path("--prefetch", r.Prefetch)
 	e.path("--api", r.API)
 	e.path("--vsock", r.Vsock)
 	e.path("--console", r.Console)

@@ -16,6 +16,7 @@ import (
 	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/internal/strictjson"
+	"github.com/warrenvm/warren/memsnap/uffd"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmmctl"
@@ -33,8 +34,21 @@ import (
 //	POST /v1/fork      {"n": N, "prefix": "/abs/PREFIX", "disk_dirs": [...]}
 //	                                                        -> vmmctl.ForkReply
 //	GET  /v1/disks                                          -> vmmctl.DisksReply
+//	GET  /v1/working-set                                    -> vmmctl.WorkingSetReply
+//	POST /v1/working-set/save  {}                           -> vmmctl.WorkingSetReply
+//	GET  /v1/balloon                                        -> vmmctl.BalloonReply
+//	PUT  /v1/balloon   vmmctl.BalloonRequest                -> vmmctl.BalloonReply
 //
 // Errors are answered with a 4xx or 5xx status and {"error": "..."}.
+//
+// Memory served by userfaultfd (`warren restore --lazy=uffd`): a fork, a
+// full snapshot and a rollback first have the fault server install every
+// remaining page and unregister (uffd.Server.Complete), since each reads
+// or shares the memfd beyond the guest's own accesses (its holes must be
+// its zero pages); an incremental snapshot needs nothing (the pages never
+// served are its parent's, the layer the VM was restored from). The
+// working-set calls answer the server's counters and write the working
+// set recorded with --record-working-set (vmmctl/workingset.go).
 //
 // Disks: every snapshot freezes the writable disks at its instant (its
 // answer names, per disk, the layer it records, that layer's chain and the
@@ -67,6 +81,13 @@ type apiServer struct {
 	sync   *agentclient.SyncService
 	// proc is the VMM process serving (its helper, jail, executable).
 	proc *process
+	// memMode is the memory mode the VM was restored in (empty: booted);
+	// uffd its fault server in the Uffd mode (nil otherwise, owned by the
+	// build), and workingSet the file the recorded working set is saved
+	// to ("" records none).
+	memMode    vmsnap.MemoryMode
+	uffd       *uffd.Server
+	workingSet string
 }
 
 // serveAPI listens on the unix socket path (replacing a stale socket file)
@@ -90,8 +111,12 @@ func serveAPI(path string, a *apiServer) (func(), error) {
 	mux.HandleFunc("POST /v1/rollback", a.rollback)
 	mux.HandleFunc("POST /v1/fork", a.fork)
 	mux.HandleFunc("GET /v1/disks", a.getDisks)
+	mux.HandleFunc("GET /v1/working-set", a.getWorkingSet)
+	mux.HandleFunc("POST /v1/working-set/save", a.saveWorkingSet)
 	mux.HandleFunc("GET /v1/egress", a.getEgress)
 	mux.HandleFunc("PUT /v1/egress", a.putEgress)
+	mux.HandleFunc("GET /v1/balloon", a.getBalloon)
+	mux.HandleFunc("PUT /v1/balloon", a.putBalloon)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	return func() { srv.Close(); os.Remove(path) }, nil
@@ -144,6 +169,12 @@ func (a *apiServer) snapshot(w http.ResponseWriter, r *http.Request) {
 	var req vmmctl.SnapshotRequest
 	if !decodeRequest(w, r, &req, func() string { return req.Path }) {
 		return
+	}
+	if req.Kind == vmsnap.Full {
+		if err := a.completeMemory("snapshot"); err != nil {
+			replyErr(w, http.StatusInternalServerError, err)
+			return
+		}
 	}
 	rep, err := a.snap.Take(r.Context(), req.Path, req.Kind)
 	if err != nil {
@@ -209,6 +240,10 @@ func (a *apiServer) rollback(w http.ResponseWriter, r *http.Request) {
 		replyErr(w, http.StatusConflict, fmt.Errorf("rollback: %w", err))
 		return
 	}
+	if err := a.completeMemory("rollback"); err != nil {
+		replyErr(w, http.StatusInternalServerError, err)
+		return
+	}
 	rep, err := a.snap.Rollback(r.Context(), snap)
 	if err != nil {
 		replyErr(w, http.StatusInternalServerError, err)
@@ -218,4 +253,58 @@ func (a *apiServer) rollback(w http.ResponseWriter, r *http.Request) {
 	reply(w, http.StatusOK, vmmctl.RollbackReply{Path: rep.Path, PauseMS: millis(rep.Pause), TotalMS: millis(time.Since(start)), LoadMS: millis(load),
 		Written: rep.Written, Cleared: rep.Cleared, Disks: a.disks.Live(),
 		Line: fmt.Sprintf("%s (load %.1f ms)", rep.String(), millis(load))})
+}
+
+// completeMemory has the fault server of memory served by userfaultfd
+// install every remaining page and unregister (uffd.Server.Complete), so
+// that the memfd is an ordinary one before op (a fork, a full snapshot, a
+// rollback) reads or shares it; it does nothing for other memory, or once
+// done.
+func (a *apiServer) completeMemory(op string) error {
+	if a.uffd == nil {
+		return nil
+	}
+	start := time.Now()
+	if err := a.uffd.Complete(); err != nil {
+		return fmt.Errorf("%s: memory served by userfaultfd: %w", op, err)
+	}
+	a.log.Debug("uffd: memory complete", "for", op, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// workingSetReply is the answer of both working-set calls.
+func (a *apiServer) workingSetReply() vmmctl.WorkingSetReply {
+	rep := vmmctl.WorkingSetReply{Mode: string(a.memMode), Path: a.workingSet}
+	if a.uffd != nil {
+		st := a.uffd.Stats()
+		rep.Stats = &st
+	}
+	return rep
+}
+
+func (a *apiServer) getWorkingSet(w http.ResponseWriter, r *http.Request) {
+	reply(w, http.StatusOK, a.workingSetReply())
+}
+
+// saveWorkingSet stops recording and writes the working set to the file
+// --record-working-set named.
+func (a *apiServer) saveWorkingSet(w http.ResponseWriter, r *http.Request) {
+	var req vmmctl.WorkingSetSaveRequest
+	if err := strictjson.Decode(io.LimitReader(r.Body, 1<<16), &req); err != nil {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("bad request: %w", err))
+		return
+	}
+	if a.uffd == nil || a.workingSet == "" {
+		replyErr(w, http.StatusConflict, fmt.Errorf("this VM records no working set (memory mode %q; it needs --lazy=uffd with --record-working-set, on a host with userfaultfd)", a.memMode))
+		return
+	}
+	ws := a.uffd.TakeWorkingSet()
+	if err := uffd.WriteWorkingSet(a.workingSet, ws); err != nil {
+		replyErr(w, http.StatusInternalServerError, err)
+		return
+	}
+	rep := a.workingSetReply()
+	rep.Pages, rep.Runs = ws.NumPages(), len(ws.Runs)
+	a.log.Debug("uffd: working set saved", "path", a.workingSet, "pages", rep.Pages, "runs", rep.Runs)
+	reply(w, http.StatusOK, rep)
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmmctl"
 )
 
@@ -61,6 +62,7 @@ func ParseRunArgs(args []string, stderr io.Writer) (RunArgs, error) {
 	fs.IntVar(&a.CPUs, "cpus", 1, "number of vCPUs")
 	fs.StringVar(&a.Cmdline, "cmdline", "", "extra kernel command-line arguments")
 	fs.BoolVar(&a.NoRNG, "no-rng", false, "do not give the guest a virtio-rng entropy device")
+	fs.BoolVar(&a.Balloon, "balloon", false, "give the guest a virtio-balloon with free page reporting: the memory it frees goes back to the host, and the control API (--api) sets a target (GET/PUT /v1/balloon); restores keep it")
 	fs.Var((*diskFlag)(&a.Disks), "disk", "attach a raw disk image as virtio-blk: PATH[,ro] (repeatable; the first is /dev/vda)")
 	fs.StringVar(&a.Tap, "tap", "", "attach virtio-net on this tap device (created if missing)")
 	fs.StringVar(&a.MAC, "mac", "", "guest MAC address for --tap (default: random, locally administered)")
@@ -106,7 +108,9 @@ type RestoreArgs struct {
 func ParseRestoreArgs(args []string, stderr io.Writer) (RestoreArgs, error) {
 	var a RestoreArgs
 	fs := newFlagSet("restore", stderr, &a.LocalArgs, &a.Console, &a.Jail)
-	fs.BoolVar(&a.Lazy, "lazy", false, "map the snapshot's memory copy-on-write (flattened once to DIR/NAME.<hash>.wraw) instead of reading it all first")
+	fs.Var(lazyFlag{&a.Lazy, &a.LazyMode}, "lazy", "how to restore memory: --lazy or --lazy=mmap maps the snapshot's memory copy-on-write (flattened once to DIR/NAME.<hash>.wraw); --lazy=uffd fills a fresh memfd page by page as the guest touches it, by userfaultfd (mmap where the host cannot); --lazy=eager, or no --lazy, reads it all first")
+	fs.StringVar(&a.RecordWorkingSet, "record-working-set", "", "with --lazy=uffd: record the pages the guest touches first; the control API's POST /v1/working-set/save writes them to FILE")
+	fs.StringVar(&a.Prefetch, "prefetch", "", "with --lazy=uffd: prefetch the working set in FILE while the guest runs (a missing, stale or corrupt FILE is logged and ignored)")
 	fs.StringVar(&a.API, "api", "", "serve the VM's control API (pause, resume, snapshot) on this unix socket")
 	fs.StringVar(&a.Vsock, "vsock", "", "the vsock unix socket (default: the snapshotted VM's)")
 	fs.StringVar(&a.Timing, "timing", "", "write the wall-clock time of the first KVM_RUN (Unix ns, one decimal line) to FILE, for benchmarks")
@@ -119,8 +123,13 @@ func ParseRestoreArgs(args []string, stderr io.Writer) (RestoreArgs, error) {
 		return RestoreArgs{}, &UsageError{err}
 	}
 	if fs.NArg() != 1 {
-		fmt.Fprint(stderr, "usage: warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] [--timing FILE] [--egress FILE] [--secrets FILE] [--audit FILE] [--disk-path I=PATH]... DIR/NAME\n")
+		fmt.Fprint(stderr, "usage: warren restore [--lazy[=eager|mmap|uffd]] [--record-working-set FILE] [--prefetch FILE] [--api PATH] [--vsock PATH] [--console FILE] [--timing FILE] [--egress FILE] [--secrets FILE] [--audit FILE] [--disk-path I=PATH]... DIR/NAME\n")
 		return RestoreArgs{}, &UsageError{fmt.Errorf("want one snapshot, got %d arguments", fs.NArg())}
+	}
+	if (a.RecordWorkingSet != "" || a.Prefetch != "") && a.Mode() != vmsnap.Uffd {
+		err := fmt.Errorf("--record-working-set and --prefetch need --lazy=uffd")
+		fmt.Fprintf(stderr, "warren restore: %v\n", err)
+		return RestoreArgs{}, &UsageError{err}
 	}
 	a.Snapshot = fs.Arg(0)
 	if len(dp) > 0 {
@@ -140,6 +149,43 @@ func newFlagSet(verb string, stderr io.Writer, local *LocalArgs, console, jail *
 	fs.StringVar(console, "console", "", "write the guest console to FILE instead of stdout")
 	fs.StringVar(jail, "jail", "", "after setup, harden the VMM process: strict or vmm (seccomp allowlist, capabilities dropped, no_new_privs; see vmmproc/jail); vmm when --api may fork")
 	return fs
+}
+
+// lazyFlag is --lazy: alone (a boolean flag) the Mmap mode, as it always
+// was (Lazy); --lazy=MODE names a memory mode (LazyMode); --lazy=true and
+// --lazy=false are the boolean's spellings. It must be given as one
+// argument: --lazy uffd would read uffd as the snapshot.
+type lazyFlag struct {
+	lazy *bool
+	mode *vmsnap.MemoryMode
+}
+
+func (f lazyFlag) String() string {
+	switch {
+	case f.mode != nil && *f.mode != "":
+		return string(*f.mode)
+	case f.lazy != nil && *f.lazy:
+		return "true"
+	}
+	return ""
+}
+
+// IsBoolFlag lets --lazy stand alone.
+func (f lazyFlag) IsBoolFlag() bool { return true }
+
+// Set reads true, false, eager, mmap or uffd.
+func (f lazyFlag) Set(v string) error {
+	switch v {
+	case "true", "false":
+		*f.lazy, *f.mode = v == "true", ""
+		return nil
+	}
+	m, err := vmsnap.ParseMemoryMode(v)
+	if err != nil {
+		return err
+	}
+	*f.lazy, *f.mode = false, m
+	return nil
 }
 
 // fdFlag is an inherited descriptor's number (--kernel-fd N): 3 or more;

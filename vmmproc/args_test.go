@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmmctl"
 )
 
@@ -24,6 +25,7 @@ func TestLaunchRoundTrip(t *testing.T) {
 			Egress: "/s/tp/egress-template.json", Audit: "/s/tp/egress.jsonl", Hosts: "/etc/warren/hosts",
 			DNSUpstream: "192.0.2.53:53", UpstreamCA: "/etc/warren/ca.pem", UpstreamAllow: "10.0.0.0/8,192.0.2.1",
 			WildcardCredentials: true, Jail: "vmm,root=/s/jail/tp,user=100000:100000"},
+		{KernelFD: 4, MemMiB: 1024, CPUs: 2, API: "/s/run/tp.api", Balloon: true},
 	}
 	for _, r := range runs {
 		got, args := roundTrip(t, vmmctl.Launch{Run: &r}, r, ParseRunArgs)
@@ -41,6 +43,10 @@ func TestLaunchRoundTrip(t *testing.T) {
 			DiskPaths: map[int]string{0: "/s/sb/overlay-0.wdisk", 2: "/s/sb/overlay-2.wdisk"}},
 		{Snapshot: "/tmp/plain/-base", API: "/a", Vsock: "/v", Console: "/c",
 			Egress: "/s/sb/egress.json", Secrets: "/s/sb/secrets.json", Audit: "/s/sb/egress.jsonl", Jail: "strict"},
+		{Snapshot: "/s/tp/snap/base", LazyMode: vmsnap.Uffd, API: "/s/run/sb.api",
+			RecordWorkingSet: "/s/tp/snap/base.wset", Prefetch: "/s/tp/snap/old.wset"},
+		{Snapshot: "/s/tp/snap/base", LazyMode: vmsnap.Mmap},
+		{Snapshot: "/s/tp/snap/base", LazyMode: vmsnap.Eager},
 	}
 	for _, r := range restores {
 		got, args := roundTrip(t, vmmctl.Launch{Restore: &r}, r, ParseRestoreArgs)
@@ -108,6 +114,11 @@ func TestLaunchArgsRefused(t *testing.T) {
 		"relative disk path":  restore(vmmctl.Restore{Snapshot: "/s", DiskPaths: map[int]string{0: "o.wdisk"}}),
 		"empty disk path":     restore(vmmctl.Restore{Snapshot: "/s", DiskPaths: map[int]string{0: ""}}),
 		"negative disk":       restore(vmmctl.Restore{Snapshot: "/s", DiskPaths: map[int]string{-1: "/o"}}),
+		"lazy and a mode":     restore(vmmctl.Restore{Snapshot: "/s", Lazy: true, LazyMode: vmsnap.Uffd}),
+		"unknown mode":        restore(vmmctl.Restore{Snapshot: "/s", LazyMode: "fast"}),
+		"record without uffd": restore(vmmctl.Restore{Snapshot: "/s", Lazy: true, RecordWorkingSet: "/w"}),
+		"prefetch eagerly":    restore(vmmctl.Restore{Snapshot: "/s", Prefetch: "/w"}),
+		"relative prefetch":   restore(vmmctl.Restore{Snapshot: "/s", LazyMode: vmsnap.Uffd, Prefetch: "w"}),
 	} {
 		if args, err := l.Args(); err == nil {
 			t.Errorf("%s: encoded as %q", name, args)
@@ -196,6 +207,46 @@ func TestJailInitRoundTrip(t *testing.T) {
 	for _, bad := range [][]string{{"--pass-fds", "65", "--", "/w"}, {"--report-fd", "3"}, {"--bogus", "--", "/w"}} {
 		if a, err := ParseJailInitArgs(bad, io.Discard); err == nil {
 			t.Errorf("%q accepted: %+v", bad, a)
+		}
+	}
+}
+
+// TestRestoreLazyFlag: --lazy alone is the mmap mode, as it always was;
+// --lazy=MODE names a mode; no --lazy is eager; the working-set flags need
+// the uffd mode; a mode that does not exist is refused.
+func TestRestoreLazyFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want vmsnap.MemoryMode
+	}{
+		{[]string{"/s/snap"}, vmsnap.Eager},
+		{[]string{"--lazy", "/s/snap"}, vmsnap.Mmap},
+		{[]string{"--lazy=true", "/s/snap"}, vmsnap.Mmap},
+		{[]string{"--lazy=false", "/s/snap"}, vmsnap.Eager},
+		{[]string{"--lazy=mmap", "/s/snap"}, vmsnap.Mmap},
+		{[]string{"--lazy=eager", "/s/snap"}, vmsnap.Eager},
+		{[]string{"--lazy=uffd", "--prefetch", "/w", "--record-working-set", "/r", "/s/snap"}, vmsnap.Uffd},
+	} {
+		a, err := ParseRestoreArgs(c.args, io.Discard)
+		if err != nil {
+			t.Errorf("%q: %v", c.args, err)
+			continue
+		}
+		if a.Mode() != c.want {
+			t.Errorf("%q: mode %s, want %s", c.args, a.Mode(), c.want)
+		}
+		s, err := a.Spec(io.Discard, io.Discard)
+		if err != nil || s.Memory != c.want {
+			t.Errorf("%q: spec memory %s (%v), want %s", c.args, s.Memory, err, c.want)
+		}
+	}
+	for _, args := range [][]string{
+		{"--lazy=fast", "/s/snap"},
+		{"--lazy", "--prefetch", "/w", "/s/snap"},
+		{"--record-working-set", "/w", "/s/snap"},
+	} {
+		if a, err := ParseRestoreArgs(args, io.Discard); err == nil {
+			t.Errorf("%q: parsed as %+v", args, a)
 		}
 	}
 }

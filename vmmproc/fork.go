@@ -248,6 +248,11 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 	// Children its jail-init starts run as uids of their own: they make
 	// their own disk overlays, in directories this process may not write.
 	a.forker.ChildrenMakeDisks = req.Grants != nil
+	// Memory served by userfaultfd becomes an ordinary memfd first: the
+	// fork shares it with the children as a layer.
+	if err := a.completeMemory("fork"); err != nil {
+		return nil, err
+	}
 	pt, err := a.forker.Fork(ctx, req.N, req.DiskDirs)
 	if err != nil {
 		return nil, err

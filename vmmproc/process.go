@@ -7,6 +7,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/warrenvm/warren/memsnap/uffd"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm/hostprofile"
 	"github.com/warrenvm/warren/vmmproc/jail"
@@ -40,6 +41,8 @@ type Spec struct {
 	Console           io.Writer
 	KVMPath           string
 	Log               *slog.Logger
+	// Balloon attaches a virtio-balloon device with free page reporting.
+	Balloon bool
 	// RNG attaches a virtio-rng device.
 	RNG   bool
 	Disks []Disk
@@ -71,7 +74,7 @@ func Run(s Spec, stdin io.Reader) error {
 	}
 	o := vmOptions{proc: p,
 		memMiB: s.MemMiB, cpus: s.CPUs, kernel: s.Kernel, initramfs: s.Initramfs, cmdline: s.Cmdline, egress: s.Egress,
-		console: s.Console, kvmPath: s.KVMPath, log: s.Log, rng: s.RNG,
+		console: s.Console, kvmPath: s.KVMPath, log: s.Log, rng: s.RNG, balloon: s.Balloon,
 		tap: s.Tap, mac: s.MAC, vsock: s.Vsock, cid: s.CID,
 		trackDirty: s.API != "", privateNet: s.PrivateNet,
 	}
@@ -99,10 +102,16 @@ func Run(s Spec, stdin io.Reader) error {
 // RestoreSpec is what Restore runs: a snapshot and what `warren restore`'s
 // flags change about the VM it held.
 type RestoreSpec struct {
-	// Snapshot is the snapshot's DIR/NAME; Lazy maps its memory
-	// copy-on-write instead of reading it all first.
+	// Snapshot is the snapshot's DIR/NAME; Memory how its memory is
+	// restored (vmsnap.Eager when empty; vmsnap.Uffd falls back to Mmap,
+	// with one log line, where the host cannot serve it).
 	Snapshot string
-	Lazy     bool
+	Memory   vmsnap.MemoryMode
+	// RecordWorkingSet (Uffd only) is the file POST /v1/working-set/save
+	// writes the pages the guest touched first to; Prefetch (Uffd only)
+	// a working set to prefetch while the guest runs (a missing, stale or
+	// corrupt one is logged and ignored).
+	RecordWorkingSet, Prefetch string
 	// API, when set, serves the control API on this unix socket.
 	API string
 	// Vsock, when set, replaces the snapshotted VM's vsock socket path.
@@ -139,7 +148,21 @@ func Restore(s RestoreSpec, stdin io.Reader) error {
 	if err != nil {
 		return err
 	}
-	o := vmOptions{proc: p, kvmPath: s.KVMPath, log: log, trackDirty: s.API != "", restore: snap, lazy: s.Lazy}
+	o := vmOptions{proc: p, kvmPath: s.KVMPath, log: log, trackDirty: s.API != "", restore: snap,
+		memMode: s.Memory, recordWorkingSet: s.RecordWorkingSet}
+	if o.memMode == vmsnap.Uffd {
+		o.uffd.Record = s.RecordWorkingSet != ""
+		if s.Prefetch != "" {
+			ws, err := uffd.ReadWorkingSet(s.Prefetch, snap.Chain)
+			if err != nil {
+				log.Warn("--prefetch: ignored", "err", err)
+			} else {
+				o.uffd.Prefetch = ws.Runs
+			}
+		}
+	} else if s.RecordWorkingSet != "" || s.Prefetch != "" {
+		return &UsageError{errors.New("--record-working-set and --prefetch need --lazy=uffd")}
+	}
 	if s.Timing != "" {
 		o.onFirstRun = firstRunTimer(s.Timing, log)
 	}
@@ -176,7 +199,7 @@ func Restore(s RestoreSpec, stdin io.Reader) error {
 	defer b.close()
 	layer, name := snap.Layer(), snap.Name()
 	snap.Close() // the VM holds its memory now
-	log.Debug("restored", "snapshot", s.Snapshot, "lazy", s.Lazy, "ms", time.Since(start).Milliseconds())
+	log.Debug("restored", "snapshot", s.Snapshot, "memory", b.devs.memMode, "ms", time.Since(start).Milliseconds())
 	if s.API != "" {
 		stopAPI, err := startAPI(s.API, b, o, log, layer, name)
 		if err != nil {
@@ -187,7 +210,14 @@ func Restore(s RestoreSpec, stdin io.Reader) error {
 	if err := enterJail(s.Jail, &o, log); err != nil {
 		return err
 	}
-	return runForeground(b.vm, stdin)
+	err = runForeground(b.vm, stdin)
+	if srv := b.devs.uffd; srv != nil {
+		st := srv.Stats()
+		log.Info("uffd: memory served", "faults", st.Faults, "pages_copied", st.PagesCopied, "zero_pages", st.ZeroPages,
+			"prefetched_pages", st.PrefetchedPages, "completed_pages", st.CompletedPages, "bytes_decompressed", st.BytesDecompressed,
+			"chunks_decoded", st.ChunksDecoded, "errors", st.Errors, "completed", st.Completed)
+	}
+	return err
 }
 
 // InitSpec is what JailInit runs: `warren jail-init`'s flags, after the

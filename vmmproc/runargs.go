@@ -63,7 +63,7 @@ func (a RunArgs) Spec(stdout, stderr io.Writer) (s Spec, closeOut func(), err er
 	}
 	return Spec{
 		MemMiB: a.MemMiB, CPUs: a.CPUs, Kernel: k, Initramfs: rd, Cmdline: cmdline, Egress: eg,
-		Console: out, KVMPath: a.KVMPath, Log: NewLogger(stderr, a.Verbose), RNG: !a.NoRNG,
+		Console: out, KVMPath: a.KVMPath, Log: NewLogger(stderr, a.Verbose), RNG: !a.NoRNG, Balloon: a.Balloon,
 		Disks: a.Disks, Tap: a.Tap, MAC: mac, Vsock: a.Vsock, CID: a.CID,
 		API: a.API, PrivateNet: a.PrivateNet, Jail: js,
 	}, closeOut, nil
@@ -78,7 +78,8 @@ func (a RestoreArgs) Spec(stdout, stderr io.Writer) (RestoreSpec, error) {
 		return RestoreSpec{}, &UsageError{err}
 	}
 	return RestoreSpec{
-		Snapshot: a.Snapshot, Lazy: a.Lazy, API: a.API, Vsock: a.Vsock,
+		Snapshot: a.Snapshot, Memory: a.Mode(), RecordWorkingSet: a.RecordWorkingSet, Prefetch: a.Prefetch,
+		API: a.API, Vsock: a.Vsock,
 		ConsoleFile: a.Console, Stdout: stdout, KVMPath: a.KVMPath, Log: NewLogger(stderr, a.Verbose),
 		Timing: a.Timing, Egress: EgressOverrides{Policy: a.Egress, Secrets: a.Secrets, Audit: a.Audit},
 		DiskPaths: DiskPaths(a.DiskPaths), Jail: js,

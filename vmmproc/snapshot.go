@@ -46,6 +46,9 @@ type runOptions struct {
 	// PrivateNet: the tap and its egress services live in a network
 	// namespace of the VMM's own (warren run --private-net).
 	PrivateNet bool `json:"private_net,omitempty"`
+	// Balloon: the VM has a virtio-balloon (warren run --balloon), its
+	// last device; its target and statistics are in the device state.
+	Balloon bool `json:"balloon,omitempty"`
 }
 
 // runOptionsVersion is the version of the runOptions this warren writes;
@@ -64,7 +67,7 @@ type diskOption struct {
 
 // recordOptions returns o's device options as runOptions JSON.
 func recordOptions(o vmOptions) (json.RawMessage, error) {
-	r := runOptions{Version: runOptionsVersion, MemMiB: o.memMiB, CPUs: o.cpus, Tap: o.tap, RNG: o.rng, Vsock: o.vsock, Egress: o.egress, PrivateNet: o.privateNet}
+	r := runOptions{Version: runOptionsVersion, MemMiB: o.memMiB, CPUs: o.cpus, Tap: o.tap, RNG: o.rng, Vsock: o.vsock, Egress: o.egress, PrivateNet: o.privateNet, Balloon: o.balloon}
 	if o.vsock != "" {
 		r.CID = o.cid
 	}
@@ -110,7 +113,7 @@ func applyOptions(o *vmOptions, raw json.RawMessage) error {
 		return fmt.Errorf("the snapshot's run options (version %d): %w", max(v.Version, 1), err)
 	}
 	o.memMiB, o.cpus, o.tap, o.rng, o.vsock, o.cid, o.egress = r.MemMiB, r.CPUs, r.Tap, r.RNG, r.Vsock, r.CID, r.Egress
-	o.privateNet = r.PrivateNet
+	o.privateNet, o.balloon = r.PrivateNet, r.Balloon
 	if r.MAC != "" {
 		mac, err := net.ParseMAC(r.MAC)
 		if err != nil {
@@ -264,7 +267,8 @@ func startAPI(sock string, b *built, o vmOptions, log *slog.Logger, layer, name 
 	a := &apiServer{vm: b.vm, snap: s, log: log, host: func() ([]byte, error) { return fp, nil },
 		apiPath: sock, opts: ro, kvmPath: o.kvmPath, disks: b.devs.diskSet,
 		forker: &cow.Forker{VM: b.vm, Devices: b.devs.snap, Disks: b.devs.diskSet},
-		egress: b.devs.egress, sync: b.devs.sync, proc: o.proc}
+		egress: b.devs.egress, sync: b.devs.sync, proc: o.proc,
+		memMode: b.devs.memMode, uffd: b.devs.uffd, workingSet: o.recordWorkingSet}
 	if a.egress != nil {
 		s.Options = a.liveOptions
 	}

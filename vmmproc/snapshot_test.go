@@ -63,7 +63,7 @@ func TestRunOptionsVersions(t *testing.T) {
 	}
 	for _, c := range []struct{ raw, want string }{
 		{`{"version":3,"mem_mib":256,"cpus":1}`, "version 3; this warren reads versions 1 to 2"},
-		{`{"version":2,"mem_mib":256,"cpus":1,"balloon":true}`, `version 2): json: unknown field "balloon"`},
+		{`{"version":2,"mem_mib":256,"cpus":1,"virtio_mem":true}`, `version 2): json: unknown field "virtio_mem"`},
 	} {
 		var o vmOptions
 		if err := applyOptions(&o, []byte(c.raw)); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/vishvananda/netns"
@@ -17,10 +18,12 @@ import (
 	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/cow"
 	"github.com/warrenvm/warren/devices/virtio"
+	"github.com/warrenvm/warren/devices/virtio/balloon"
 	"github.com/warrenvm/warren/devices/virtio/blk"
 	vnet "github.com/warrenvm/warren/devices/virtio/net"
 	"github.com/warrenvm/warren/devices/virtio/rng"
 	"github.com/warrenvm/warren/devices/virtio/vsock"
+	"github.com/warrenvm/warren/memsnap/uffd"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
@@ -39,6 +42,7 @@ type vmOptions struct {
 	kvmPath      string
 	log          *slog.Logger
 	rng          bool // attach a virtio-rng device
+	balloon      bool // attach a virtio-balloon device (the last one)
 	disks        []diskSpec
 	// diskChains, by disk index, is the chain the image of a writable
 	// disk restored over a snapshot's layer must have under it (the
@@ -65,10 +69,15 @@ type vmOptions struct {
 	proc *process
 
 	// restore, when set, makes the VM from this snapshot instead of the
-	// kernel (kernel, initramfs and cmdline are then unused), lazily when
-	// lazy is set; the devices' states are restored and vsock is reset.
-	restore *vmsnap.Snapshot
-	lazy    bool
+	// kernel (kernel, initramfs and cmdline are then unused), its memory
+	// in memMode (restoreVM); the devices' states are restored and vsock
+	// is reset. uffd configures the fault server of the Uffd mode (its
+	// Log and OnError are set by restoreVM); recordWorkingSet is the file
+	// the control API writes the recorded working set to.
+	restore          *vmsnap.Snapshot
+	memMode          vmsnap.MemoryMode
+	uffd             uffd.Options
+	recordWorkingSet string
 	// fork, when set, makes the VM a forked child from a parent's frozen
 	// state and memory base (warren fork-child).
 	fork *forkRestore
@@ -106,8 +115,10 @@ func build(o vmOptions) (*built, error) {
 // read their counters and trigger vsock transport resets; snapshots save
 // the transports. Each model is nil when not asked for.
 type vmDevices struct {
-	rng   *rng.Device
-	vsock *vsock.Device
+	rng *rng.Device
+	// balloon is the memory balloon (nil without vmOptions.balloon).
+	balloon *balloon.Device
+	vsock   *vsock.Device
 	// snap are the virtio transports in VM order, for vmsnap.
 	snap []vmsnap.Device
 	// profile is the host profile the VM was built for.
@@ -124,6 +135,12 @@ type vmDevices struct {
 	// netns is the VM's private network namespace (vmOptions.privateNet;
 	// -1 without one), where its tap and the egress services' sockets are.
 	netns netns.NsHandle
+	// memMode is the memory mode a restored VM got (after any fallback);
+	// empty for a booted VM or a fork child. uffd is its fault server in
+	// the Uffd mode (nil otherwise), owned by the build: the close
+	// function closes it, after the vCPUs have stopped and before the VM.
+	memMode vmsnap.MemoryMode
+	uffd    *uffd.Server
 }
 
 // buildVMWithDevices is buildVM that also returns some device models.
@@ -218,6 +235,11 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 		d.vsock = dev
 		resets["vsock"] = dev.TransportReset
 	}
+	if o.balloon {
+		// Last, so that every other device keeps its window and line.
+		d.balloon = balloon.New()
+		devs = append(devs, balloonSpec(d.balloon, o.log, mmios))
+	}
 	cfg := vmm.Config{
 		MemBytes: uint64(o.memMiB) << 20, CPUs: o.cpus, Kernel: o.kernel, Initramfs: o.initramfs,
 		Cmdline: o.cmdline, Console: o.console, Profile: profile, KVMPath: o.kvmPath, Log: o.log,
@@ -230,12 +252,19 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 		o.fork.mem = nil // the VM owns it now, even on error
 		vm, err = vmm.RestoreMemory(cfg, o.fork.state, mem)
 	case o.restore != nil:
-		vm, err = o.restore.Restore(cfg, o.lazy)
+		vm, d.uffd, d.memMode, err = restoreVM(o, cfg)
 	default:
 		vm, err = vmm.New(cfg)
 	}
 	if err != nil {
 		return nil, d, nil, err
+	}
+	srv := d.uffd
+	closeVM := func() {
+		if srv != nil {
+			srv.Close()
+		}
+		vm.Close()
 	}
 	for _, spec := range devs {
 		t := mmios[spec.Name]
@@ -246,18 +275,57 @@ func buildVMWithDevices(o vmOptions) (_ *vmm.VM, d vmDevices, closeAll func(), e
 	case o.fork != nil:
 		saved := &vmsnap.Snapshot{Path: "the fork's parent", Devices: o.fork.devices}
 		if err := saved.RestoreDevices(d.snap); err != nil {
-			vm.Close()
+			closeVM()
 			return nil, d, nil, err
 		}
 	case o.restore != nil:
 		if err := o.restore.RestoreDevices(d.snap); err != nil {
-			vm.Close()
+			closeVM()
 			return nil, d, nil, err
 		}
 	default:
 		o.log.Debug("booting", "format", vm.Format().String(), "cmdline", vm.Cmdline())
 	}
-	return vm, d, func() { vm.Close(); closeDevs() }, nil
+	return vm, d, func() { closeVM(); closeDevs() }, nil
+}
+
+// restoreVM makes o.restore's VM with its memory in o.memMode (Eager when
+// empty) and returns the mode it got and, in the Uffd mode, the fault
+// server. Where the host cannot serve memory by userfaultfd it logs one
+// line and restores with Mmap instead. The server's first serving error
+// stops the VM (a fault it could not serve would leave a vCPU waiting).
+func restoreVM(o vmOptions, cfg vmm.Config) (*vmm.VM, *uffd.Server, vmsnap.MemoryMode, error) {
+	mode := o.memMode
+	if mode == "" {
+		mode = vmsnap.Eager
+	}
+	var (
+		target atomic.Pointer[vmm.VM]
+		failed atomic.Pointer[error]
+	)
+	stop := func(vm *vmm.VM, err error) { vm.Stop(fmt.Errorf("guest memory: %w", err)) }
+	uo := o.uffd
+	uo.Log = o.log
+	uo.OnError = func(err error) {
+		failed.Store(&err)
+		if vm := target.Load(); vm != nil {
+			stop(vm, err)
+		}
+	}
+	vm, srv, err := o.restore.RestoreWith(cfg, vmsnap.RestoreOptions{Mode: mode, Uffd: uo})
+	if mode == vmsnap.Uffd && errors.Is(err, uffd.ErrUnsupported) {
+		o.log.Warn("--lazy=uffd: userfaultfd unavailable, restoring with --lazy=mmap", "err", err)
+		mode = vmsnap.Mmap
+		vm, srv, err = o.restore.RestoreWith(cfg, vmsnap.RestoreOptions{Mode: mode})
+	}
+	if err != nil {
+		return nil, nil, "", err
+	}
+	target.Store(vm)
+	if e := failed.Load(); e != nil {
+		stop(vm, *e)
+	}
+	return vm, srv, mode, nil
 }
 
 // pauseHook makes transport t's Quiesce and Resume the VM's pause hook for

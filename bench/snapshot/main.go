@@ -15,12 +15,19 @@
 //
 //  2. Restore latency. A full snapshot of each idle VM (taken before
 //     memtouch starts) is restored --restore-runs times per variant: Warren
-//     eager and lazy (`warren restore [--lazy]`), QEMU with
-//     -incoming "exec:cat FILE" and the source's command line. It records
-//     process start to vCPU 0's first KVM_RUN (Warren only: `warren
-//     restore --timing`) and process start to the guest agent's first
-//     answer to GET /health (for QEMU over AF_VSOCK, after the
-//     vhost-vsock transport reset). Each variant runs warm (snapshot files
+//     eager, lazy (`--lazy`: mmap of a flattened image), uffd
+//     (`--lazy=uffd`) and uffd-prefetch (`--lazy=uffd --prefetch`, of a
+//     working set recorded first by one unrecorded uffd restore with
+//     --record-working-set, saved through the control API once its agent
+//     answered), every one with --api; QEMU with -incoming "exec:cat FILE"
+//     and the source's command line. It records process start to vCPU 0's
+//     first KVM_RUN (Warren only: `warren restore --timing`) and process
+//     start to the guest agent's first answer to GET /health (for QEMU
+//     over AF_VSOCK, after the vhost-vsock transport reset), and, right
+//     after that answer, what the VMM had brought in of guest memory: its
+//     process's page faults, Warren's resident guest RAM pages, the bytes
+//     read of the snapshot, and the uffd fault server's counters
+//     (GET /v1/working-set); see printRestores' footer. Each variant runs warm (snapshot files
 //     in --warm-dir, by default the temporary directory, which in the
 //     nested KVM host is a tmpfs: the files are in memory) and cold
 //     (files in --cold-dir, `sync; echo 3 > /proc/sys/vm/drop_caches`
@@ -64,7 +71,7 @@ type config struct {
 	bootTries                    int
 	jsonOut                      string
 	skipIncremental, skipRestore bool
-	variants                     map[string]bool // restore variants: eager, lazy, qemu
+	variants                     map[string]bool // restore variants: eager, lazy (mmap), uffd, uffd-prefetch, qemu
 	caches                       map[string]bool // restore cache states: warm, cold
 }
 
@@ -86,7 +93,7 @@ func main() {
 	stats.JSONFlag(&c.jsonOut)
 	flag.BoolVar(&c.skipIncremental, "skip-incremental", false, "skip measurement 1")
 	flag.BoolVar(&c.skipRestore, "skip-restore", false, "skip measurement 2")
-	variants := flag.String("variants", "eager,lazy,qemu", "restore variants to run: warren eager, warren lazy, qemu")
+	variants := flag.String("variants", "eager,lazy,uffd,uffd-prefetch,qemu", "restore variants to run: warren eager, lazy (or mmap: --lazy), uffd (--lazy=uffd), uffd-prefetch (--lazy=uffd --prefetch of a working set recorded by one uffd restore), qemu")
 	caches := flag.String("caches", "warm,cold", "restore cache states to run: warm, cold")
 	merge := flag.String("merge", "", "print one restore table from these --json files of earlier invocations (comma-separated) and exit")
 	flag.Parse()
@@ -101,9 +108,10 @@ func main() {
 	for _, v := range strings.Split(*caches, ",") {
 		c.caches[strings.TrimSpace(v)] = true
 	}
-	c.variants = map[string]bool{}
-	for _, v := range strings.Split(*variants, ",") {
-		c.variants[strings.TrimSpace(v)] = true
+	var err error
+	if c.variants, err = parseVariants(*variants); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/snapshot:", err)
+		os.Exit(2)
 	}
 	for _, f := range strings.Split(*dirty, ",") {
 		k, err := strconv.Atoi(strings.TrimSpace(f))
@@ -119,12 +127,21 @@ func main() {
 	}
 }
 
+// needsQEMU reports whether the run has QEMU's VM boot: for measurement
+// 1, or for measurement 2's qemu variant. Without it only Warren's VM
+// boots, and QEMU (and /dev/vhost-vsock) need not be installed.
+func (c config) needsQEMU() bool {
+	return !c.skipIncremental || (!c.skipRestore && c.variants["qemu"])
+}
+
 func run(c config) error {
-	if err := c.Check(rig.Needs{Root: "drop_caches", Files: true, QEMU: true, VhostVsock: true}); err != nil {
+	withQEMU := c.needsQEMU()
+	if err := c.Check(rig.Needs{Root: "drop_caches", Files: true, QEMU: withQEMU, VhostVsock: withQEMU,
+		Otherwise: " (or run only Warren: --skip-incremental and --variants without qemu)"}); err != nil {
 		return err
 	}
 	for _, k := range c.dirty {
-		if k > c.touchMiB {
+		if k > c.touchMiB && !c.skipIncremental {
 			return fmt.Errorf("--dirty %d is more than --touch-mib %d", k, c.touchMiB)
 		}
 	}
@@ -141,21 +158,25 @@ func run(c config) error {
 		return err
 	}
 	defer os.RemoveAll(cold)
-	sync, err := vsockpeer.ServeSync()
-	if err != nil {
-		return err
+	if withQEMU {
+		sync, err := vsockpeer.ServeSync()
+		if err != nil {
+			return err
+		}
+		defer sync.Close()
 	}
-	defer sync.Close()
 
-	w, q := newWarren(c, work), newQEMU(c, work)
-	vms := []*vm{w, q}
+	vms := []*vm{newWarren(c, work)}
+	if withQEMU {
+		vms = append(vms, newQEMU(c, work))
+	}
 	defer func() {
 		for _, v := range vms {
 			v.stop()
 		}
 	}()
 	t0 := time.Now()
-	for _, v := range vms { // both boot at once
+	for _, v := range vms { // all boot at once
 		if err := v.Start(); err != nil {
 			return err
 		}
@@ -183,8 +204,11 @@ func run(c config) error {
 			}
 		}
 	}
-	w, q = vms[0], vms[1]
-	fmt.Printf("both guests answering %s after start\n", time.Since(t0).Round(time.Millisecond))
+	w, q := vms[0], (*vm)(nil)
+	if withQEMU {
+		q = vms[1]
+	}
+	fmt.Printf("%d guests answering %s after start\n", len(vms), time.Since(t0).Round(time.Millisecond))
 
 	// The restore sources: each idle VM, saved once, copied to the cold dir.
 	src := restoreSources{
@@ -193,7 +217,7 @@ func run(c config) error {
 	}
 	var srcInfo map[string]any
 	if !c.skipRestore {
-		if srcInfo, err = saveRestoreSources(w, q, src); err != nil {
+		if srcInfo, err = saveRestoreSources(w, q, &src); err != nil {
 			return err
 		}
 	}
@@ -220,7 +244,7 @@ func run(c config) error {
 			return err
 		}
 		fmt.Println()
-		printRestores(c, res, srcInfo)
+		printRestores(os.Stdout, c, res, srcInfo)
 		out["restore"] = restoreJSON(c, res)
 		out["restore_sources"] = srcInfo
 	}

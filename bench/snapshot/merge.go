@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/warrenvm/warren/bench/stats"
+	"github.com/warrenvm/warren/memsnap/uffd"
 )
 
 // mergeRestores reads the restore part of several --json files written by
@@ -54,6 +55,12 @@ func mergeRestores(files []string, jsonOut string) error {
 				Agent    stats.Summary  `json:"agent_answer"`
 				First    *stats.Summary `json:"first_kvm_run"`
 				Failures []string       `json:"failures"`
+				// Absent from files of earlier versions.
+				Faults     *countSummary `json:"vmm_faults"`
+				RAMPages   *countSummary `json:"ram_pages"`
+				Bytes      *countSummary `json:"bytes_read"`
+				UffdFaults *countSummary `json:"uffd_faults"`
+				Uffd       []uffd.Stats  `json:"uffd_stats"`
 			}
 			if err := json.Unmarshal(raw, &e); err != nil {
 				return fmt.Errorf("%s: %s: %w", f, k, err)
@@ -68,11 +75,20 @@ func mergeRestores(files []string, jsonOut string) error {
 				s.FirstRun = append(s.FirstRun, e.First.Samples...)
 			}
 			s.Failures = append(s.Failures, e.Failures...)
+			for _, m := range []struct {
+				from *countSummary
+				to   *[]uint64
+			}{{e.Faults, &s.Faults}, {e.RAMPages, &s.RAMPages}, {e.Bytes, &s.Bytes}, {e.UffdFaults, &s.UffdFaults}} {
+				if m.from != nil {
+					*m.to = append(*m.to, m.from.Samples...)
+				}
+			}
+			s.Uffd = append(s.Uffd, e.Uffd...)
 			c.caches[cache] = true
 		}
 	}
 	var counts []string
-	for _, k := range []string{"warm warren eager", "warm warren lazy", "warm qemu", "cold warren eager", "cold warren lazy", "cold qemu"} {
+	for _, k := range mergeKeys() {
 		s := res[k]
 		if s == nil {
 			continue
@@ -85,9 +101,21 @@ func mergeRestores(files []string, jsonOut string) error {
 	}
 	fmt.Printf("merged from %d invocations: %s\n", len(files), strings.Join(files, " "))
 	fmt.Printf("runs: %s\n", strings.Join(counts, ", "))
-	printRestores(c, res, srcInfo)
+	printRestores(os.Stdout, c, res, srcInfo)
 	if jsonOut != "" {
 		return stats.WriteJSON(jsonOut, map[string]any{"merged_from": files, "restore": restoreJSON(c, res), "restore_sources": srcInfo})
 	}
 	return nil
+}
+
+// mergeKeys are the series keys in table order: every variant, warm then
+// cold.
+func mergeKeys() []string {
+	var out []string
+	for _, cache := range []string{"warm", "cold"} {
+		for _, v := range restoreVariants {
+			out = append(out, cache+" "+v.name)
+		}
+	}
+	return out
 }

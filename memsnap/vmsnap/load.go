@@ -10,6 +10,7 @@ import (
 	"github.com/warrenvm/warren/internal/strictjson"
 	"github.com/warrenvm/warren/memsnap"
 	"github.com/warrenvm/warren/memsnap/statefile"
+	"github.com/warrenvm/warren/memsnap/uffd"
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/guestmem"
 )
@@ -31,7 +32,8 @@ type Snapshot struct {
 	// for a version 1 snapshot, which holds no disk state.
 	Disks []DiskLayer
 
-	name string // from the path (Meta.Name is the name it was taken as)
+	name  string // from the path (Meta.Name is the name it was taken as)
+	layer string // the top memory layer's path (Layer)
 }
 
 // Load reads the snapshot at path (DIR/NAME or DIR/NAME.wstate) and
@@ -150,7 +152,7 @@ func Load(path string, host FingerprintSource) (_ *Snapshot, err error) {
 	if err := chain.Verify(); err != nil {
 		return nil, fmt.Errorf("vmsnap: load %s: memory: %w", statePath, err)
 	}
-	s.Chain = chain
+	s.Chain, s.layer = chain, chain.Top().Path()
 	return s, nil
 }
 
@@ -168,31 +170,119 @@ func (s *Snapshot) Close() error {
 func (s *Snapshot) Name() string { return s.name }
 
 // Layer is the path of the snapshot's own (top) memory layer.
-func (s *Snapshot) Layer() string { return s.Chain.Top().Path() }
+// It answers after Close too.
+func (s *Snapshot) Layer() string { return s.layer }
 
-// Restore creates a VM from the snapshot (vmm.Restore): cfg supplies what
-// the snapshot does not hold (devices, console, KVM device, profile, log;
-// its MemBytes and CPUs must be the snapshot's, and its Virtio the same
-// devices in the same order). Eager (lazy false): the chain is decoded into
-// the new VM's memfd. Lazy: the chain is flattened once into DIR/NAME.<hash>.wraw
-// (reused while it exists) and mapped copy-on-write as guest RAM, so pages
-// are read when the guest first touches them. Restore the device states
-// with RestoreDevices before running the VM.
+// MemoryMode is how a restore gives the new VM its memory.
+type MemoryMode string
+
+const (
+	// Eager decodes the whole chain into the new VM's memfd before it
+	// runs.
+	Eager MemoryMode = "eager"
+	// Mmap flattens the chain once into DIR/NAME.<hash>.wraw (reused
+	// while it exists) and maps that copy-on-write as guest RAM, so pages
+	// are read when the guest first touches them.
+	Mmap MemoryMode = "mmap"
+	// Uffd gives the VM a fresh memfd (as Eager) registered with
+	// userfaultfd, whose pages a memsnap/uffd Server fills from the chain
+	// when first touched. Forks, full snapshots and rollbacks of the VM
+	// need the Server's Complete first (vmmproc calls it).
+	Uffd MemoryMode = "uffd"
+)
+
+// ParseMemoryMode reads a MemoryMode: "eager", "mmap" or "uffd".
+func ParseMemoryMode(s string) (MemoryMode, error) {
+	switch m := MemoryMode(s); m {
+	case Eager, Mmap, Uffd:
+		return m, nil
+	}
+	return "", fmt.Errorf("memory mode %q: want eager, mmap or uffd", s)
+}
+
+// Restore creates a VM from the snapshot eagerly (lazy false) or by Mmap
+// (lazy true): RestoreWith without a fault server.
 func (s *Snapshot) Restore(cfg vmm.Config, lazy bool) (*vmm.VM, error) {
-	if !lazy {
-		return vmm.Restore(cfg, s.State, func(m *guestmem.Memory) error {
+	mode := Eager
+	if lazy {
+		mode = Mmap
+	}
+	vm, _, err := s.RestoreWith(cfg, RestoreOptions{Mode: mode})
+	return vm, err
+}
+
+// RestoreOptions say how RestoreWith restores memory.
+type RestoreOptions struct {
+	// Mode is the memory mode (Eager when empty).
+	Mode MemoryMode
+	// Uffd configures the fault server of the Uffd mode (a prefetched
+	// working set, recording one, the cache, error reports).
+	Uffd uffd.Options
+}
+
+// RestoreWith creates a VM from the snapshot (vmm.Restore): cfg supplies
+// what the snapshot does not hold (devices, console, KVM device, profile,
+// log; its MemBytes and CPUs must be the snapshot's, and its Virtio the
+// same devices in the same order), and o.Mode how its memory is made (see
+// MemoryMode). Restore the device states with RestoreDevices before
+// running the VM.
+//
+// In Uffd mode the memfd is registered and the server started before the
+// VM exists, so nothing can touch a page the server does not fill, and
+// the server is the memory's guestmem.Pager (the VMM's own accesses
+// install their pages instead of faulting on them); the
+// server then owns the snapshot's chain (Close no longer closes it, Layer
+// still answers) and the caller owns the server: Close it after the VM's
+// vCPUs have stopped, before or after the VM. Where the host cannot serve
+// memory by userfaultfd, RestoreWith fails with an error wrapping
+// uffd.ErrUnsupported before creating anything, and the snapshot is
+// unchanged (restore it another way).
+func (s *Snapshot) RestoreWith(cfg vmm.Config, o RestoreOptions) (*vmm.VM, *uffd.Server, error) {
+	switch o.Mode {
+	case Eager, "":
+		vm, err := vmm.Restore(cfg, s.State, func(m *guestmem.Memory) error {
 			return s.Chain.Restore(m.Flat())
 		})
+		return vm, nil, err
+	case Mmap:
+		raw, err := s.Flattened()
+		if err != nil {
+			return nil, nil, err
+		}
+		mem, err := guestmem.NewPrivateFile(raw, s.Chain.MemSize())
+		if err != nil {
+			return nil, nil, fmt.Errorf("vmsnap: restore %s: %w", s.Path, err)
+		}
+		vm, err := vmm.RestoreMemory(cfg, s.State, mem)
+		return vm, nil, err
+	case Uffd:
+	default:
+		return nil, nil, fmt.Errorf("vmsnap: restore %s: unknown memory mode %q", s.Path, o.Mode)
 	}
-	raw, err := s.Flattened()
+	if s.Chain == nil {
+		return nil, nil, fmt.Errorf("vmsnap: restore %s: the memory chain is closed or served already", s.Path)
+	}
+	mem, err := guestmem.New(s.Chain.MemSize())
 	if err != nil {
-		return nil, err
+		return nil, nil, fmt.Errorf("vmsnap: restore %s: %w", s.Path, err)
 	}
-	mem, err := guestmem.NewPrivateFile(raw, s.Chain.MemSize())
+	srv, err := uffd.Start(s.Chain, mem.Flat(), o.Uffd)
 	if err != nil {
-		return nil, fmt.Errorf("vmsnap: restore %s: %w", s.Path, err)
+		mem.Close()
+		return nil, nil, fmt.Errorf("vmsnap: restore %s: %w", s.Path, err)
 	}
-	return vmm.RestoreMemory(cfg, s.State, mem)
+	s.Chain = nil // the server's now
+	// Every device reaches guest memory through mem's accessors, which
+	// have the server install a page before handing it out: no VMM
+	// goroutine faults on a page not served yet (memsnap/uffd's package
+	// documentation). Set before any device exists.
+	mem.SetPager(srv)
+	vm, err := vmm.RestoreMemory(cfg, s.State, mem)
+	if err != nil {
+		srv.Close()
+		return nil, nil, err
+	}
+	return vm, srv, nil
 }
 
 // Flattened returns the raw image of the snapshot's memory beside the

@@ -7,6 +7,16 @@
 // reads and writes it only through bounds-checked accessors (Slice, ReadAt,
 // WriteAt), never by raw pointer arithmetic on guest-supplied addresses.
 // The memfd is the unit that later snapshots and forks share.
+//
+// Pager: memory filled on demand (a userfaultfd restore, memsnap/uffd) may
+// have pages nobody has installed yet. A Go goroutine must not fault on
+// such a page (see memsnap/uffd's package documentation), so every
+// accessor that hands guest memory to VMM code (Slice, ReadAt, WriteAt)
+// first asks the Memory's Pager, when one is set (SetPager), to make the
+// flat range it is about to return present. Flat and Host do not: they
+// hand out the whole mapping, to KVM (Host) and to snapshot code that
+// reads pages known to be present or that completes the memory first
+// (memsnap/uffd's documentation lists each use).
 package guestmem
 
 import (
@@ -55,6 +65,70 @@ type Memory struct {
 	// MarkWritten. writtenLedger keeps each reader's share (track.go).
 	written       []atomic.Uint64
 	writtenLedger Ledger
+	// pager, when set (SetPager), makes flat ranges present before the
+	// accessors hand them out; nil for memory that is all present, the
+	// normal case, which then costs one atomic load per access.
+	pager atomic.Pointer[pagerRef]
+}
+
+// Pager makes pages of a Memory present before VMM code touches them:
+// memory whose pages are installed on demand (by userfaultfd: a
+// memsnap/uffd Server) sets one, so that a goroutine never takes a page
+// fault that only another goroutine could serve.
+type Pager interface {
+	// Ensure makes every page of flat image [off, off+n) (memfd offsets,
+	// inside the memory, n > 0) present, installing those not yet
+	// installed, in the calling goroutine and without touching them. It
+	// returns once they are, or with an error when one could not be
+	// installed; Slice, ReadAt and WriteAt then fail rather than fault.
+	// Safe for concurrent use; called on every access, so a range already
+	// present must cost little.
+	Ensure(off, n uint64) error
+}
+
+// Forgetter is implemented by a Pager that must learn of pages made
+// absent again: Discard calls Forget with the flat range of whole pages it
+// discarded, after discarding them, so that the next Ensure of any of
+// them installs it again.
+type Forgetter interface {
+	// Forget marks the whole pages of flat image [off, off+n) as not
+	// present. Safe for concurrent use.
+	Forget(off, n uint64)
+}
+
+// pagerRef boxes a Pager for the atomic pointer.
+type pagerRef struct{ p Pager }
+
+// SetPager makes p the Memory's Pager (nil: none, the normal case). Set
+// it before any vCPU or device touches the memory, and keep it until the
+// memory is closed or every page is present for good (a Pager that has
+// nothing left to install may keep answering at once); a Pager must not
+// outlive a Fork, which remaps the memory: the caller completes it first.
+func (m *Memory) SetPager(p Pager) {
+	if p == nil {
+		m.pager.Store(nil)
+		return
+	}
+	m.pager.Store(&pagerRef{p})
+}
+
+// ensure asks the Pager, if any, to make flat [off, off+n) present.
+func (m *Memory) ensure(off, n uint64) error {
+	pr := m.pager.Load()
+	if pr == nil || n == 0 {
+		return nil
+	}
+	return pr.p.Ensure(off, n)
+}
+
+// forget tells the Pager, if it is a Forgetter, that flat [off, off+n)
+// was discarded.
+func (m *Memory) forget(off, n uint64) {
+	if pr := m.pager.Load(); pr != nil {
+		if f, ok := pr.p.(Forgetter); ok {
+			f.Forget(off, n)
+		}
+	}
 }
 
 // ErrOutOfRange is wrapped by accessors given an address outside RAM.
@@ -202,8 +276,23 @@ func seekData(fd int, size int64, set func(first, last uint64)) error {
 }
 
 // Flat returns the VMM mapping of the whole flat image (memfd offset 0 ..
-// Size), for snapshot code that copies pages while the VM is paused.
+// Size), for snapshot code that copies pages while the VM is paused. It
+// does not consult the Pager: a caller touching pages of memory that has
+// one must know them present, or call Ensure first.
 func (m *Memory) Flat() []byte { return m.mem }
+
+// Ensure makes flat image [off, off+n) present through the Pager (nil at
+// once without one): for code that reads Flat directly. The range must
+// lie inside the memory.
+func (m *Memory) Ensure(off, n uint64) error {
+	if off > m.Size() || n > m.Size()-off {
+		return fmt.Errorf("guestmem: flat [%#x, +%#x): %w", off, n, ErrOutOfRange)
+	}
+	if err := m.ensure(off, n); err != nil {
+		return fmt.Errorf("guestmem: flat [%#x, +%#x): %w", off, n, err)
+	}
+	return nil
+}
 
 // Size is the total RAM in bytes.
 func (m *Memory) Size() uint64 { return uint64(len(m.mem)) }
@@ -215,7 +304,8 @@ func (m *Memory) Regions() []Region { return m.regions }
 func (m *Memory) Host(r Region) []byte { return m.mem[r.Offset : r.Offset+r.Size] }
 
 // Slice returns the host bytes backing guest [gpa, gpa+n). The range must lie
-// inside one region.
+// inside one region. With a Pager (SetPager), the pages of the range are
+// present when Slice returns them; an error of the Pager's is returned.
 func (m *Memory) Slice(gpa, n uint64) ([]byte, error) {
 	for _, r := range m.regions {
 		if gpa >= r.GPA && gpa < r.End() {
@@ -223,6 +313,9 @@ func (m *Memory) Slice(gpa, n uint64) ([]byte, error) {
 				break
 			}
 			off := r.Offset + (gpa - r.GPA)
+			if err := m.ensure(off, n); err != nil {
+				return nil, fmt.Errorf("guestmem: [%#x, +%#x): %w", gpa, n, err)
+			}
 			return m.mem[off : off+n : off+n], nil
 		}
 	}

@@ -126,3 +126,147 @@ func TestNewPrivateFile(t *testing.T) {
 		t.Error("a write to the private mapping reached the file")
 	}
 }
+
+// recordingPager records the Ensure and Forget calls it gets, and fails
+// every Ensure with err when err is set.
+type recordingPager struct {
+	err     error
+	ensured [][2]uint64
+	forgot  [][2]uint64
+}
+
+func (p *recordingPager) Ensure(off, n uint64) error {
+	p.ensured = append(p.ensured, [2]uint64{off, n})
+	return p.err
+}
+
+func (p *recordingPager) Forget(off, n uint64) { p.forgot = append(p.forgot, [2]uint64{off, n}) }
+
+var errPagerTest = errors.New("test pager")
+
+// TestPagerRange checks that the accessors ask the Pager for the flat
+// range they touch, translated across the MMIO hole, and nothing for
+// ranges they refuse. The pager fails every call, so no access reaches
+// the (absent) mapping: RAM above the hole without mapping 3 GiB.
+func TestPagerRange(t *testing.T) {
+	m := &Memory{regions: Layout(MMIOHoleStart + 8*PageSize)}
+	p := &recordingPager{err: errPagerTest}
+	m.SetPager(p)
+	buf := make([]byte, 100)
+	calls := []struct {
+		name string
+		do   func() error
+		want [2]uint64 // {0, 0}: no call
+	}{
+		{"slice below the hole", func() error { _, err := m.Slice(PageSize-1, 2); return err }, [2]uint64{PageSize - 1, 2}},
+		{"slice above the hole", func() error { _, err := m.Slice(MMIOHoleEnd+3*PageSize+5, 10); return err }, [2]uint64{MMIOHoleStart + 3*PageSize + 5, 10}},
+		{"read above the hole", func() error { _, err := m.ReadAt(buf, MMIOHoleEnd); return err }, [2]uint64{MMIOHoleStart, 100}},
+		{"write at the end", func() error { _, err := m.WriteAt(buf, MMIOHoleEnd+8*PageSize-100); return err }, [2]uint64{MMIOHoleStart + 8*PageSize - 100, 100}},
+		{"slice in the hole", func() error { _, err := m.Slice(MMIOHoleStart+PageSize, 1); return err }, [2]uint64{}},
+		{"slice across the hole", func() error { _, err := m.Slice(MMIOHoleStart-1, 2); return err }, [2]uint64{}},
+		{"slice past the end", func() error { _, err := m.Slice(MMIOHoleEnd+8*PageSize-1, 2); return err }, [2]uint64{}},
+	}
+	for _, c := range calls {
+		p.ensured = nil
+		err := c.do()
+		if c.want == ([2]uint64{}) {
+			if !errors.Is(err, ErrOutOfRange) || len(p.ensured) != 0 {
+				t.Errorf("%s: err %v, pager calls %v; want ErrOutOfRange and none", c.name, err, p.ensured)
+			}
+			continue
+		}
+		if !errors.Is(err, errPagerTest) {
+			t.Errorf("%s: err %v, want the pager's", c.name, err)
+		}
+		if len(p.ensured) != 1 || p.ensured[0] != c.want {
+			t.Errorf("%s: pager calls %#v, want one of %#v", c.name, p.ensured, c.want)
+		}
+	}
+	if m.written != nil {
+		t.Error("a refused write was recorded")
+	}
+}
+
+// TestPager checks a Pager on real memory: accesses succeed once it has
+// answered, empty ranges and a removed pager cost no call, Ensure checks
+// its flat range, and Discard tells a Forgetter the whole pages it
+// discarded.
+func TestPager(t *testing.T) {
+	m, err := New(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	p := &recordingPager{}
+	m.SetPager(p)
+	if _, err := m.WriteAt([]byte("paged"), 7*PageSize-2); err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Slice(7*PageSize-2, 5)
+	if err != nil || string(b) != "paged" {
+		t.Fatalf("Slice = %q, %v", b, err)
+	}
+	if _, err := m.Slice(3*PageSize, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(9*PageSize, PageSize); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(1<<20-PageSize, PageSize+1); !errors.Is(err, ErrOutOfRange) {
+		t.Errorf("Ensure past the end: %v", err)
+	}
+	want := [][2]uint64{{7*PageSize - 2, 5}, {7*PageSize - 2, 5}, {9 * PageSize, PageSize}}
+	if len(p.ensured) != len(want) {
+		t.Fatalf("pager calls %#v, want %#v", p.ensured, want)
+	}
+	for i := range want {
+		if p.ensured[i] != want[i] {
+			t.Errorf("pager call %d: %#v, want %#v", i, p.ensured[i], want[i])
+		}
+	}
+	if err := m.Discard(5*PageSize+1, 3*PageSize); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Discard(5*PageSize+1, PageSize); err != nil { // no whole page
+		t.Fatal(err)
+	}
+	if len(p.forgot) != 1 || p.forgot[0] != [2]uint64{6 * PageSize, 2 * PageSize} {
+		t.Errorf("Forget calls %#v, want pages 6 and 7", p.forgot)
+	}
+	m.SetPager(nil)
+	p.ensured = nil
+	if _, err := m.ReadAt(make([]byte, 8), 0); err != nil || len(p.ensured) != 0 {
+		t.Errorf("without a pager: %v, calls %v", err, p.ensured)
+	}
+	p.err = errPagerTest
+	m.SetPager(p)
+	if _, err := m.ReadAt(make([]byte, 8), 0); !errors.Is(err, errPagerTest) {
+		t.Errorf("a failing pager: ReadAt err %v", err)
+	}
+}
+
+// nopPager is present everywhere.
+type nopPager struct{}
+
+func (nopPager) Ensure(off, n uint64) error { return nil }
+
+// BenchmarkSlice measures the accessor a virtio queue calls for every
+// ring field and buffer, without a pager and with one that answers at
+// once.
+func BenchmarkSlice(b *testing.B) {
+	m, err := New(1 << 20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	run := func(b *testing.B) {
+		for i := range b.N {
+			if _, err := m.Slice(uint64(i%200)*PageSize+8, 16); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Run("nopager", run)
+	m.SetPager(nopPager{})
+	b.Run("pager", run)
+}

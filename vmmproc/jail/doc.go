@@ -50,9 +50,14 @@
 //   - ioctl: the request must be in the ioctl table: the KVM requests of
 //     vmm/kvm by name (the run loop, vCPU and VM state for snapshots,
 //     irqfd/ioeventfd, dirty logging; creation requests only in
-//     ProfileVMM), FICLONE, FIONBIO/FIONREAD/FIOCLEX/FIONCLEX, TCGETS and
-//     TIOCGWINSZ. TUNSETIFF and friends only in ProfileVMM. TIOCSTI and
-//     everything else is refused.
+//     ProfileVMM), the userfaultfd requests a running fault server issues
+//     (UFFDIO_COPY, UFFDIO_ZEROPAGE, UFFDIO_WAKE, UFFDIO_UNREGISTER; the
+//     userfaultfd is made and registered before the jail, so the
+//     userfaultfd syscall, UFFDIO_API, UFFDIO_REGISTER and
+//     USERFAULTFD_IOC_NEW are refused), FICLONE,
+//     FIONBIO/FIONREAD/FIOCLEX/FIONCLEX, TCGETS and TIOCGWINSZ.
+//     TUNSETIFF and friends only in ProfileVMM. TIOCSTI and everything
+//     else is refused.
 //   - socket: AF_UNIX, AF_INET, AF_INET6 (plus AF_NETLINK in ProfileVMM);
 //     AF_PACKET, AF_VSOCK and the rest are refused. socketpair: AF_UNIX.
 //   - clone: ProfileStrict allows threads only (CLONE_THREAD and the

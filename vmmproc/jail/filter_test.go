@@ -133,6 +133,18 @@ func TestFilterSemantics(t *testing.T) {
 		{"ioctl FIONBIO", call(unix.SYS_IOCTL, 3, fionbio), retAllow, retAllow},
 		{"ioctl TIOCSTI", call(unix.SYS_IOCTL, 3, unix.TIOCSTI), eperm, eperm},
 		{"ioctl random", call(unix.SYS_IOCTL, 3, 0xdeadbeef), eperm, eperm},
+		// userfaultfd: a running fault server's requests only; the
+		// descriptor is made and registered before the jail.
+		{"ioctl UFFDIO_COPY", call(unix.SYS_IOCTL, 3, 0xc028aa03), retAllow, retAllow},
+		{"ioctl UFFDIO_ZEROPAGE", call(unix.SYS_IOCTL, 3, 0xc020aa04), retAllow, retAllow},
+		{"ioctl UFFDIO_WAKE", call(unix.SYS_IOCTL, 3, 0x8010aa02), retAllow, retAllow},
+		{"ioctl UFFDIO_UNREGISTER", call(unix.SYS_IOCTL, 3, 0x8010aa01), retAllow, retAllow},
+		{"ioctl UFFDIO_API", call(unix.SYS_IOCTL, 3, 0xc018aa3f), eperm, eperm},
+		{"ioctl UFFDIO_REGISTER", call(unix.SYS_IOCTL, 3, 0xc020aa00), eperm, eperm},
+		{"ioctl UFFDIO_MOVE", call(unix.SYS_IOCTL, 3, 0xc028aa05), eperm, eperm},
+		{"ioctl UFFDIO_WRITEPROTECT", call(unix.SYS_IOCTL, 3, 0xc018aa06), eperm, eperm},
+		{"ioctl USERFAULTFD_IOC_NEW", call(unix.SYS_IOCTL, 3, 0xaa00), eperm, eperm},
+		{"userfaultfd", call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK), eperm, eperm},
 		{"socket AF_UNIX", call(unix.SYS_SOCKET, unix.AF_UNIX), retAllow, retAllow},
 		{"socket AF_INET6", call(unix.SYS_SOCKET, unix.AF_INET6), retAllow, retAllow},
 		{"socket AF_NETLINK", call(unix.SYS_SOCKET, unix.AF_NETLINK), eperm, retAllow},

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenvm/warren/memsnap/uffd"
 	"github.com/warrenvm/warren/vmm/kvm"
 )
 
@@ -423,6 +424,15 @@ func ioctlTable() []ioctlEntry {
 		{setup, "TUNSETIFF", unix.TUNSETIFF},
 		{setup, "TUNSETVNETHDRSZ", unix.TUNSETVNETHDRSZ},
 		{setup, "TUNSETOFFLOAD", unix.TUNSETOFFLOAD},
+		// guest memory served by userfaultfd (memsnap/uffd, `warren
+		// restore --lazy=uffd`): what its fault server issues while the
+		// guest runs and to finish (Complete). The userfaultfd(2) syscall,
+		// UFFDIO_API and UFFDIO_REGISTER (and /dev/userfaultfd's
+		// USERFAULTFD_IOC_NEW) happen before the jail and stay refused.
+		{both, "UFFDIO_COPY", uffd.IoctlCopy},
+		{both, "UFFDIO_ZEROPAGE", uffd.IoctlZeropage},
+		{both, "UFFDIO_WAKE", uffd.IoctlWake},
+		{both, "UFFDIO_UNREGISTER", uffd.IoctlUnregister},
 		// files: reflink copies of disk layers (cow/disk)
 		{both, "FICLONE", unix.FICLONE},
 		// descriptors and consoles (Go's os, x/term-style tty checks)
