@@ -29,6 +29,7 @@ import (
 
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // DefaultSocket is the daemon's default unix socket.
@@ -574,6 +575,21 @@ func (c *Client) Egress(ctx context.Context, id string) (*wire.EgressReply, erro
 // stays in force across the sandbox's later restores.
 func (c *Client) SetEgress(ctx context.Context, id string, policy json.RawMessage) (*wire.EgressReply, error) {
 	return callFor[wire.EgressReply](ctx, c, http.MethodPut, sbPath(id, "/egress"), policy)
+}
+
+// Balloon returns the memory balloon of a sandbox whose template was
+// built with a balloon: its target, what the guest's driver holds, the
+// guest's latest memory statistics and the device's counters, as its VMM
+// reports them.
+func (c *Client) Balloon(ctx context.Context, id string) (*vmmctl.BalloonReply, error) {
+	return callFor[vmmctl.BalloonReply](ctx, c, http.MethodGet, sbPath(id, "/balloon"), nil)
+}
+
+// SetBalloon changes a running sandbox's balloon as req says (its target,
+// at most the guest's memory, is recorded on the sandbox) and returns it
+// as Balloon does.
+func (c *Client) SetBalloon(ctx context.Context, id string, req vmmctl.BalloonRequest) (*vmmctl.BalloonReply, error) {
+	return callFor[vmmctl.BalloonReply](ctx, c, http.MethodPut, sbPath(id, "/balloon"), req)
 }
 
 // SetSecret creates or replaces the tenant's secret name with value's

@@ -11,6 +11,7 @@ import (
 	"github.com/warrenvm/warren/hostd/client"
 	"github.com/warrenvm/warren/hostd/client/clienttest"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // stubClient starts a stand-in daemon and returns it with a client of it
@@ -197,5 +198,39 @@ func TestClientSecretsAndEgress(t *testing.T) {
 	}
 	if err := c.DeleteSecret(ctx, "API_KEY"); !client.IsNotFound(err) {
 		t.Errorf("second delete: %v, want a 404", err)
+	}
+}
+
+func TestClientBalloon(t *testing.T) {
+	_, c := stubClient(t, "acme")
+	ctx := context.Background()
+	tpl, err := c.CreateTemplate(ctx, wire.TemplateRequest{Kernel: "vmlinux", MemMiB: 128, Balloon: true}, nil)
+	if err != nil || !tpl.Balloon {
+		t.Fatalf("template: %+v %v", tpl, err)
+	}
+	sb, err := c.Create(ctx, wire.SandboxRequest{Template: tpl.ID}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.Balloon(ctx, sb.ID); err != nil || r.TargetMiB != 0 || !r.FreePageReporting {
+		t.Errorf("balloon: %+v %v", r, err)
+	}
+	target, interval := uint64(64), uint64(10)
+	r, err := c.SetBalloon(ctx, sb.ID, vmmctl.BalloonRequest{TargetMiB: &target, StatsIntervalS: &interval})
+	if err != nil || r.TargetMiB != 64 || r.StatsIntervalS != 10 {
+		t.Errorf("set balloon: %+v %v", r, err)
+	}
+	if got, err := c.Sandbox(ctx, sb.ID); err != nil || got.BalloonTargetMiB == nil || *got.BalloonTargetMiB != 64 {
+		t.Errorf("the sandbox after set balloon: %+v %v", got, err)
+	}
+	target = 129
+	var ce *client.Error
+	if _, err := c.SetBalloon(ctx, sb.ID, vmmctl.BalloonRequest{TargetMiB: &target}); !errors.As(err, &ce) || ce.Status != 400 {
+		t.Errorf("a target above the guest's memory: %v, want a 400", err)
+	}
+	plainTpl, _ := c.CreateTemplate(ctx, wire.TemplateRequest{Kernel: "vmlinux"}, nil)
+	plain, _ := c.Create(ctx, wire.SandboxRequest{Template: plainTpl.ID}, nil)
+	if _, err := c.Balloon(ctx, plain.ID); !client.IsNotFound(err) || !strings.Contains(err.Error(), "has no balloon") {
+		t.Errorf("balloon without one: %v, want a 404", err)
 	}
 }

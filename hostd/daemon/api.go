@@ -290,6 +290,8 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 	})))
 	handle("GET /v1/sandboxes/{id}/egress", d.withNetwork(d.getEgress))
 	handle("PUT /v1/sandboxes/{id}/egress", d.withNetwork(d.putEgress))
+	handle("GET /v1/sandboxes/{id}/balloon", d.withSandbox(d.getBalloon))
+	handle("PUT /v1/sandboxes/{id}/balloon", d.withSandbox(d.putBalloon))
 	handle("PUT /v1/secrets/{name}", d.putSecret)
 	handle("GET /v1/secrets", d.listSecrets)
 	handle("DELETE /v1/secrets/{name}", d.deleteSecret)

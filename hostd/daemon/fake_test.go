@@ -15,12 +15,15 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenvm/warren/agentclient/agentstub"
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/guestinit/agent"
+	"github.com/warrenvm/warren/memsnap/statefile"
+	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmmctl"
 )
 
@@ -52,6 +55,8 @@ type fakeLauncher struct {
 	// LaunchSpec.ExtraFiles held when it started.
 	lastRun      vmmctl.Run
 	lastRunFiles []fakeFile
+	// balloonPuts are the PUT /v1/balloon requests its VMMs took.
+	balloonPuts []vmmctl.BalloonRequest
 	// confined are the Confine of every LaunchSpec started, by sandbox or
 	// template id (the last one's), with the owner of the VMM's directory
 	// (its --console's) at that moment.
@@ -88,7 +93,10 @@ type fakeVM struct {
 	// network VMM's --egress file, or "{}" (the template's) without one.
 	egress json.RawMessage
 	// denied is the filter's denied-packet count GET /v1/egress reports.
-	denied   atomic.Uint64
+	denied atomic.Uint64
+	// balloon is its memory balloon (nil: none): a `run --balloon`'s, or
+	// the one its snapshot or fork parent had.
+	balloon  *fakeBalloon
 	closers  []func()
 	launcher *fakeLauncher
 }
@@ -112,10 +120,14 @@ func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
 	}
 	var api, vs, console, policyFile string
 	var egress json.RawMessage
+	var bal *fakeBalloon
 	if r := spec.Launch.Run; r != nil {
 		api, vs, console, policyFile = r.API, r.Vsock, r.Console, r.Egress
 		if r.PrivateNet {
 			egress = json.RawMessage("{}")
+		}
+		if r.Balloon {
+			bal = &fakeBalloon{MemMiB: uint64(r.MemMiB)}
 		}
 	} else {
 		r := spec.Launch.Restore
@@ -149,6 +161,12 @@ func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
 		if _, err := vmsnapChain(r.Snapshot); err != nil {
 			return Proc{}, fmt.Errorf("fake: restore %s: %w", r.Snapshot, err)
 		}
+		// A restore keeps the snapshot's balloon.
+		b, err := readFakeBalloon(r.Snapshot)
+		if err != nil {
+			return Proc{}, fmt.Errorf("fake: restore %s: %w", r.Snapshot, err)
+		}
+		bal = b
 		f.mu.Lock()
 		f.lastRestore = r.Snapshot
 		f.lastRestoreSpec = *r
@@ -186,6 +204,7 @@ func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
 	}
 	vm.mu.Lock()
 	vm.egress = egress
+	vm.balloon = bal
 	vm.mu.Unlock()
 	st, err := procStartTime(vm.cmd.Process.Pid)
 	return Proc{PID: vm.cmd.Process.Pid, StartTime: st}, err
@@ -262,7 +281,12 @@ func (vm *fakeVM) serve() error {
 		}
 		vm.mu.Lock()
 		vm.snaps = append(vm.snaps, req.Path)
+		bal := vm.balloon.clone()
 		vm.mu.Unlock()
+		if err := writeFakeBalloon(req.Path, bal); err != nil {
+			reply(w, 500, map[string]string{"error": err.Error()})
+			return
+		}
 		reply(w, 200, map[string]any{"path": req.Path, "kind": req.Kind, "layer_bytes": 5})
 	})
 	mux.HandleFunc("POST /v1/rollback", func(w http.ResponseWriter, r *http.Request) {
@@ -292,6 +316,12 @@ func (vm *fakeVM) serve() error {
 				reply(w, 500, map[string]string{"error": err.Error()})
 				return
 			}
+			vm.mu.Lock()
+			bal := vm.balloon.clone() // a child has its parent's devices
+			vm.mu.Unlock()
+			c.mu.Lock()
+			c.balloon = bal
+			c.mu.Unlock()
 			kids = append(kids, map[string]any{"index": k, "pid": c.cmd.Process.Pid, "api": p + ".api", "vsock": p + ".vsock",
 				"console": p + ".console", "log": p + ".log", "hostname": fmt.Sprintf("fork-%d", k)})
 		}
@@ -320,6 +350,44 @@ func (vm *fakeVM) serve() error {
 		b, _ := io.ReadAll(r.Body)
 		egressReply(w, r, b)
 	})
+	// GET and PUT /v1/balloon as a VMM with a balloon answers them (404
+	// without one): the driver reaches the target at once.
+	balloonReply := func(w http.ResponseWriter, put *vmmctl.BalloonRequest) {
+		vm.mu.Lock()
+		defer vm.mu.Unlock()
+		b := vm.balloon
+		if b == nil {
+			reply(w, 404, map[string]string{"error": "balloon: this VM has no balloon (warren run --balloon)"})
+			return
+		}
+		if put != nil {
+			if put.TargetMiB != nil && *put.TargetMiB > b.MemMiB {
+				reply(w, 400, map[string]string{"error": fmt.Sprintf("balloon: target %d MiB is more than the guest's %d MiB", *put.TargetMiB, b.MemMiB)})
+				return
+			}
+			if put.StatsIntervalS != nil {
+				b.IntervalS = *put.StatsIntervalS
+			}
+			if put.TargetMiB != nil {
+				b.InflatedPages += max(*put.TargetMiB, b.TargetMiB)<<8 - b.TargetMiB<<8
+				b.DeflatedPages += max(*put.TargetMiB, b.TargetMiB)<<8 - *put.TargetMiB<<8
+				b.TargetMiB = *put.TargetMiB
+			}
+			vm.launcher.mu.Lock()
+			vm.launcher.balloonPuts = append(vm.launcher.balloonPuts, *put)
+			vm.launcher.mu.Unlock()
+		}
+		reply(w, 200, b.reply())
+	}
+	mux.HandleFunc("GET /v1/balloon", func(w http.ResponseWriter, r *http.Request) { balloonReply(w, nil) })
+	mux.HandleFunc("PUT /v1/balloon", func(w http.ResponseWriter, r *http.Request) {
+		var req vmmctl.BalloonRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			reply(w, 400, map[string]string{"error": "bad request: " + err.Error()})
+			return
+		}
+		balloonReply(w, &req)
+	})
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(al)
 
@@ -335,6 +403,76 @@ func (vm *fakeVM) serve() error {
 	vm.closers = append(vm.closers, func() { srv.Close() }, func() { conns.Close(); as.Close() },
 		func() { os.Remove(vm.api); os.Remove(vm.vsock) })
 	return nil
+}
+
+// fakeBalloon is a fake VMM's memory balloon, as its snapshots keep it
+// (a section of their state file).
+type fakeBalloon struct {
+	MemMiB, TargetMiB, IntervalS uint64
+	InflatedPages, DeflatedPages uint64
+}
+
+// fakeBalloonSection names the state file section of a fake snapshot's
+// balloon.
+const fakeBalloonSection = "fake-balloon"
+
+func (b *fakeBalloon) clone() *fakeBalloon {
+	if b == nil {
+		return nil
+	}
+	c := *b
+	return &c
+}
+
+// reply is its GET /v1/balloon answer: an active driver with free page
+// reporting and a statistics queue, at its target.
+func (b *fakeBalloon) reply() vmmctl.BalloonReply {
+	pages := uint32(b.TargetMiB << 8)
+	return vmmctl.BalloonReply{TargetMiB: b.TargetMiB, TargetPages: pages, ActualMiB: b.TargetMiB, ActualPages: pages,
+		Active: true, FreePageReporting: true, StatsQueue: true, StatsIntervalS: float64(b.IntervalS),
+		StatsTime: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+		Stats:     []vmmctl.BalloonStat{{Tag: 4, Name: "free-memory", Value: (b.MemMiB - b.TargetMiB) << 20 / 2}},
+		Counters:  vmmctl.BalloonCounters{InflatedPages: b.InflatedPages, DeflatedPages: b.DeflatedPages, StatsUpdates: 1}}
+}
+
+// writeFakeBalloon adds b (nil: none) to the state file of snapshot path.
+func writeFakeBalloon(path string, b *fakeBalloon) error {
+	if b == nil {
+		return nil
+	}
+	_, _, state, err := vmsnap.Paths(path)
+	if err != nil {
+		return err
+	}
+	f, err := statefile.Read(state)
+	if err != nil {
+		return err
+	}
+	data, _ := json.Marshal(b)
+	f.Sections = append(f.Sections, statefile.Section{Name: fakeBalloonSection, Data: data})
+	enc, err := f.Encode()
+	if err != nil {
+		return err
+	}
+	return statefile.WriteAtomic(state, enc)
+}
+
+// readFakeBalloon returns the balloon snapshot path has (nil: none).
+func readFakeBalloon(path string) (*fakeBalloon, error) {
+	_, _, state, err := vmsnap.Paths(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := statefile.Read(state)
+	if err != nil {
+		return nil, err
+	}
+	data, ok := f.Section(fakeBalloonSection)
+	if !ok {
+		return nil, nil
+	}
+	var b fakeBalloon
+	return &b, json.Unmarshal(data, &b)
 }
 
 var _ = context.Background

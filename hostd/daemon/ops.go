@@ -104,7 +104,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	// Opened by the daemon (read-only, regular files only); the VMM gets
 	// the kernel's and initramfs's descriptors, and the disks are copied
 	// from theirs into the template's directory.
-	run := &vmmctl.Run{MemMiB: req.MemMiB, CPUs: req.CPUs}
+	run := &vmmctl.Run{MemMiB: req.MemMiB, CPUs: req.CPUs, Balloon: req.Balloon}
 	bootFiles, err := d.openBootFiles(boot, run)
 	if err != nil {
 		return 0, nil, err
@@ -120,7 +120,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	defer closeTemplateDisks(disks)
 	t := &store.Template{ID: newID("tp"), Tenant: tenant, Status: store.TemplateBuilding, Kernel: req.Kernel,
 		Initramfs: req.Initramfs, Disks: req.Disks, MemMiB: req.MemMiB, CPUs: req.CPUs, Cmdline: req.Cmdline,
-		Network: req.Network, Created: time.Now().UTC()}
+		Network: req.Network, Balloon: req.Balloon, Created: time.Now().UTC()}
 	if req.Image != "" {
 		t.Image = &store.TemplateImage{Ref: req.Image, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}
 	}
@@ -889,7 +889,8 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 		sb := &store.Sandbox{ID: id, Tenant: parent.Tenant, Template: parent.Template, Status: store.Creating, PID: ch.PID,
 			StartTime: st, API: ch.API, Vsock: ch.Vsock, Console: ch.Console, Log: ch.Log, MemMiB: parent.MemMiB,
 			CPUs: parent.CPUs, Network: parent.Network, Egress: parent.Egress, Env: parent.Env, Secrets: parent.Secrets, Parent: parent.ID, Created: now,
-			Disks: liveDisks(ch.Disks), Spawner: parent.Spawner, Family: parent.Family}
+			Disks: liveDisks(ch.Disks), Spawner: parent.Spawner, Family: parent.Family,
+			BalloonTargetMiB: parent.BalloonTargetMiB} // the child's VMM has the parent's balloon
 		ks := &sbState{rec: sb, agent: agentclient.New(ch.Vsock)}
 		if plan != nil && plan.groups[ch.Index] != nil {
 			ks.cgroup = plan.groups[ch.Index] // it was born there: placeInCgroup only records it

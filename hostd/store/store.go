@@ -80,7 +80,11 @@ type Template struct {
 	Cmdline   string   `json:"cmdline,omitempty"`
 	// Network: the template's VMM, and so every sandbox restored from it,
 	// has a private network with egress services (see the daemon).
-	Network   bool      `json:"network,omitempty"`
+	Network bool `json:"network,omitempty"`
+	// Balloon: the template's VMM, and so every sandbox restored from it,
+	// has a memory balloon (`warren run --balloon`) whose target the
+	// daemon sets per sandbox.
+	Balloon   bool      `json:"balloon,omitempty"`
 	Snapshot  string    `json:"snapshot,omitempty"` // DIR/NAME of its snapshot
 	PID       int       `json:"pid,omitempty"`      // the build's VMM while building
 	StartTime uint64    `json:"start_time,omitempty"`
@@ -202,6 +206,14 @@ type Sandbox struct {
 	Env     []string          `json:"env,omitempty"`
 	Secrets []string          `json:"secrets,omitempty"`
 	Labels  map[string]string `json:"labels,omitempty"`
+	// BalloonTargetMiB is the balloon target last set for it (PUT
+	// /v1/sandboxes/{id}/balloon; absent: never set), in MiB of the
+	// guest's memory. Its VMM's balloon keeps it, and so do the
+	// snapshots taken after; a rollback to, or a restore from, an earlier
+	// snapshot brings back that snapshot's target, and a fork child's
+	// VMM starts with its parent's (GET .../balloon answers the one in
+	// force).
+	BalloonTargetMiB *uint64 `json:"balloon_target_mib,omitempty"`
 	// Parent is the sandbox this one was forked from.
 	Parent string `json:"parent,omitempty"`
 	// Spawner says its VMM's jail-init starts the VMM's fork children

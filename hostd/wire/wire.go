@@ -44,6 +44,12 @@ type TemplateRequest struct {
 	// private network whose egress is filtered (deny all until a
 	// sandbox's policy says otherwise).
 	Network bool `json:"network,omitempty"`
+	// Balloon gives the template's VMM, and so every sandbox of it (a
+	// restore keeps the snapshot's devices), a memory balloon with free
+	// page reporting (`warren run --balloon`): the guest gives back the
+	// memory it frees, and PUT /v1/sandboxes/{id}/balloon sets how much
+	// of its memory the balloon takes from it.
+	Balloon bool `json:"balloon,omitempty"`
 	// Image makes the template's root file system from a container
 	// image: a registry reference ("registry.example/repo:tag",
 	// "repo@sha256:..."), pulled by the daemon (auth from its Docker

@@ -32,6 +32,7 @@ func TestJSON(t *testing.T) {
 		{"TemplateRequest image", TemplateRequest{Image: "r/x:1", InsecureRegistry: true, DiskMiB: 2048, StartCmd: "s", ReadyCmd: "r"},
 			`{"image":"r/x:1","insecure_registry":true,"disk_mib":2048,"start_cmd":"s","ready_cmd":"r"}`, nil},
 		{"TemplateRequest network", TemplateRequest{Kernel: "vmlinux", Network: true}, `{"kernel":"vmlinux","network":true}`, nil},
+		{"TemplateRequest balloon", TemplateRequest{Kernel: "vmlinux", Balloon: true}, `{"kernel":"vmlinux","balloon":true}`, nil},
 		{"Secret", Secret{Name: "API_KEY"}, `{"name":"API_KEY"}`, nil},
 		{"SecretList", SecretList{Names: []string{}}, `{"names":[]}`, nil},
 		{"EgressReply", EgressReply{Policy: json.RawMessage(`{}`), Stats: json.RawMessage(`{"passed":1}`), Audit: "/a"},

@@ -27,7 +27,7 @@ const daemonUsage = `usage: warren <command> [flags]
 
 Sandboxes, through the host daemon (warren-hostd):
   templates                 list templates; templates create --kernel K [--initramfs I] [--disk D]...
-                            [--mem MiB] [--cpus N] [--cmdline S] [--network]; templates rm ID...
+                            [--mem MiB] [--cpus N] [--cmdline S] [--network] [--balloon]; templates rm ID...
                             templates create --image REF|oci-layout:DIR[:TAG]|docker-archive:FILE
                             (or --rootfs DIR|FILE.tar) [--disk-mib N] [--insecure-registry]
                             [--start-cmd CMD | --start-image-cmd] [--ready-cmd CMD]: a root file
@@ -54,6 +54,9 @@ Sandboxes, through the host daemon (warren-hostd):
   rollback  SANDBOX SNAPSHOT
   rm        SANDBOX...
   egress    [--policy FILE] SANDBOX   a network sandbox's egress policy and counters; --policy replaces it
+  balloon   [--target MiB] [--stats-interval S] SANDBOX   a --balloon sandbox's memory balloon: target,
+                            actual, free page reporting, the guest's memory statistics, counters;
+                            --target sets how much of the guest's memory it takes
   secrets                   list the tenant's secrets (names); secrets set NAME [FILE|-] (value from
                             FILE or stdin, one trailing newline dropped); secrets rm NAME...
   keys                      the tenant's encryption key (warren-hostd --keys): its ID, or "revoked";
@@ -81,7 +84,7 @@ with a / or ending in .sock, .api or .vsock).
 // boolFlags are the flags, of either spelling of every verb, that take no
 // value (to find the verbs' positional arguments before parsing).
 var boolFlags = map[string]bool{"i": true, "json": true, "netns": true, "incremental": true, "to-disk": true,
-	"list": true, "h": true, "help": true, "lazy": true, "network": true, "d": true, "t": true}
+	"list": true, "h": true, "help": true, "lazy": true, "network": true, "balloon": true, "d": true, "t": true}
 
 // isDaemonVerb reports whether verb is one of the daemon's (of its own,
 // or shared with the VM level).
@@ -254,6 +257,7 @@ var daemonVerbs = map[string]daemonVerb{
 	"rollback":         onSandbox("rollback SANDBOX SNAPSHOT", 2, sbRollbackCmd),
 	"egress": onSandbox("egress [--policy FILE] SANDBOX\n\nprints the egress policy in force and the counters of a network sandbox;\n"+
 		"with --policy, replaces the policy first (live, and for its later restores)", 1, sbEgressCmd),
+	"balloon": onSandbox(sbBalloonUsage, 1, sbBalloonCmd),
 }
 
 // subcommands are the daemon verbs made of sub-commands, with theirs (the

@@ -25,7 +25,7 @@ var listImages = listing((*client.Client).Images, "KEY\tREF\tLAYERS\tCONTENT\tDI
 		float64(i.DiskBytes)/(1<<20), orDash(strings.Join(i.Templates, ",")))
 })
 
-const templatesCreateUsage = "templates create {--kernel K [--initramfs I] | --image REF | --rootfs DIR|FILE.tar} [--disk D]... [--mem MiB] [--cpus N] [--cmdline S] [--network]\n" +
+const templatesCreateUsage = "templates create {--kernel K [--initramfs I] | --image REF | --rootfs DIR|FILE.tar} [--disk D]... [--mem MiB] [--cpus N] [--cmdline S] [--network] [--balloon]\n" +
 	"    [--disk-mib N] [--insecure-registry] [--start-cmd CMD | --start-image-cmd] [--ready-cmd CMD] [--ready-timeout D]"
 
 // templatesCreate is `warren templates create`: a local image (--image
@@ -48,13 +48,14 @@ func templatesCreate(d *daemonCmd) func() int {
 	cpus := d.fs.Int("cpus", 0, "vCPUs (daemon default 1)")
 	cmdline := d.fs.String("cmdline", "", "extra kernel command-line arguments")
 	network := d.fs.Bool("network", false, "give the template's sandboxes a private network with filtered egress (deny all until a sandbox's --egress policy)")
+	balloon := d.fs.Bool("balloon", false, "give the template's sandboxes a memory balloon with free page reporting (warren balloon --target sets how much of the guest's memory it takes)")
 	return func() int {
 		if (*kernel == "" && *imageRef == "" && *rootfs == "") || (*imageRef != "" && *rootfs != "") {
 			return d.usageErr()
 		}
 		// Names of files in the daemon's guest directory, sent as they
 		// are: the daemon never opens a host path a client names.
-		req := wire.TemplateRequest{Kernel: *kernel, Initramfs: *initramfs, Disks: disks, MemMiB: *mem, CPUs: *cpus, Cmdline: *cmdline, Network: *network}
+		req := wire.TemplateRequest{Kernel: *kernel, Initramfs: *initramfs, Disks: disks, MemMiB: *mem, CPUs: *cpus, Cmdline: *cmdline, Network: *network, Balloon: *balloon}
 		req.DiskMiB, req.InsecureRegistry, req.StartCmd, req.StartImageCmd, req.ReadyCmd = *diskMiB, *insecure, *startCmd, *startImage, *readyCmd
 		req.ReadyTimeoutS = int(readyTimeout.Seconds())
 		fn := d.progress("template")

@@ -1,13 +1,14 @@
 package cli
 
 // The daemon verbs on sandboxes (rows of daemonVerbs): create, ls, rm,
-// events, exec, cp, pause, resume, snapshot, fork, rollback and egress
-// (exec's process API side, -d, -t and --user, is guestprocs.go's).
+// events, exec, cp, pause, resume, snapshot, fork, rollback, egress and
+// balloon (exec's process API side, -d, -t and --user, is guestprocs.go's).
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/warrenvm/warren/hostd/client"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 func createCmd(d *daemonCmd) func() int {
@@ -280,4 +282,77 @@ func sbEgressCmd(d *daemonCmd) func() int {
 		}
 		return show(d, rep, err, func(rep *wire.EgressReply) { printJSON(d.stdout, rep) })
 	}
+}
+
+const sbBalloonUsage = "balloon [--target MiB] [--stats-interval S] SANDBOX\n\n" +
+	"prints the memory balloon of a sandbox whose template was created with --balloon: its target,\n" +
+	"what the guest's driver holds, the guest's latest memory statistics and the device's counters.\n" +
+	"--target sets how much of the guest's memory the balloon takes (0 gives it all back; at most the\n" +
+	"guest's memory), --stats-interval how often the guest is asked for statistics (0: never), first"
+
+// sbBalloonCmd is `warren balloon [--target MiB] [--stats-interval S]
+// SANDBOX`: the sandbox's balloon, changed first when a flag says so.
+func sbBalloonCmd(d *daemonCmd) func() int {
+	target := d.fs.Uint64("target", 0, "set the balloon's target: MiB of the guest's memory it takes (0: none)")
+	interval := d.fs.Uint64("stats-interval", 0, "set how often, in seconds, the guest is asked for memory statistics (0: never)")
+	return func() int {
+		var req vmmctl.BalloonRequest
+		d.fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "target":
+				req.TargetMiB = target
+			case "stats-interval":
+				req.StatsIntervalS = interval
+			}
+		})
+		var rep *vmmctl.BalloonReply
+		var err error
+		if req.TargetMiB == nil && req.StatsIntervalS == nil {
+			rep, err = d.c.Balloon(d.ctx, d.id)
+		} else {
+			rep, err = d.c.SetBalloon(d.ctx, d.id, req)
+		}
+		return show(d, rep, err, func(rep *vmmctl.BalloonReply) { printBalloon(d.stdout, rep) })
+	}
+}
+
+// printBalloon writes rep for people: the target, the balloon's size,
+// the driver's features, the guest's statistics and the counters.
+func printBalloon(w io.Writer, rep *vmmctl.BalloonReply) {
+	yes := map[bool]string{true: "yes", false: "no"}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "target:\t%d MiB (%d pages)\n", rep.TargetMiB, rep.TargetPages)
+	fmt.Fprintf(tw, "actual:\t%d MiB (%d pages)\n", rep.ActualMiB, rep.ActualPages)
+	fmt.Fprintf(tw, "driver active:\t%s\n", yes[rep.Active])
+	fmt.Fprintf(tw, "free page reporting:\t%s\n", yes[rep.FreePageReporting])
+	fmt.Fprintf(tw, "statistics queue:\t%s\n", yes[rep.StatsQueue])
+	every := "never"
+	if rep.StatsIntervalS > 0 {
+		every = "every " + (time.Duration(rep.StatsIntervalS * float64(time.Second))).String()
+	}
+	fmt.Fprintf(tw, "statistics:\t%s", every)
+	if !rep.StatsTime.IsZero() {
+		fmt.Fprintf(tw, ", latest at %s", rep.StatsTime.Local().Format("15:04:05"))
+	}
+	fmt.Fprintln(tw)
+	for _, st := range rep.Stats {
+		name := st.Name
+		if name == "" {
+			name = fmt.Sprintf("tag %d", st.Tag)
+		}
+		fmt.Fprintf(tw, "  %s\t%d\n", name, st.Value)
+	}
+	c := rep.Counters
+	fmt.Fprintln(tw, "counters:")
+	for _, kv := range []struct {
+		name string
+		v    uint64
+	}{
+		{"inflated pages", c.InflatedPages}, {"deflated pages", c.DeflatedPages}, {"inflated pages discarded", c.InflateDiscardedPages},
+		{"free page reports", c.Reports}, {"reported bytes", c.ReportedBytes}, {"reported bytes discarded", c.ReportDiscardedBytes},
+		{"statistics updates", c.StatsUpdates}, {"errors", c.Errors}, {"discard errors", c.DiscardErrors},
+	} {
+		fmt.Fprintf(tw, "  %s\t%d\n", kv.name, kv.v)
+	}
+	tw.Flush()
 }

@@ -1,7 +1,7 @@
 // Package clienttest is a stand-in for warren-hostd in tests of its
 // clients: an in-memory daemon on a unix socket (or TCP with a token)
 // that speaks the API's shapes (progress streams, exec frames, files,
-// errors, tenants, secrets, egress policies, encryption keys) without any VM. Exec echoes its argv on stdout, says
+// errors, tenants, secrets, egress policies, memory balloons, encryption keys) without any VM. Exec echoes its argv on stdout, says
 // "err" on stderr, and exits with the number given as `exit N`; the
 // process API (processes.go) and the file API (files.go) work in memory.
 package clienttest
@@ -23,6 +23,7 @@ import (
 
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // Stub is the fake daemon.
@@ -36,9 +37,10 @@ type Stub struct {
 	templates map[string]*store.Template
 	sandboxes map[string]*store.Sandbox
 	files     map[string][]byte
-	secrets   map[string]map[string]string // tenant -> name -> value
-	egress    map[string]json.RawMessage   // sandbox -> policy
-	keys      map[string]*wire.KeyInfo     // tenant -> its key
+	secrets   map[string]map[string]string    // tenant -> name -> value
+	egress    map[string]json.RawMessage      // sandbox -> policy
+	balloons  map[string]*vmmctl.BalloonReply // sandbox -> its balloon (a "balloon" template's)
+	keys      map[string]*wire.KeyInfo        // tenant -> its key
 	// procs are the processes by "SANDBOX/ID", procOrder their ids by
 	// sandbox in start order, nproc the last id's number
 	// (processes.go); dirs the guest directories made, "SANDBOX:PATH"
@@ -81,7 +83,7 @@ func New(t testing.TB) *Stub {
 	}
 	s := &Stub{Socket: filepath.Join(dir, "hostd.sock"), Token: "0123456789abcdef-token",
 		templates: map[string]*store.Template{}, sandboxes: map[string]*store.Sandbox{}, files: map[string][]byte{},
-		secrets: map[string]map[string]string{}, egress: map[string]json.RawMessage{}, keys: map[string]*wire.KeyInfo{},
+		secrets: map[string]map[string]string{}, egress: map[string]json.RawMessage{}, balloons: map[string]*vmmctl.BalloonReply{}, keys: map[string]*wire.KeyInfo{},
 		Uploads: map[string][]byte{}, procs: map[string]*stubProc{}, procOrder: map[string][]string{}, dirs: map[string]bool{}}
 	ul, err := net.Listen("unix", s.Socket)
 	if err != nil {
@@ -201,7 +203,7 @@ func (s *Stub) handler() http.Handler {
 			fail(w, 404, "no upload "+id)
 			return
 		}
-		t := &store.Template{ID: s.id("tp"), Tenant: tenant, Status: "ready", Kernel: req.Kernel, Initramfs: req.Initramfs, MemMiB: req.MemMiB, CPUs: req.CPUs, Network: req.Network, Created: time.Now()}
+		t := &store.Template{ID: s.id("tp"), Tenant: tenant, Status: "ready", Kernel: req.Kernel, Initramfs: req.Initramfs, MemMiB: req.MemMiB, CPUs: req.CPUs, Network: req.Network, Balloon: req.Balloon, Created: time.Now()}
 		if req.Image != "" {
 			t.Image = &store.TemplateImage{Ref: req.Image, Digest: "sha256:0000", Base: "base0"}
 		}
@@ -279,6 +281,10 @@ func (s *Stub) handler() http.Handler {
 		x := &store.Sandbox{ID: s.id("sb"), Tenant: tenant, Template: t.ID, Status: "running", PID: 4242, MemMiB: req.MemMiB, Env: req.Env, Labels: req.Labels,
 			Network: t.Network, Egress: req.Egress, Secrets: req.Secrets, Created: time.Now()}
 		s.sandboxes[x.ID] = x
+		if t.Balloon {
+			s.balloons[x.ID] = &vmmctl.BalloonReply{Active: true, FreePageReporting: true, StatsQueue: true,
+				Stats: []vmmctl.BalloonStat{{Tag: 4, Name: "free-memory", Value: 100 << 20}}}
+		}
 		if x.Network {
 			s.egress[x.ID] = req.Egress
 			if len(req.Egress) == 0 {
@@ -418,8 +424,13 @@ func (s *Stub) handler() http.Handler {
 		s.mu.Lock()
 		var kids []store.Sandbox
 		for range max(req.N, 1) {
-			k := &store.Sandbox{ID: s.id("sb"), Tenant: x.Tenant, Template: x.Template, Status: "running", Parent: x.ID, Created: time.Now()}
+			k := &store.Sandbox{ID: s.id("sb"), Tenant: x.Tenant, Template: x.Template, Status: "running", Parent: x.ID,
+				BalloonTargetMiB: x.BalloonTargetMiB, Created: time.Now()}
 			s.sandboxes[k.ID] = k
+			if b := s.balloons[x.ID]; b != nil {
+				c := *b
+				s.balloons[k.ID] = &c
+			}
 			kids = append(kids, *k)
 		}
 		s.mu.Unlock()
@@ -519,6 +530,60 @@ func (s *Stub) handler() http.Handler {
 	}
 	mux.HandleFunc("GET /v1/sandboxes/{id}/egress", sb(egress))
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/egress", sb(egress))
+	// The balloon, as warren-hostd answers it: the driver reaches the
+	// target at once.
+	balloon := func(w http.ResponseWriter, r *http.Request, x *store.Sandbox) {
+		var req vmmctl.BalloonRequest
+		if r.Method == http.MethodPut {
+			dec := json.NewDecoder(io.LimitReader(r.Body, 4<<10))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&req); err != nil {
+				fail(w, 400, "bad request body: "+err.Error())
+				return
+			}
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		b := s.balloons[x.ID]
+		if b == nil {
+			fail(w, 404, "sandbox "+x.ID+" has no balloon (its template was created without --balloon)")
+			return
+		}
+		if r.Method == http.MethodPut {
+			if x.Status != "running" {
+				fail(w, 409, "sandbox "+x.ID+" is "+x.Status)
+				return
+			}
+			guest := 256
+			if t := s.templates[x.Template]; t != nil && t.MemMiB > 0 {
+				guest = t.MemMiB
+			}
+			if req.TargetMiB != nil && *req.TargetMiB > uint64(guest) {
+				fail(w, 400, fmt.Sprintf("balloon: target %d MiB is more than the sandbox's %d MiB of guest memory", *req.TargetMiB, guest))
+				return
+			}
+			if req.StatsIntervalS != nil {
+				b.StatsIntervalS = float64(*req.StatsIntervalS)
+			}
+			if t := req.TargetMiB; t != nil {
+				if *t > b.TargetMiB {
+					b.Counters.InflatedPages += (*t - b.TargetMiB) << 8
+				} else {
+					b.Counters.DeflatedPages += (b.TargetMiB - *t) << 8
+				}
+				b.TargetMiB, b.ActualMiB = *t, *t
+				b.TargetPages, b.ActualPages = uint32(*t<<8), uint32(*t<<8)
+				v := *t
+				x.BalloonTargetMiB = &v
+			}
+		} else if x.Status != "running" && x.Status != "paused" {
+			fail(w, 409, "sandbox "+x.ID+" is "+x.Status)
+			return
+		}
+		reply(w, 200, b)
+	}
+	mux.HandleFunc("GET /v1/sandboxes/{id}/balloon", sb(balloon))
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/balloon", sb(balloon))
 	s.processRoutes(mux, sb)
 	s.fileRoutes(mux, sb)
 	mux.HandleFunc("GET /v1/events", auth(func(w http.ResponseWriter, r *http.Request, tenant string) {
