@@ -141,7 +141,8 @@ unit: testguests
 # tests); a second failure fails the build, except that an attempt whose
 # only L2 failures are triple faults with the emulated host's known
 # signature in L1's KVM trace (.ci/kvmhost/l2faults.sh) is excused up to
-# twice; a stalled boot or a triple fault without that signature is not.
+# twice, as is an early boot stall (QEMU's L2 guests on memfd memory stall
+# as often); a triple fault without that signature is not.
 # When L1 itself dies or freezes (its kernel has died of a kernel-stack
 # overflow in KVM, reported soft lockups, or stalled silently:
 # .ci/kvmhost/README.md), it boots a fresh L1 and resumes: passed packages

@@ -24,9 +24,11 @@
 # L2 guest start in a hundred triple-fault (KVM_EXIT_SHUTDOWN; QEMU's L2
 # guests as often, in the same L1), always with one signature in L1's KVM
 # trace (.ci/kvmhost/l2faults.sh). An attempt whose triple faults all carry it
-# does not count toward those two, at most twice per package (so a package
-# runs at most four times). A triple fault without it, or a boot that
-# stalled, counts like any failure. Every failure stays in the log.
+# does not count toward those two, nor does an early boot stall (QEMU's
+# guests on the same kind of memory stall as often there), at most twice
+# per package (so a package runs at most four times). A triple fault
+# without the signature counts like any failure. Every failure stays in
+# the log.
 #
 # Inside L1 this same file runs as `sh .ci/test-kvm.sh --inner` (busybox ash);
 # its progress lives in STATE_DIR, which is under the shared directory, so it

@@ -12,9 +12,10 @@
 #   l2_explained LOG
 #                   succeed, printing why, when LOG (a test attempt's output
 #                   with l2trace_dump's lines appended) shows L2 triple
-#                   faults that are all the emulated host's known fault;
-#                   otherwise fail, printing why (nothing when LOG shows no
-#                   L2 failure).
+#                   faults that are all the emulated host's known fault, or
+#                   an early boot stall and no triple fault; otherwise
+#                   fail, printing why (nothing when LOG shows no L2
+#                   failure).
 #
 # Why the trace: KVM resets the vCPU on the shutdown intercept before the
 # VMM sees KVM_EXIT_SHUTDOWN, so the registers a VMM logs are the reset
@@ -62,9 +63,13 @@ l2_explained() {
 	l2tf=$(grep -c 'triple fault (KVM_EXIT_SHUTDOWN)' "$1")
 	l2stalls=$(grep -c 'L2 guest boot stalled' "$1")
 	[ "$l2tf" -gt 0 ] || [ "$l2stalls" -gt 0 ] || return 1
-	if [ "$l2stalls" -gt 0 ]; then
-		echo "an L2 guest's boot stalled (no known cause; where its vCPUs were is in the log)"
-		return 1
+	if [ "$l2stalls" -gt 0 ] && [ "$l2tf" -eq 0 ]; then
+		# Early boot stalls: QEMU's L2 guests on the same kind of memory
+		# (a shared memfd) stall as often in the same L1 (README.md, "L2
+		# triple faults"); the mechanism is not known, and the failure logs
+		# where the stalled vCPUs were.
+		echo "an L2 guest's boot stalled early (the emulated host's, by measurement: QEMU's guests on memfd memory stall as often; vCPU samples in the log)"
+		return 0
 	fi
 	if [ -z "${l2trace:-}" ]; then
 		echo "$l2tf L2 triple fault(s), and no L1 trace to tell which"
