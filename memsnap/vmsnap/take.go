@@ -291,7 +291,7 @@ func (s *Snapshotter) precopyDirty() (*pageImage, []uint64, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := ensurePages(s.vm.Memory(), set); err != nil {
+	if err := s.vm.Memory().EnsurePages(set); err != nil {
 		return nil, nil, err
 	}
 	return capturePages(s.vm.Memory().Flat(), set), set, nil
@@ -329,36 +329,11 @@ func (s *Snapshotter) capture(c *Capture, pre *pageImage) (*pageImage, []uint64,
 			return nil, nil, err
 		}
 	}
-	if err := ensurePages(mem, want); err != nil {
+	// A uffd-restored page the guest dirtied may have been discarded
+	// since (a balloon): no VMM goroutine may fault on a page its pager
+	// has not installed (memsnap/uffd).
+	if err := mem.EnsurePages(want); err != nil {
 		return nil, nil, err
 	}
 	return capturePages(mem.Flat(), want), dirty, nil
-}
-
-// ensurePages makes the pages of want (a bitmap over the flat image) present
-// through the memory's pager before capturePages reads them through Flat:
-// a uffd-restored VM's page the guest dirtied may have been discarded since
-// (a balloon), and no VMM goroutine may fault on a page its pager has not
-// installed (memsnap/uffd). Without a pager it costs one pass over want.
-func ensurePages(mem *guestmem.Memory, want []uint64) error {
-	pages := mem.Size() / guestmem.PageSize
-	for p := uint64(0); p < pages; {
-		if want[p/64] == 0 {
-			p += 64 - p%64
-			continue
-		}
-		if want[p/64]&(1<<(p%64)) == 0 {
-			p++
-			continue
-		}
-		q := p + 1
-		for q < pages && want[q/64]&(1<<(q%64)) != 0 {
-			q++
-		}
-		if err := mem.Ensure(p*guestmem.PageSize, (q-p)*guestmem.PageSize); err != nil {
-			return err
-		}
-		p = q
-	}
-	return nil
 }

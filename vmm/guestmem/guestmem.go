@@ -294,6 +294,22 @@ func (m *Memory) Ensure(off, n uint64) error {
 	return nil
 }
 
+// EnsurePages is Ensure for the pages set in want (a bitmap over the flat
+// image, bit p%64 of word p/64, as TakeWritten's), one call per run: for
+// snapshot code about to copy them through Flat. Without a Pager it returns
+// at once, without reading want.
+func (m *Memory) EnsurePages(want []uint64) error {
+	if m.pager.Load() == nil {
+		return nil
+	}
+	for _, r := range bitmapRuns(want, m.Size()/PageSize) {
+		if err := m.Ensure(r.First*PageSize, r.Count*PageSize); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Size is the total RAM in bytes.
 func (m *Memory) Size() uint64 { return uint64(len(m.mem)) }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"slices"
 	"sync/atomic"
 	"testing"
 )
@@ -269,4 +270,30 @@ func BenchmarkSlice(b *testing.B) {
 	b.Run("nopager", run)
 	m.SetPager(nopPager{})
 	b.Run("pager", run)
+}
+
+// TestEnsurePages: one pager call per run of the bitmap, none without a
+// pager.
+func TestEnsurePages(t *testing.T) {
+	m, err := New(256 * PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	want := make([]uint64, 4)
+	want[0] = 0b1110_0001
+	want[1] = 1 << 63
+	want[2] = 1
+	if err := m.EnsurePages(want); err != nil {
+		t.Fatal(err)
+	}
+	p := &recordingPager{}
+	m.SetPager(p)
+	if err := m.EnsurePages(want); err != nil {
+		t.Fatal(err)
+	}
+	runs := [][2]uint64{{0, PageSize}, {5 * PageSize, 3 * PageSize}, {127 * PageSize, 2 * PageSize}}
+	if !slices.Equal(p.ensured, runs) {
+		t.Fatalf("pager calls %v, want %v", p.ensured, runs)
+	}
 }
