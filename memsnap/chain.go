@@ -363,10 +363,10 @@ func Compact(c *Chain, path string, opts Options) (*Layer, error) {
 	return WriteBase(path, c.Reader(), c.MemSize(), opts)
 }
 
-// Reader returns an io.ReaderAt over the chain's effective memory, decoding
-// chunks on demand and keeping a few recently decoded ones. It suits
-// sequential reads such as Compact's; Restore is faster for whole images.
-func (c *Chain) Reader() io.ReaderAt {
+// segments plans c's decode (plan) and returns the tasks with every
+// visible run of pages as a segment, sorted by page: the index Reader and
+// Pages look pages up in.
+func (c *Chain) segments() ([]task, []segment) {
 	tasks := c.plan()
 	var segs []segment
 	for ti, t := range tasks {
@@ -375,6 +375,14 @@ func (c *Chain) Reader() io.ReaderAt {
 		}
 	}
 	sort.Slice(segs, func(i, j int) bool { return segs[i].page < segs[j].page })
+	return tasks, segs
+}
+
+// Reader returns an io.ReaderAt over the chain's effective memory, decoding
+// chunks on demand and keeping a few recently decoded ones. It suits
+// sequential reads such as Compact's; Restore is faster for whole images.
+func (c *Chain) Reader() io.ReaderAt {
+	tasks, segs := c.segments()
 	// A sequential reader meets chunks of every layer interleaved; keep
 	// enough decoded chunks that each layer's current one stays cached.
 	return &chainReader{c: c, tasks: tasks, segs: segs, cache: map[int][]byte{}, cacheMax: 2*len(c.layers) + 2}

@@ -36,14 +36,7 @@ type PageRun struct {
 // of every layer (no chunk data): O(stored pages + zero pages) time, and
 // memory proportional to the number of visible runs.
 func (c *Chain) Pages() *Pages {
-	tasks := c.plan()
-	var segs []segment
-	for ti, t := range tasks {
-		for _, cp := range t.copies {
-			segs = append(segs, segment{page: cp.dst, count: cp.count, task: ti, src: cp.src})
-		}
-	}
-	sort.Slice(segs, func(i, j int) bool { return segs[i].page < segs[j].page })
+	tasks, segs := c.segments()
 	return &Pages{c: c, chunks: tasks, segs: segs}
 }
 
