@@ -107,19 +107,7 @@ func TestUffdRestoreEndToEnd(t *testing.T) {
 	if st.Stats == nil || st.Stats.PrefetchedPages == 0 || st.Stats.Errors != 0 {
 		t.Fatalf("stats %+v: want prefetched pages, no errors", st.Stats)
 	}
-	var fr vmmctl.ForkReply
-	out := mustRun(t, "fork", "-n", "1", "--prefix", filepath.Join(dir, "kid"), "--json", api2)
-	if err := json.Unmarshal([]byte(out), &fr); err != nil || len(fr.Children) != 1 {
-		t.Fatalf("warren fork --json: %v: %q", err, out)
-	}
-	kid := fr.Children[0]
-	t.Cleanup(func() {
-		syscall.Kill(kid.PID, syscall.SIGKILL)
-		if t.Failed() {
-			logb, _ := os.ReadFile(kid.Log)
-			t.Logf("child log:\n%s\nconsole:\n%s", logb, tail([]byte(readFile(kid.Console))))
-		}
-	})
+	kid := forkOne(t, api2, filepath.Join(dir, "kid"))
 	if r, err := c2.WorkingSet(ctx); err != nil || !r.Stats.Completed {
 		t.Fatalf("after a fork: %+v, %v: want the memory completed", r, err)
 	}
@@ -264,8 +252,26 @@ func TestUffdRestoreLinux(t *testing.T) {
 		t.Fatalf("stats %+v (%v): want faults served, no errors", r.Stats, err)
 	}
 	t.Logf("after the commands: %+v", *r.Stats)
+	kid := forkOne(t, api, filepath.Join(dir, "kid"))
+	if r, err := c.WorkingSet(ctx); err != nil || !r.Stats.Completed {
+		t.Fatalf("after the fork: %+v, %v: want the memory completed", r.Stats, err)
+	}
+	mustRun(t, "health", "--wait", "3m", kid.Vsock)
+	if out := mustRun(t, "exec", kid.Vsock, "--", "sh", "-c", "cat /tmp/uffd; ls -l /tmp/fill"); !strings.HasPrefix(out, "parent\n") || !strings.Contains(out, "8388608") {
+		t.Fatalf("the child reads %q", out)
+	}
+	if out := mustRun(t, "exec", sock, "--", "cat", "/tmp/uffd"); out != "parent\n" {
+		t.Fatalf("the parent reads %q after the fork", out)
+	}
+}
+
+// forkOne forks the VM of api into one child (warren fork -n 1 --json, as a
+// user does) and kills the child when the test ends, logging its log and
+// console if the test failed.
+func forkOne(t *testing.T, api, prefix string) vmmctl.ForkChild {
+	t.Helper()
 	var fr vmmctl.ForkReply
-	out = mustRun(t, "fork", "-n", "1", "--prefix", filepath.Join(dir, "kid"), "--json", api)
+	out := mustRun(t, "fork", "-n", "1", "--prefix", prefix, "--json", api)
 	if err := json.Unmarshal([]byte(out), &fr); err != nil || len(fr.Children) != 1 {
 		t.Fatalf("warren fork --json: %v: %q", err, out)
 	}
@@ -277,14 +283,5 @@ func TestUffdRestoreLinux(t *testing.T) {
 			t.Logf("child log:\n%s\nconsole:\n%s", logb, tail([]byte(readFile(kid.Console))))
 		}
 	})
-	if r, err := c.WorkingSet(ctx); err != nil || !r.Stats.Completed {
-		t.Fatalf("after the fork: %+v, %v: want the memory completed", r.Stats, err)
-	}
-	mustRun(t, "health", "--wait", "3m", kid.Vsock)
-	if out := mustRun(t, "exec", kid.Vsock, "--", "sh", "-c", "cat /tmp/uffd; ls -l /tmp/fill"); !strings.HasPrefix(out, "parent\n") || !strings.Contains(out, "8388608") {
-		t.Fatalf("the child reads %q", out)
-	}
-	if out := mustRun(t, "exec", sock, "--", "cat", "/tmp/uffd"); out != "parent\n" {
-		t.Fatalf("the parent reads %q after the fork", out)
-	}
+	return kid
 }
