@@ -26,8 +26,11 @@
 //     CPU per second is measured first and printed beside it to size that.
 //
 // It prints one table per operation with p50/p90/p99 of each, Warren's and
-// QEMU's side by side with their ratio, and with --json writes the
-// samples. Needs root, /dev/kvm, /dev/vhost-vsock and qemu-system-x86.
+// QEMU's side by side with their ratio, with --json writes the samples and
+// with --plot draws them (box plots). Needs root, /dev/kvm,
+// /dev/vhost-vsock and qemu-system-x86. --replot a.json,b.json --plot F
+// boots nothing: it draws the VMM CPU per call of earlier runs side by
+// side (before and after a change, say).
 package main
 
 import (
@@ -48,7 +51,7 @@ type config struct {
 	rig.Files
 	calls, warmup, qemuCID int
 	timeout                time.Duration
-	jsonOut                string
+	jsonOut, plotOut       string
 	execArgv               []string
 }
 
@@ -61,7 +64,23 @@ func main() {
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "limit for a boot to the agent answering")
 	stats.JSONFlag(&c.jsonOut)
 	execCmd := flag.String("exec", "true", "the program /exec runs, split at spaces")
+	flag.StringVar(&c.plotOut, "plot", "", "write box plots of the run (or of --replot's runs) to this PNG file")
+	replot := flag.String("replot", "", "no run: plot the VMM CPU per call of these --json files (comma-separated) to --plot")
 	flag.Parse()
+	if *replot != "" {
+		panels, err := replotPanels(strings.Split(*replot, ","))
+		if err == nil && c.plotOut == "" {
+			err = fmt.Errorf("--replot needs --plot")
+		}
+		if err == nil {
+			err = writePlot(c.plotOut, panels)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench/agent:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if c.execArgv = strings.Fields(*execCmd); len(c.execArgv) == 0 {
 		fmt.Fprintln(os.Stderr, "bench/agent: --exec is empty")
 		os.Exit(2)
@@ -230,6 +249,9 @@ func run(c config) error {
 		if err := stats.WriteJSON(c.jsonOut, out); err != nil {
 			return err
 		}
+	}
+	if c.plotOut != "" {
+		return writePlot(c.plotOut, runPanels(results))
 	}
 	return nil
 }

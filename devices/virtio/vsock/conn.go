@@ -95,7 +95,15 @@ type Conn struct {
 	// rx holds guest data not yet consumed by the host side;
 	// len(rx) == credit.rxQueued <= buf_alloc.
 	rx []byte
+	// spare is an empty buffer of at most maxSpare bytes' capacity that rx
+	// starts from when it is empty, so that a connection passing small
+	// messages does not allocate per packet.
+	spare []byte
 }
+
+// maxSpare bounds the buffer a Conn keeps for its next packets while it
+// holds no data (Conn.spare): an idle connection pins no more.
+const maxSpare = 16 << 10
 
 // Key identifies a connection on one device: the host (local) port and
 // the guest (peer) port.
@@ -155,14 +163,14 @@ func (c *Conn) HostEOF() bool {
 func (c *Conn) reset() {
 	c.state = StateClosed
 	c.pending = pendRst
-	c.rx = nil
+	c.rx, c.spare = nil, nil
 }
 
 // closed closes without telling the guest (it reset us).
 func (c *Conn) closed() {
 	c.state = StateClosed
 	c.pending = 0
-	c.rx = nil
+	c.rx, c.spare = nil, nil
 }
 
 // HandleGuest applies one packet from the guest, already validated by
@@ -208,7 +216,7 @@ func (c *Conn) HandleGuest(h Header, payload []byte) {
 			c.updateIfNeeded()
 			return
 		}
-		c.rx = append(c.rx, payload...)
+		c.buffer(payload)
 	case OpCreditUpdate:
 		// Credit figures taken above; the device may send more now.
 	case OpCreditRequest:
@@ -228,6 +236,19 @@ func (c *Conn) HandleGuest(h Header, payload []byte) {
 	}
 }
 
+// buffer appends guest data to rx, starting from spare when rx is empty
+// and keeping a new small buffer as the next spare.
+func (c *Conn) buffer(p []byte) {
+	if len(c.rx) > 0 {
+		c.rx = append(c.rx, p...)
+		return
+	}
+	c.rx = append(c.spare[:0], p...)
+	if cap(c.rx) <= maxSpare {
+		c.spare = c.rx[:0]
+	}
+}
+
 // Peek returns the guest data waiting for the host side. The slice is
 // valid until the next call on c.
 func (c *Conn) Peek() []byte { return c.rx }
@@ -243,7 +264,7 @@ func (c *Conn) Consume(n int) {
 	n = min(n, len(c.rx))
 	c.rx = c.rx[n:]
 	if len(c.rx) == 0 {
-		c.rx = nil // do not pin an idle connection's buffer
+		c.rx = nil // do not pin an idle connection's buffer (but spare)
 	}
 	c.credit.Consumed(uint32(n))
 	if c.state == StatePeerClosed && len(c.rx) == 0 {

@@ -31,7 +31,8 @@ const (
 	// allocate.
 	maxStrayRst = 64
 	// maxConns bounds the connections of one activation (each holds up to
-	// BufAlloc + MaxPayload bytes and two goroutines); more are refused.
+	// BufAlloc bytes of guest data, two read buffers and a write buffer of
+	// MaxPayload bytes, and two goroutines); more are refused.
 	maxConns = 1024
 	// maxDialing bounds the guest REQUESTs waiting for a host socket dial.
 	maxDialing = 64
@@ -98,17 +99,21 @@ const eventTransportReset = 0
 //
 // Threads. Per activation, one worker goroutine (a session) owns the three
 // queues, guest memory access, every Conn and every connection's host-side
-// bookkeeping; nothing else touches them. All host I/O happens on other
-// goroutines, which never touch a Conn: the accept loop and one handshake
-// goroutine per client (Listen), one dial goroutine per guest REQUEST
-// routed to a unix socket, and per connection a reader and a writer
-// goroutine. They talk to the worker by posting events to the session's
-// inbox (a mutex-guarded slice plus a wakeup channel, so posting never
-// waits for the worker) and the worker answers through one-slot channels
-// it only sends on when the slot is free, so the worker never blocks on a
-// host socket or a slow host peer. Reset stops the worker and waits for
-// it; it closes every host socket on its way out, which ends the
-// per-connection goroutines.
+// bookkeeping; nothing else touches them, except a connection's reader
+// goroutine running a service pass itself under the session's pass mutex
+// (session.tryService) when no other pass runs, so that host data reaches
+// the guest without a handoff to the worker. The worker writes to host
+// sockets itself, but only without blocking (hostConn.send); all host I/O
+// that may block happens on other goroutines, which never touch a Conn:
+// the accept loop and one handshake goroutine per client (Listen), one
+// dial goroutine per guest REQUEST routed to a unix socket, and per
+// connection a reader and a writer goroutine. They talk to the worker by
+// posting events to the session's inbox (a mutex-guarded slice plus a
+// wakeup channel, so posting never waits for the worker) and the worker
+// answers through channels it only sends on when they have room, so the
+// worker never blocks on a host socket or a slow host peer. Reset stops
+// the worker and waits for it; it closes every host socket on its way
+// out, which ends the per-connection goroutines.
 type Device struct {
 	// CID is the guest's context ID (config space guest_cid); at least 3.
 	CID uint64

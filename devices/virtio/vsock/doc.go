@@ -21,22 +21,36 @@
 // else refused with an RST.
 //
 // Threads: per activation one worker goroutine owns the queues, guest
-// memory and every connection's state; host I/O runs on per-connection
+// memory and every connection's state, except that a connection's reader
+// may run a service pass itself while the worker sleeps (passes are
+// serialised, so whoever runs one is "the worker"). The worker writes
+// guest data to host sockets itself, without blocking; reads, and the
+// rest of a write a socket did not take at once, run on per-connection
 // goroutines that exchange events with it, so a slow or stuck host peer
 // (or guest) stalls only its own connection. See Device.
 //
+// Cost per packet: a service pass takes every tx chain and fills every
+// rx buffer it has packets for, publishes each queue's used ring once and
+// raises at most one interrupt; it allocates nothing per packet (payloads
+// are read in place from guest memory, read buffers are pooled, a
+// connection keeps a small buffer for the guest's next data). A host
+// message costs one goroutine wakeup (its reader, which runs the service
+// pass itself when none is running), a guest message two (the queue
+// notification's reader, then the worker, which writes it out).
+//
 // Flow control, not buffering, absorbs slow readers: guest data waiting
 // for the host is bounded per connection by the buf_alloc the device
-// advertises (BufAlloc), and host data waiting for the guest by one chunk
-// (at most MaxPayload, and at most the guest's free credit) per
-// connection.
+// advertises (BufAlloc), and host data waiting for the guest by two
+// chunks of at most MaxPayload each per connection (the reader reads the
+// next while the worker delivers one).
 //
 // Quiesce: the worker serves everything in service passes
 // (virtio.Activation.Enter/Leave), each complete (every chain it pops is
 // pushed) before Quiesce returns; while quiesced, host goroutines only
-// post events, which wait in the inbox, and per-connection bounds hold (one
-// granted chunk read, one write in flight). Host clients may still connect
-// and dials finish; their events wait too.
+// post events, which wait in the inbox (a reader's inline pass finds the
+// gate shut and leaves its event there), and per-connection bounds hold
+// (at most the reader's two buffers read, one write in flight). Host
+// clients may still connect and dials finish; their events wait too.
 //
 // Snapshots: connections are not saved. After a restore the restorer
 // calls Device.TransportReset, and the guest driver drops its sockets

@@ -9,41 +9,69 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
 
+// nReadBufs is how many read buffers (of MaxPayload bytes) each
+// connection's reader has: it reads the next chunk while the worker still
+// delivers the previous one, so a reader that handed over a chunk needs
+// no word from the worker before it waits on its socket again.
+const nReadBufs = 2
+
+// readBufs recycles read buffers across connections.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, MaxPayload); return &b }}
+
+// chunk is host data read and not yet sent to the guest: data is what is
+// left of it, a suffix of the buffer buf (from readBufs).
+type chunk struct {
+	buf  *[]byte
+	data []byte
+}
+
 // hostConn is the host side of one connection: its socket and the two
-// goroutines doing its I/O.
+// goroutines doing the I/O the worker does not do itself.
 //
-// Ownership: every field is owned by the worker goroutine, except that a
-// buffer handed to a goroutine belongs to it until the goroutine's event
-// comes back: rbuf from a grant until the evRead, wbuf (the data of a
-// writeMsg) until the evWrote. The worker sends on grant and wmsg only
-// when the goroutine is idle (reading, writing false), so a send always
-// finds the one-slot channel empty and never blocks.
+// Ownership: every field is owned by the worker (whoever runs the
+// session's service pass, see session.tryService). Read buffers
+// move between the reader and the worker: the reader owns the one it
+// took from free until its evRead hands it back; the worker owns those in
+// chunks (and the one an evRead carries) until it sends them back on
+// free. wbuf belongs to the writer goroutine from a writeMsg until its
+// evWrote. The worker sends on wmsg only when the writer is idle
+// (writing false), and on free only buffers it holds (free has room for
+// all of them), so neither send blocks.
+//
+// Writes: the worker writes guest data (and the OK line) to the socket
+// itself, without blocking (writeNow); only what the socket does not take
+// at once goes to the writer goroutine, which blocks in Write until it is
+// written. A connection never has more than one write in flight, so
+// the bytes reach the socket in order.
 type hostConn struct {
 	s        *session
 	key      Key
 	sock     net.Conn
-	client   bool   // a host client that connected through UDSPath
-	hostPort uint32 // for the OK line
+	raw      syscall.RawConn // the socket's fd, for writeNow; nil: every write goes to the writer
+	client   bool            // a host client that connected through UDSPath
+	hostPort uint32          // for the OK line
 
-	grant chan int      // read at most this many bytes, then report
-	wmsg  chan writeMsg // write this, then report
-	quit  chan struct{} // closed by closeHost
+	free chan *[]byte  // empty read buffers for the reader (capacity nReadBufs)
+	wmsg chan writeMsg // write this, then report
+	quit chan struct{} // closed by closeHost
 
-	rbuf, wbuf []byte
-	// chunk is host data read and not yet sent to the guest (a prefix of
-	// rbuf, shrinking from the front as it is sent).
-	chunk   []byte
-	reading bool
+	// wbuf holds the data of the writer's write (allocated on first use).
+	wbuf []byte
+	// chunks is host data read and not yet sent to the guest, oldest
+	// first; at most nReadBufs (their backing array never grows).
+	chunks  []chunk
 	writing bool
 	// readErr is the reader's final error (io.EOF at end of stream),
-	// applied to the Conn once chunk is sent (readDone).
+	// applied to the Conn once every chunk before it is sent (readDone).
 	readErr  error
 	readDone bool
-	// okSent: the OK line was handed to the writer (host clients only).
+	// okSent: the OK line was written or handed to the writer (host
+	// clients only).
 	okSent bool
 	// halfClosed: the writer was told the guest will send no more.
 	halfClosed bool
@@ -65,11 +93,41 @@ type writeMsg struct {
 
 func newHostConn(s *session, k Key, sock net.Conn, client bool, hostPort uint32) *hostConn {
 	hc := &hostConn{s: s, key: k, sock: sock, client: client, hostPort: hostPort,
-		grant: make(chan int, 1), wmsg: make(chan writeMsg, 1), quit: make(chan struct{}),
-		rbuf: make([]byte, MaxPayload), wbuf: make([]byte, MaxPayload)}
+		free: make(chan *[]byte, nReadBufs), wmsg: make(chan writeMsg, 1), quit: make(chan struct{}),
+		chunks: make([]chunk, 0, nReadBufs)}
+	if sc, ok := sock.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			hc.raw = raw
+		}
+	}
+	for range nReadBufs {
+		hc.free <- readBufs.Get().(*[]byte)
+	}
 	go hc.reader()
 	go hc.writer()
 	return hc
+}
+
+// pending is the host data to send to the guest next (worker only).
+func (hc *hostConn) pending() []byte {
+	if len(hc.chunks) == 0 {
+		return nil
+	}
+	return hc.chunks[0].data
+}
+
+// sent drops the first n bytes of pending, giving a drained buffer back
+// to the reader (worker only).
+func (hc *hostConn) sent(n uint32) {
+	c := &hc.chunks[0]
+	c.data = c.data[n:]
+	if len(c.data) > 0 {
+		return
+	}
+	hc.free <- c.buf
+	copy(hc.chunks, hc.chunks[1:])
+	hc.chunks[len(hc.chunks)-1] = chunk{}
+	hc.chunks = hc.chunks[:len(hc.chunks)-1]
 }
 
 // write hands m to the idle writer goroutine (worker only).
@@ -78,20 +136,82 @@ func (hc *hostConn) write(m writeMsg) {
 	hc.wmsg <- m
 }
 
-// reader reads one granted chunk at a time and reports it; it returns
-// after an error or when the connection is closed.
+// writeNow writes p to the socket without blocking (worker only, with the
+// writer idle, so nothing is in flight before p) and returns how many
+// bytes the socket took: fewer than len(p), maybe none, when its buffer is
+// full, and none when the socket gives no raw access. An error is the
+// socket's failure.
+func (hc *hostConn) writeNow(p []byte) (int, error) {
+	if hc.raw == nil || len(p) == 0 {
+		return 0, nil
+	}
+	var n int
+	var werr error
+	if err := hc.raw.Write(func(fd uintptr) bool {
+		for {
+			n, werr = syscall.Write(int(fd), p)
+			if werr != syscall.EINTR {
+				return true // never wait: what is left goes to the writer
+			}
+		}
+	}); err != nil {
+		return 0, err
+	}
+	switch {
+	case werr == syscall.EAGAIN:
+		return 0, nil
+	case werr != nil:
+		return 0, werr
+	}
+	return max(n, 0), nil
+}
+
+// send writes data (guest data, or the OK line when ctl) to the socket:
+// what the socket takes at once here, the rest through the writer
+// goroutine (worker only, with the writer idle). It returns how many bytes
+// were written here; the writer's share is reported by its evWrote.
+func (hc *hostConn) send(data []byte, ctl bool) (int, error) {
+	n, err := hc.writeNow(data)
+	if err != nil || n == len(data) {
+		return n, err
+	}
+	rest := data[n:]
+	if hc.wbuf == nil {
+		hc.wbuf = make([]byte, MaxPayload)
+	}
+	m := copy(hc.wbuf, rest)
+	hc.write(writeMsg{data: hc.wbuf[:m], ctl: ctl})
+	return n, nil
+}
+
+// reader reads host data into a free buffer at a time and reports it; it
+// returns after an error or when the connection is closed.
 func (hc *hostConn) reader() {
-	serveEach(hc.quit, hc.grant, func(n int) error {
-		m, err := hc.sock.Read(hc.rbuf[:n])
-		hc.s.post(event{kind: evRead, hc: hc, n: m, err: err})
-		return err
-	})
+	for {
+		var b *[]byte
+		select {
+		case b = <-hc.free:
+		case <-hc.quit:
+			return
+		}
+		n, err := hc.sock.Read(*b)
+		hc.s.postInline(event{kind: evRead, hc: hc, buf: b, n: n, err: err})
+		if err != nil {
+			return
+		}
+	}
 }
 
 // writer performs one writeMsg at a time and reports it; it returns after
 // an error or when the connection is closed.
 func (hc *hostConn) writer() {
-	serveEach(hc.quit, hc.wmsg, func(m writeMsg) error {
+	for {
+		var m writeMsg
+		select {
+		case m = <-hc.wmsg:
+		case <-hc.quit:
+			return
+		}
 		var err error
 		if m.closeWrite {
 			if cw, ok := hc.sock.(interface{ CloseWrite() error }); ok {
@@ -103,20 +223,7 @@ func (hc *hostConn) writer() {
 			_, err = hc.sock.Write(m.data)
 		}
 		hc.s.post(event{kind: evWrote, hc: hc, n: len(m.data), err: err, ctl: m.ctl})
-		return err
-	})
-}
-
-// serveEach calls do with each request received from reqs, one at a time,
-// until do fails or quit is closed.
-func serveEach[T any](quit <-chan struct{}, reqs <-chan T, do func(T) error) {
-	for {
-		select {
-		case r := <-reqs:
-			if do(r) != nil {
-				return
-			}
-		case <-quit:
+		if err != nil {
 			return
 		}
 	}
@@ -129,8 +236,19 @@ func (s *session) closeHost(hc *hostConn) {
 		return
 	}
 	hc.closed = true
-	hc.chunk = nil
+	for _, c := range hc.chunks {
+		readBufs.Put(c.buf)
+	}
+	hc.chunks = nil
 	close(hc.quit)
+	for drained := false; !drained; {
+		select {
+		case b := <-hc.free:
+			readBufs.Put(b)
+		default:
+			drained = true // the reader holds the rest; closed events give them back
+		}
+	}
 	hc.sock.Close()
 	delete(s.hosts, hc.key)
 }

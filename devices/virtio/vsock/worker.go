@@ -17,7 +17,7 @@ import (
 // Event kinds posted to a session's inbox.
 const (
 	evRead           = iota // a reader goroutine read a chunk (or failed)
-	evWrote                 // a writer goroutine finished a write (or failed)
+	evWrote                 // a writer goroutine finished a write the worker handed it (or failed)
 	evDialed                // a dial for a guest REQUEST finished
 	evClient                // a host client asked to CONNECT to a guest port
 	evTransportReset        // TransportReset was called
@@ -29,6 +29,7 @@ const (
 type event struct {
 	kind int
 	hc   *hostConn // evRead, evWrote
+	buf  *[]byte   // evRead: the read buffer, handed back to the worker
 	n    int       // bytes read or written
 	err  error
 	// ctl marks an evWrote for a control message (the OK line, a
@@ -52,8 +53,11 @@ type dial struct {
 	req Header
 }
 
-// session is one activation's state, owned by its worker goroutine except
-// where noted.
+// session is one activation's state. Its service passes run one at a time
+// under passMu: on the worker goroutine, or on a connection's reader that
+// serves the data it read inline (tryService). What the doc comments call
+// the worker is whoever holds passMu; it owns every field except where
+// noted.
 type session struct {
 	dev *Device
 	a   *virtio.Activation
@@ -84,6 +88,22 @@ type session struct {
 	held        []event
 	timeouts    timeouts
 
+	// Scratch space the worker reuses from pass to pass, so that a pass
+	// allocates nothing: events is the inbox's other slice (swapped with
+	// it under mu), ready the connections deliver takes turns between,
+	// payload a copy of a tx payload split over several buffers
+	// (MaxPayload bytes once used).
+	events  []event
+	ready   []*hostConn
+	payload []byte
+
+	// passMu serialises service passes (see tryService). It is taken
+	// before mu.
+	passMu sync.Mutex
+	// failed: a pass found the driver broken (a.Broken was called); no
+	// pass runs after it and the worker returns.
+	failed bool
+
 	// mu guards inbox and dead, the only fields other goroutines touch
 	// (through post); wake has one slot and tells the worker to look.
 	mu    sync.Mutex
@@ -92,21 +112,79 @@ type session struct {
 	wake  chan struct{}
 }
 
-// post queues e for the worker and wakes it; it never blocks. After the
-// worker has exited, e is discarded.
-func (s *session) post(e event) {
-	s.mu.Lock()
-	if s.dead {
-		s.mu.Unlock()
-		e.discard()
-		return
+// noWait is a closed channel: Enter(noWait) begins a pass only if the
+// gate is open, without waiting.
+var noWait = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// tryService runs a service pass on the calling goroutine when no other
+// pass is running and the transport is not quiesced, and reports whether
+// it did; when it did not, the caller wakes the worker instead (its work
+// then waits for the pass in progress to end, or for Resume). This spares
+// a goroutine handoff per host read: the connection's reader serves the
+// data it read itself. After the pass the worker is woken only for what
+// it alone does: re-arm its timer for a deadline, or return after the
+// pass failed.
+func (s *session) tryService() bool {
+	if !s.passMu.TryLock() {
+		return false
 	}
-	s.inbox = append(s.inbox, e)
+	s.mu.Lock()
+	dead := s.dead
 	s.mu.Unlock()
+	if dead || s.failed || !s.a.Enter(noWait) {
+		s.passMu.Unlock()
+		return false
+	}
+	err := s.service()
+	if err != nil {
+		s.a.Broken(err)
+		s.failed = true
+	}
+	_, deadline := s.nextDeadline()
+	s.passMu.Unlock()
+	s.a.Leave()
+	if err != nil || deadline {
+		s.kickWorker()
+	}
+	return true
+}
+
+// kickWorker wakes the worker goroutine; it never blocks.
+func (s *session) kickWorker() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
+}
+
+// postInline queues e and serves it on the calling goroutine when it can
+// (tryService), else wakes the worker; it never blocks for long (at most
+// one pass). After the worker has exited, e is discarded.
+func (s *session) postInline(e event) {
+	if s.queue(e) && !s.tryService() {
+		s.kickWorker()
+	}
+}
+
+// post queues e for the worker and wakes it; it never blocks. After the
+// worker has exited, e is discarded.
+func (s *session) post(e event) {
+	if s.queue(e) {
+		s.kickWorker()
+	}
+}
+
+// queue adds e to the inbox and reports true, or discards it and reports
+// false when the worker has exited.
+func (s *session) queue(e event) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead {
+		e.discard()
+		return false
+	}
+	s.inbox = append(s.inbox, e)
+	return true
 }
 
 // run is the worker goroutine. Each service call is a service pass
@@ -117,23 +195,33 @@ func (s *session) post(e event) {
 func (s *session) run(stop <-chan struct{}) {
 	defer s.exit()
 	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	defer timer.Stop()
+	armed := false // timer runs
 	for {
 		if !s.a.Enter(stop) {
 			return
 		}
-		err := s.service()
-		if err != nil {
-			s.a.Broken(err)
+		s.passMu.Lock()
+		failed := s.failed
+		if !failed {
+			if err := s.service(); err != nil {
+				s.a.Broken(err)
+				s.failed, failed = true, true
+			}
 		}
+		dl, ok := s.nextDeadline()
+		s.passMu.Unlock()
 		s.a.Leave()
-		if err != nil {
+		if failed {
 			return
 		}
-		if dl, ok := s.nextDeadline(); ok {
+		if ok {
 			timer.Reset(time.Until(dl))
-		} else {
+			armed = true
+		} else if armed {
 			timer.Stop()
+			armed = false
 		}
 		select {
 		case <-stop:
@@ -151,6 +239,8 @@ func (s *session) run(stop <-chan struct{}) {
 // socket is closed (ending the per-connection goroutines), and the device
 // forgets the session.
 func (s *session) exit() {
+	s.passMu.Lock() // an inline pass in progress ends first; none starts after
+	defer s.passMu.Unlock()
 	s.mu.Lock()
 	s.dead = true
 	pending := s.inbox
@@ -173,19 +263,24 @@ func (s *session) exit() {
 
 // service takes the host side's events and every tx packet, brings each
 // connection's host side up to date, then delivers what it can on rx and
-// the event queue.
+// the event queue. It publishes each queue's used entries once, and
+// interrupts the driver at most once, at the end of the pass, when any of
+// the queues asks for it (they share the interrupt line).
 func (s *session) service() error {
 	s.mu.Lock()
 	events := s.inbox
-	s.inbox = nil
+	s.inbox = s.events
 	s.mu.Unlock()
 	for _, e := range events {
 		s.handleEvent(e)
 	}
+	clear(events)
+	s.events = events[:0]
 	if !s.settleUntil.IsZero() && !time.Now().Before(s.settleUntil) {
 		s.settled()
 	}
 	tx := s.a.Queues[queueTx]
+	popped := false
 	for {
 		c, err := tx.Pop(s.a.Mem)
 		if err != nil {
@@ -195,19 +290,32 @@ func (s *session) service() error {
 			break
 		}
 		s.handleTx(c)
-		if err := tx.Push(s.a.Mem, c.Head, 0); err != nil {
+		if err := tx.Stage(s.a.Mem, c.Head, 0); err != nil {
+			return err
+		}
+		popped = true
+	}
+	if popped {
+		if err := tx.Publish(s.a.Mem); err != nil {
 			return err
 		}
 	}
-	if err := s.a.InterruptIfNeeded(tx); err != nil {
+	irq, err := tx.NeedsInterrupt(s.a.Mem)
+	if err != nil {
 		return err
 	}
 	s.syncAll()
-	if err := s.deliver(); err != nil {
+	need, err := s.deliver()
+	if err != nil {
 		return err
 	}
-	if err := s.deliverEvent(); err != nil {
+	irq = irq || need
+	if need, err = s.deliverEvent(); err != nil {
 		return err
+	}
+	irq = irq || need
+	if irq {
+		s.a.Interrupt()
 	}
 	s.syncAll()
 	for k, c := range s.conns {
@@ -250,12 +358,16 @@ func (s *session) handleEvent(e event) {
 	switch e.kind {
 	case evRead:
 		hc := e.hc
-		if hc.closed {
+		switch {
+		case hc.closed:
+			readBufs.Put(e.buf)
 			return
-		}
-		hc.reading = false
-		if e.n > 0 {
-			hc.chunk = hc.rbuf[:e.n]
+		case e.n > 0:
+			hc.chunks = append(hc.chunks, chunk{buf: e.buf, data: (*e.buf)[:e.n]})
+		case e.err == nil:
+			hc.free <- e.buf
+		default:
+			readBufs.Put(e.buf) // the reader is done
 		}
 		if e.err != nil {
 			hc.readErr = e.err
@@ -387,8 +499,7 @@ func (s *session) handleTx(c *virtio.Chain) {
 	}
 	var payload []byte
 	if h.Len > 0 {
-		payload = make([]byte, h.Len)
-		gather(c.Readable, HeaderLen, payload)
+		payload = s.payloadOf(c.Readable, h.Len)
 	}
 	k := Key{HostPort: h.DstPort, GuestPort: h.SrcPort}
 	if conn := s.conns[k]; conn != nil {
@@ -410,6 +521,29 @@ func (s *session) handleTx(c *virtio.Chain) {
 	default:
 		s.queueStray(ResetFor(h))
 	}
+}
+
+// payloadOf returns the n bytes after the header in bufs (the caller
+// checked they hold that many): guest memory itself when one buffer holds
+// them all (Linux puts the header and the payload in buffers of their
+// own), else a copy in s.payload. Either is valid until the next call;
+// Conn.HandleGuest copies what it keeps.
+func (s *session) payloadOf(bufs [][]byte, n uint32) []byte {
+	off := uint64(HeaderLen)
+	for _, b := range bufs {
+		if off >= uint64(len(b)) {
+			off -= uint64(len(b))
+			continue
+		}
+		if uint64(len(b))-off >= uint64(n) {
+			return b[off : off+uint64(n)]
+		}
+		break
+	}
+	if s.payload == nil {
+		s.payload = make([]byte, MaxPayload)
+	}
+	return s.payload[:gather(bufs, HeaderLen, s.payload[:n])]
 }
 
 // request routes a guest REQUEST for a new connection: to a service, else
@@ -451,39 +585,50 @@ func (s *session) request(h Header, k Key) {
 
 // syncAll brings every connection's host side up to date with its Conn.
 func (s *session) syncAll() {
-	now := time.Now()
+	var clk clock
 	for _, hc := range s.hosts {
-		s.sync(hc, now)
+		s.sync(hc, &clk)
 	}
 }
 
-// sync starts the host I/O a connection is ready for and applies what
-// its host socket reported: the OK line to a host client once the guest
-// accepted, guest data to the writer, a half-close once the guest will
-// send no more, a read grant when the previous chunk went to the guest,
-// EOF and errors to the Conn, and the connect and close timeouts. A
-// closed Conn closes its host socket.
-func (s *session) sync(hc *hostConn, now time.Time) {
+// clock reads the time once per syncAll, and only when a connection has a
+// deadline to check.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time {
+	if c.t.IsZero() {
+		c.t = time.Now()
+	}
+	return c.t
+}
+
+// sync does the host I/O a connection is ready for and applies what its
+// host socket reported: the OK line to a host client once the guest
+// accepted, guest data to the socket (see hostConn.send), a half-close
+// once the guest will send no more, EOF and errors to the Conn, and the
+// connect and close timeouts. A closed Conn closes its host socket.
+func (s *session) sync(hc *hostConn, clk *clock) {
+	m := &s.dev.Metrics
 	c := s.conns[hc.key]
 	if n := uint64(len(c.Peek())); n > s.dev.peakBuffered.Load() {
 		s.dev.peakBuffered.Store(n)
 	}
 	switch c.State() {
 	case StateConnecting:
-		if now.After(hc.connectDeadline) {
-			s.dev.Metrics.ConnsRefused.Add(1)
+		if clk.now().After(hc.connectDeadline) {
+			m.ConnsRefused.Add(1)
 			c.Reset()
 		}
 	case StateLocalClosed:
 		if hc.closeDeadline.IsZero() {
-			hc.closeDeadline = now.Add(s.timeouts.close)
-		} else if now.After(hc.closeDeadline) {
+			hc.closeDeadline = clk.now().Add(s.timeouts.close)
+		} else if clk.now().After(hc.closeDeadline) {
 			c.Reset()
 		}
 	}
 	if c.State() == StateClosed {
-		if hc.client && !hc.okSent && hc.connectDeadline.After(now) {
-			s.dev.Metrics.ConnsRefused.Add(1) // the guest refused
+		if hc.client && !hc.okSent && hc.connectDeadline.After(clk.now()) {
+			m.ConnsRefused.Add(1) // the guest refused
 		}
 		s.closeHost(hc)
 		return
@@ -493,13 +638,22 @@ func (s *session) sync(hc *hostConn, now time.Time) {
 	}
 	if hc.client && !hc.okSent {
 		hc.okSent = true
-		s.dev.Metrics.ConnsOpened.Add(1)
-		hc.write(writeMsg{data: fmt.Appendf(nil, "OK %d\n", hc.hostPort), ctl: true})
+		m.ConnsOpened.Add(1)
+		if _, err := hc.send(fmt.Appendf(nil, "OK %d\n", hc.hostPort), true); err != nil {
+			m.HostErrors.Add(1)
+			c.Reset()
+		}
 	}
-	if !hc.writing {
+	if !hc.writing && c.State() != StateClosed {
 		if p := c.Peek(); len(p) > 0 {
-			n := copy(hc.wbuf, p)
-			hc.write(writeMsg{data: hc.wbuf[:n]})
+			n, err := hc.send(p, false)
+			if err != nil {
+				m.HostErrors.Add(1)
+				c.Reset()
+			} else if n > 0 {
+				c.Consume(n)
+				m.BytesToHost.Add(uint64(n))
+			}
 		} else if c.HostEOF() && !hc.halfClosed {
 			hc.halfClosed = true
 			hc.write(writeMsg{closeWrite: true, ctl: true})
@@ -511,26 +665,19 @@ func (s *session) sync(hc *hostConn, now time.Time) {
 		hc.bothShut = true
 		c.Shutdown(ShutdownRecv | ShutdownSend)
 	}
-	if len(hc.chunk) == 0 && !hc.reading {
-		switch {
-		case hc.readErr != nil:
-			if !hc.readDone {
-				hc.readDone = true
-				if isEOF(hc.readErr) {
-					c.Shutdown(ShutdownSend)
-				} else {
-					s.dev.Metrics.HostErrors.Add(1)
-					c.Reset()
-				}
-			}
-		case c.SendWindow() > 0:
-			hc.reading = true
-			hc.grant <- int(min(c.SendWindow(), MaxPayload))
-		default:
+	switch {
+	case len(hc.chunks) > 0:
+		if c.SendWindow() == 0 {
 			c.RequestCredit()
 		}
-	} else if len(hc.chunk) > 0 && c.SendWindow() == 0 {
-		c.RequestCredit()
+	case hc.readErr != nil && !hc.readDone:
+		hc.readDone = true
+		if isEOF(hc.readErr) {
+			c.Shutdown(ShutdownSend)
+		} else {
+			m.HostErrors.Add(1)
+			c.Reset()
+		}
 	}
 	if c.State() == StateClosed {
 		s.closeHost(hc)
@@ -558,59 +705,72 @@ func (s *session) nextDeadline() (time.Time, bool) {
 
 // deliver puts pending packets on the rx queue while it has buffers:
 // stray RSTs, then connections' control packets, then host data, taking
-// the connections with data in turn. What does not fit stays pending.
-func (s *session) deliver() error {
+// the connections with data in turn. What does not fit stays pending. The
+// used entries are published once, at the end; it reports whether the
+// driver asked for an interrupt.
+func (s *session) deliver() (bool, error) {
 	rx := s.a.Queues[queueRx]
 	m := &s.dev.Metrics
-	var ready []*hostConn // connections with host data the guest has credit for
+	ready := s.ready[:0] // connections with host data the guest has credit for
+	defer func() {
+		clear(ready)
+		s.ready = ready[:0]
+	}()
 	for _, hc := range s.hosts {
-		if len(hc.chunk) > 0 && s.conns[hc.key].SendWindow() > 0 {
+		if len(hc.pending()) > 0 && s.conns[hc.key].SendWindow() > 0 {
 			ready = append(ready, hc)
 		}
 	}
-	turn := 0
+	turn, used := 0, false
 	for len(s.stray) > 0 || s.anyPending() || len(ready) > 0 {
 		ch, err := rx.Pop(s.a.Mem)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if ch == nil {
 			break // stays pending until the driver adds rx buffers
 		}
 		room := ch.WritableLen()
 		if room < HeaderLen {
-			return fmt.Errorf("%w: vsock rx buffer of %d bytes, need %d", virtio.ErrBroken, room, HeaderLen)
+			return false, fmt.Errorf("%w: vsock rx buffer of %d bytes, need %d", virtio.ErrBroken, room, HeaderLen)
 		}
-		var payload []byte
 		h, ok := s.nextControl()
 		if ok {
 			s.writeRx(ch, h, nil)
 		} else {
-			hc := ready[turn%len(ready)]
+			i := turn % len(ready)
+			hc := ready[i]
 			c := s.conns[hc.key]
-			n := min(uint32(len(hc.chunk)), c.SendWindow(), uint32(room-HeaderLen))
+			data := hc.pending()
+			n := min(uint32(len(data)), c.SendWindow(), uint32(room-HeaderLen))
 			if n == 0 {
 				// A buffer with room for a header only: tell the guest
 				// our credit instead.
 				h = c.header(OpCreditUpdate, 0)
+				s.writeRx(ch, h, nil)
 			} else {
 				h = c.RWHeader(n)
-				payload = hc.chunk[:n]
-				hc.chunk = hc.chunk[n:]
+				s.writeRx(ch, h, data[:n])
+				hc.sent(n) // only now: it may hand the buffer back to the reader
 				m.BytesToGuest.Add(uint64(n))
 			}
-			if len(hc.chunk) == 0 || c.SendWindow() == 0 {
-				ready = append(ready[:turn%len(ready)], ready[turn%len(ready)+1:]...)
+			if len(hc.pending()) == 0 || c.SendWindow() == 0 {
+				ready = append(ready[:i], ready[i+1:]...)
 			} else {
 				turn++
 			}
-			s.writeRx(ch, h, payload)
 		}
-		if err := rx.Push(s.a.Mem, ch.Head, HeaderLen+h.Len); err != nil {
-			return err
+		if err := rx.Stage(s.a.Mem, ch.Head, HeaderLen+h.Len); err != nil {
+			return false, err
+		}
+		used = true
+	}
+	if used {
+		if err := rx.Publish(s.a.Mem); err != nil {
+			return false, err
 		}
 	}
-	return s.a.InterruptIfNeeded(rx)
+	return rx.NeedsInterrupt(s.a.Mem)
 }
 
 // writeRx scatters a packet over an rx chain and counts it.
@@ -650,28 +810,29 @@ func (s *session) anyPending() bool {
 	return false
 }
 
-// deliverEvent puts a pending TRANSPORT_RESET in the next event buffer.
-func (s *session) deliverEvent() error {
+// deliverEvent puts a pending TRANSPORT_RESET in the next event buffer;
+// it reports whether the driver asked for an interrupt.
+func (s *session) deliverEvent() (bool, error) {
 	q := s.a.Queues[queueEvent]
 	if !s.eventPending || !q.Ready {
-		return nil
+		return false, nil
 	}
 	ch, err := q.Pop(s.a.Mem)
 	if err != nil || ch == nil {
-		return err
+		return false, err
 	}
 	if ch.WritableLen() < 4 {
-		return fmt.Errorf("%w: vsock event buffer of %d bytes, need 4", virtio.ErrBroken, ch.WritableLen())
+		return false, fmt.Errorf("%w: vsock event buffer of %d bytes, need 4", virtio.ErrBroken, ch.WritableLen())
 	}
 	var ev [4]byte
 	binary.LittleEndian.PutUint32(ev[:], eventTransportReset)
 	scatter(ch.Writable, ev[:], 0)
 	if err := q.Push(s.a.Mem, ch.Head, 4); err != nil {
-		return err
+		return false, err
 	}
 	s.eventPending = false
 	s.dev.Metrics.TransportResets.Add(1)
-	return s.a.InterruptIfNeeded(q)
+	return q.NeedsInterrupt(s.a.Mem)
 }
 
 // gather copies the bytes of bufs, from offset off of their concatenation,
