@@ -32,7 +32,7 @@ KVM_WHERE = if [ -n "$${WARREN_KVM:-}" ]; then echo "make: KVM work runs $$WARRE
 KVMHOST := bash .ci/kvmhost/run.sh --timeout 900
 RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"
 
-.PHONY: all warren hostd run boot test unit vet kernel initramfs testguests testdisk test-kvm test-sdk sdk-build bench clean rootfs testsum
+.PHONY: all warren hostd run boot test unit vet kernel initramfs testguests testdisk test-kvm test-sdk sdk-build bench clean rootfs testsum kubetools crds
 
 all: warren
 
@@ -72,6 +72,21 @@ testdisk:
 
 hostd:
 	CGO_ENABLED=0 $(GO) build -o bin/warren-hostd ./cmd/warren-hostd
+	CGO_ENABLED=0 $(GO) build -o bin/warren-controller ./cmd/warren-controller
+
+# The fleet's CRDs, deep copies and RBAC roles, from the Go types and
+# markers (controller-gen, through the Go module proxy).
+crds:
+	bash fleet/generate.sh
+
+# The real servers the fleet tests start (fleet/fleettest): kube-apiserver
+# (Kubernetes v1.34.4), etcd v3.6.5 and SeaweedFS's weed (its S3 gateway),
+# each built from its own module under .ci/kubetools with the Go module
+# proxy, once per machine (kube-apiserver: about 13 minutes on 2 cores),
+# cached under $WARREN_CACHE/kubetools and hard-linked at build/kubetools,
+# where the tests find them (.ci/kubetools/README.md).
+kubetools:
+	GO=$(GO) bash .ci/kubetools/build.sh $(BUILD)/kubetools
 
 # The main job (hostd/demo.sh): start warren-hostd, build a template (boot
 # once, snapshot), create a sandbox from it, run a command in it, fork it,
@@ -100,7 +115,7 @@ vet:
 # test's default 10 minutes.
 # internal/testsum prints what plain go test would, then every skipped
 # test grouped by its reason.
-test: vet kernel initramfs testguests testdisk warren hostd rootfs testsum
+test: vet kernel initramfs testguests testdisk warren hostd rootfs kubetools testsum
 	@where=$$($(KVM_WHERE)) || exit 1; set -o pipefail; \
 	if [ "$$where" = direct ]; then \
 		$(TEST_ENV) $(GO) test -json -count=1 -timeout 50m ./... 2>&1 | $(BUILD)/testsum -title "KVM tests on this host" && \

@@ -13,7 +13,8 @@
 // the daemon prepares for the VMMs it starts), vmmctl (the VMM control
 // contract), agentclient (the guest agent's client) and agentwire (its
 // wire contract), cow, memsnap, ebpf, image, vmm, devices, internal, and
-// guestinit/imageconfig; not cmd or bench (internal/layout checks it).
+// guestinit/imageconfig, and fleet (its API types, controller helpers and
+// object store, for hostd/kube); not cmd or bench (internal/layout checks it).
 // The daemon reaches VMMs as processes (`warren restore`, `warren
 // jail-init`), never by running a VM in its own process.
 package hostd

@@ -55,7 +55,11 @@
 // Chunks follow the header back to back, from the header's end to the
 // index offset, with no gaps. Each is one zstd frame (without zstd's own
 // checksum) of the concatenated pages the index lists for it, at most
-// 64 MiB uncompressed (writers default to 256 pages, 1 MiB).
+// 64 MiB uncompressed (writers default to 64 pages, 256 KiB).
+// Writers align chunks to memory: a chunk holds stored pages of one
+// aligned block of ChunkPages pages (pages [k*ChunkPages, (k+1)*ChunkPages))
+// and never of two, so an unchanged block yields the same chunk bytes and
+// SHA-256 in every layer that stores it (readers do not depend on this).
 //
 // Index, at the footer's index offset:
 //

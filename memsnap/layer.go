@@ -24,6 +24,7 @@ type Layer struct {
 	ix       *index
 	hash     Hash
 	fileSize int64
+	dataEnd  int64 // the index offset: the data region is [hdrLen, dataEnd)
 }
 
 // Open opens and validates the layer file at path: magic, format version
@@ -92,7 +93,7 @@ func openReader(path string, f io.ReaderAt, size int64) (*Layer, error) {
 	hs.Write(buf[:hdrLen])
 	hs.Write(ixb)
 	hs.Write(fb)
-	l := &Layer{path: path, f: f, hdr: hdr, hdrLen: int64(hdrLen), ix: ix, fileSize: size}
+	l := &Layer{path: path, f: f, hdr: hdr, hdrLen: int64(hdrLen), ix: ix, fileSize: size, dataEnd: ft.indexOff}
 	hs.Sum(l.hash[:0])
 	return l, nil
 }
@@ -280,4 +281,45 @@ func parallel(n, workers int, newState func() any, fn func(state any, i int) err
 	}
 	wg.Wait()
 	return firstEr
+}
+
+// ChunkRef is one chunk of a layer file as its index records it: where
+// its compressed bytes lie and their SHA-256. A content-addressed store
+// (hostd/pagestore) keeps a layer as its bytes outside the data region
+// (DataRange) and its chunks by these references, and rebuilds the file
+// byte for byte, so that its Hash does not change.
+type ChunkRef struct {
+	Offset int64    // file offset of the compressed bytes
+	Length uint32   // compressed length
+	Pages  uint32   // pages stored in it
+	Sum    [32]byte // SHA-256 of the compressed bytes
+}
+
+// ChunkRefs returns the layer's chunks in file order; they tile DataRange.
+func (l *Layer) ChunkRefs() []ChunkRef {
+	out := make([]ChunkRef, len(l.ix.chunks))
+	for i, c := range l.ix.chunks {
+		out[i] = ChunkRef{Offset: c.off, Length: c.clen, Pages: c.npages, Sum: c.sum}
+	}
+	return out
+}
+
+// DataRange returns the file's data region [start, end): the bytes before
+// start are the header, those from end on the index and the footer.
+func (l *Layer) DataRange() (start, end int64) {
+	return l.hdrLen, l.dataEnd
+}
+
+// FileSize returns the size of the layer file in bytes.
+func (l *Layer) FileSize() int64 { return l.fileSize }
+
+// OpenReaderAt validates the size bytes of r as a layer, as Open does for
+// a file (header, index and footer only; chunk data is read when used).
+// name names it in messages and is its Path. Close does not close r.
+func OpenReaderAt(name string, r io.ReaderAt, size int64) (*Layer, error) {
+	l, err := openReader(name, struct{ io.ReaderAt }{r}, size)
+	if err != nil {
+		return nil, fmt.Errorf("memsnap: open %s: %w", name, err)
+	}
+	return l, nil
 }

@@ -222,6 +222,7 @@ func isZero(b []byte) bool { return bytes.Equal(b, zeroPage[:len(b)]) }
 // job is one chunk on its way through compression. The producer fills raw
 // and runs; a worker sets out, sum or err and closes done.
 type job struct {
+	block  uint64 // the aligned block of chunkPages pages all its pages lie in
 	raw    []byte
 	runs   []pageRun
 	npages uint32
@@ -240,10 +241,21 @@ type chunkBuilder struct {
 	pool       *sync.Pool
 }
 
+// add appends page to the current chunk, flushing it when full.
+// Chunks are address-aligned: a chunk holds stored pages of one aligned
+// block of chunkPages pages only (a page of another block flushes the
+// current chunk first), so an unchanged block of memory compresses to the
+// same bytes, with the same SHA-256, in every layer that stores it; a
+// content-addressed store (hostd/pagestore) keeps such chunks once.
 func (b *chunkBuilder) add(page uint64, data []byte) bool {
+	if b.cur != nil && page/uint64(b.chunkPages) != b.cur.block {
+		if !b.flush() {
+			return false
+		}
+	}
 	if b.cur == nil {
 		raw := b.pool.Get().(*[]byte)
-		b.cur = &job{raw: (*raw)[:0]}
+		b.cur = &job{raw: (*raw)[:0], block: page / uint64(b.chunkPages)}
 	}
 	j := b.cur
 	j.raw = append(j.raw, data...)

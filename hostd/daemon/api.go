@@ -282,6 +282,8 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 		res, err := d.rollback(r.Context(), s, req.Snapshot)
 		reply(w, 200, res, err)
 	})))
+	handle("GET /v1/sandboxes/{id}/bundle", d.withSandbox(d.getBundle)) // bundle.go
+	handle("POST /v1/sandboxes/import", d.postImport)
 	handle("POST /v1/sandboxes/{id}/fork", d.withSandbox(withBody(func(w http.ResponseWriter, r *http.Request, s *sbState, req wire.ForkRequest) {
 		if req.N == 0 {
 			req.N = 1
@@ -299,6 +301,7 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 	handle("POST /v1/keys", d.postKey)
 	handle("GET /v1/keys", d.getKey)
 	handle("DELETE /v1/keys", d.deleteKey)
+	handle("GET /v1/store", d.getStore)
 	return mux
 }
 

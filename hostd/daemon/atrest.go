@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	"github.com/warrenvm/warren/hostd/crypt"
+	"github.com/warrenvm/warren/hostd/pagestore"
 	"github.com/warrenvm/warren/memsnap"
 	"github.com/warrenvm/warren/memsnap/statefile"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
@@ -100,6 +101,14 @@ type atRest struct {
 	templateOf func(path string) (tenant, id string, ok bool)
 	// tplMu serialises the making of template copies.
 	tplMu sync.Mutex
+	// pages, when set, is the tenant's page store namespace: a layer
+	// decrypted into a working copy that is a reference file is rebuilt
+	// from it there (pagestore.go).
+	pages func(tenant string) (*pagestore.Namespace, error)
+	// rehome, when set, runs before sealTenant seals a tenant's files:
+	// it rebuilds the layers in the tenant's plain page store namespace
+	// and returns the reference files it could not (left plaintext).
+	rehome func(tenant, root string) map[string]bool
 }
 
 // Template copies. Creates restore a template's snapshot, the hot path:
@@ -322,6 +331,15 @@ func (e *atRest) materialize(tenant, dir, work, name string) error {
 		if err := e.open(tenant, filepath.Join(dir, layer), dst); err != nil {
 			return err
 		}
+		if e.pages != nil && pagestore.IsRefFile(dst) {
+			ns, err := e.pages(tenant)
+			if err != nil {
+				return err
+			}
+			if err := ns.Materialize(dst, dst, -1); err != nil {
+				return &apiError{status: 409, msg: fmt.Sprintf("snapshot %s: %v", name, err)}
+			}
+		}
 		l, err := memsnap.Open(dst)
 		if err != nil {
 			return err
@@ -369,9 +387,13 @@ func (e *atRest) sealTenant(tenant, root string) error {
 	if err != nil || !ok {
 		return err
 	}
+	var keepPlain map[string]bool
+	if e.rehome != nil {
+		keepPlain = e.rehome(tenant, root)
+	}
 	var errs []error
 	filepath.WalkDir(root, func(p string, de fs.DirEntry, err error) error {
-		if err != nil || !de.Type().IsRegular() || strings.HasPrefix(de.Name(), ".") {
+		if err != nil || !de.Type().IsRegular() || strings.HasPrefix(de.Name(), ".") || keepPlain[p] {
 			return nil
 		}
 		switch filepath.Ext(p) {

@@ -33,6 +33,7 @@ import (
 	"github.com/warrenvm/warren/agentclient"
 	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/hostd/crypt"
+	"github.com/warrenvm/warren/hostd/pagestore"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
 )
@@ -50,7 +51,9 @@ type Hooks struct {
 	// a decrypted working copy) and, optionally, done, which the daemon
 	// calls once the VMM has loaded it (or failed to). A copy with no
 	// done lasts (a template's: atrest.go) and is restored lazily; one
-	// with done is restored eagerly.
+	// with done is restored eagerly. New wraps it (or none) with the page
+	// store's: a chain with layers in the store is rebuilt into a working
+	// copy (pagestore.go).
 	BeforeRestore func(tenant, path string) (use string, done func(), err error)
 	// (The VMM jail plugs into the Launcher: ExecLauncher.Prepare.)
 }
@@ -172,6 +175,8 @@ type Daemon struct {
 	events      *bus
 	audit       *auditLog
 	atRest      *atRest
+	// pages is the host's page store of snapshot memory (pagestore.go).
+	pages *pageStore
 	// disks seals tenants' idle disk files (diskseal.go).
 	disks diskSeal
 	// restores admits restores (admission.go).
@@ -340,9 +345,22 @@ func New(cfg Config) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	ps, err := pagestore.Open(st.PageStoreDir())
+	if err != nil {
+		return nil, err
+	}
+	d.pages = &pageStore{st: ps}
+	if d.atRest != nil {
+		d.atRest.pages = d.pageNS
+		d.atRest.rehome = d.rehomePages
+	}
+	// Restores of snapshots in the store get working copies
+	// (pagestore.go), after any decryption.
+	d.cfg.Hooks.BeforeRestore = d.restoreHook(d.cfg.Hooks.BeforeRestore)
 	d.disks.pins = map[string]int{}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.adopt()
+	d.ingestAllPages()
 	d.sealAll()
 	d.sweepWorkSecrets()
 	d.wg.Add(1)

@@ -146,7 +146,7 @@ type hostdProc struct {
 	log  string
 }
 
-func startHostd(t *testing.T, state, warren string, n int) *hostdProc {
+func startHostd(t *testing.T, state, warren string, n int, extra ...string) *hostdProc {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -158,7 +158,8 @@ func startHostd(t *testing.T, state, warren string, n int) *hostdProc {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	h.cmd = exec.Command(self, "--state", state, "--socket", h.sock, "--warren", warren, "--guest-dir", filepath.Join(repoRoot(t), "build"))
+	args := append([]string{"--state", state, "--socket", h.sock, "--warren", warren, "--guest-dir", filepath.Join(repoRoot(t), "build")}, extra...)
+	h.cmd = exec.Command(self, args...)
 	h.cmd.Env = append(os.Environ(), roleEnv+"=hostd")
 	h.cmd.Stdout, h.cmd.Stderr = logf, logf
 	if err := h.cmd.Start(); err != nil {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/warrenvm/warren/ebpf/policy"
 	"github.com/warrenvm/warren/hostd/crypt"
+	"github.com/warrenvm/warren/hostd/kube"
 	"github.com/warrenvm/warren/hostd/metrics"
 )
 
@@ -64,6 +66,8 @@ func Main(args []string, stderr io.Writer) int {
 	fs.Int64Var(&cfg.MaxImageBytes, "max-image-bytes", 0, "most uncompressed bytes an image's layers may hold (default: package image's, 16 GiB)")
 	fs.Var((*stringList)(&cfg.Registries), "registry", "a registry HOST[:PORT] that may be pulled from at a loopback or private address and over plain HTTP (repeatable; e.g. a registry on 127.0.0.1)")
 	fs.IntVar(&cfg.MaxRestores, "max-restores", 0, "how many VMMs may restore at once (from start until the guest's agent answers); more creates and resumes queue (default: the host's CPUs)")
+	var kc kubeFlags
+	kc.register(fs)
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics (GET /metrics) on this TCP address, e.g. 127.0.0.1:9464 (default: off)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -220,7 +224,7 @@ func Main(args []string, stderr io.Writer) int {
 		return fail(err)
 	}
 	os.Chmod(*sock, 0o660)
-	errc := make(chan error, 2)
+	errc := make(chan error, 4)
 	go func() { errc <- d.Serve(ul, PeerAuth(uids)) }()
 	if *listen != "" {
 		tl, err := net.Listen("tcp", *listen)
@@ -240,6 +244,19 @@ func Main(args []string, stderr io.Writer) int {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", mx.Handler())
 		go func() { errc <- (&http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}).Serve(ml) }()
+	}
+	if kc.kubeconfig != "" {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		kcfg, err := kc.config(*sock, cfg.State, log)
+		if err != nil {
+			return fail(fmt.Errorf("--kube: %w", err))
+		}
+		go func() {
+			if err := kube.Run(ctx, kcfg); err != nil && ctx.Err() == nil {
+				errc <- fmt.Errorf("kube: %w", err)
+			}
+		}()
 	}
 	log.Info("warren-hostd serving", "socket", *sock, "tcp", *listen, "tls", tlsCfg != nil, "mtls", *clientCA != "", "state", cfg.State, "warren", bin)
 	sig := make(chan os.Signal, 1)

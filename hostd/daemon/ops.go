@@ -625,6 +625,7 @@ func (d *Daemon) suspendLocked(ctx context.Context, s *sbState, o *op) (any, err
 		s.stopRolling = nil
 	}
 	stopProc(sb.PID, sb.StartTime, StopGrace)
+	d.ingestSnapshots(sb.Tenant, filepath.Dir(snap.Path), "") // no VMM chains on it now
 	sb.Status, sb.Reason, sb.PID, sb.StartTime = store.Suspended, "paused to disk at "+snap.Name, 0, 0
 	d.dropSecrets(sb, false)
 	d.save(s)
@@ -720,6 +721,13 @@ func (d *Daemon) takeSnapshot(ctx context.Context, s *sbState, name, kind string
 	if err != nil {
 		return store.Snapshot{}, err
 	}
+	// Into the page store, before sealing: every layer but the one the
+	// VMM chains its next incremental snapshot on (pagestore.go).
+	keep := ""
+	if !d.encrypts(sb.Tenant) {
+		keep = name
+	}
+	d.ingestSnapshots(sb.Tenant, filepath.Dir(path), keep)
 	if h := d.cfg.Hooks.SnapshotWritten; h != nil {
 		if err := h(sb.Tenant, path); err != nil {
 			return store.Snapshot{}, cryptStatus(fmt.Errorf("snapshot hook: %w", err))
@@ -970,6 +978,7 @@ func (d *Daemon) deleteSandbox(s *sbState) error {
 	d.mu.Unlock()
 	d.sealIdleDisks(sb.Tenant)     // its ancestors' and template's disks may be idle now
 	d.collectDisksLater(sb.Tenant) // and its parent's layers only it stood on unreferenced
+	d.sweepPagesLater(sb.Tenant)   // and the page store's chunks only its snapshots named
 	d.events.publish(sb.Tenant, wire.Event{Type: "deleted", Sandbox: sb.ID})
 	d.log.Info("sandbox deleted", "tenant", sb.Tenant, "sandbox", sb.ID)
 	return nil

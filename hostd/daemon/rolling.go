@@ -112,6 +112,8 @@ func (d *Daemon) rollOnce(ctx context.Context, s *sbState) error {
 	for _, x := range gone {
 		removeSnapshotFiles(x.Path)
 	}
+	// The chunks only they named (pagestore.go).
+	d.sweepPagesLater(sb.Tenant)
 	// Their disk layers, unless a kept snapshot's chain or a VMM's stands
 	// on them (diskgc.go).
 	d.collectDisksLater(sb.Tenant)

@@ -13,6 +13,8 @@
 //	ROOT/tenants/<tenant>/images/                        (image bases, one per image digest: package image's Store;
 //	                                                       uploads/: images uploaded for a build, removed after it)
 //	ROOT/run/<id>.api, <id>.vsock                        (sockets: short paths, < 108 bytes)
+//	ROOT/pagestore/<tenant>/<namespace>/                 (the host's page store: hostd/pagestore; the sandboxes'
+//	                                                       snapshot layers are reference files into it)
 package store
 
 import (
@@ -274,6 +276,10 @@ func Open(root string) (*Store, error) {
 
 // RunDir holds the VMMs' sockets.
 func (s *Store) RunDir() string { return filepath.Join(s.Root, "run") }
+
+// PageStoreDir is the host's content-addressed page store
+// (hostd/pagestore).
+func (s *Store) PageStoreDir() string { return filepath.Join(s.Root, "pagestore") }
 
 // TemplateDir is a template's directory.
 func (s *Store) TemplateDir(tenant, id string) string {

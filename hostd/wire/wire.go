@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/agentwire"
+	"github.com/warrenvm/warren/hostd/pagestore"
 	"github.com/warrenvm/warren/hostd/store"
 )
 
@@ -339,4 +340,38 @@ type ProgressLine struct {
 	Result   json.RawMessage `json:"result"`
 	Error    string          `json:"error"`
 	Status   int             `json:"status"`
+}
+
+// StoreStats is the answer of GET /v1/store: the tenant's part of the
+// host's page store (hostd/pagestore), where its sandboxes' snapshot
+// layers keep each distinct block of guest memory once.
+type StoreStats struct {
+	Tenant string `json:"tenant"`
+	// LogicalBytes is what the tenant's snapshot layers would take as
+	// plain layer files (each one holding all its pages); StoredBytes is
+	// what they take: the store's chunks, the reference files and the
+	// layers not in the store (templates', a running sandbox's newest).
+	LogicalBytes int64            `json:"logical_bytes"`
+	StoredBytes  int64            `json:"stored_bytes"`
+	Namespaces   []StoreNamespace `json:"namespaces"`
+}
+
+// StoreNamespace is one namespace of a tenant: "plain", or its key's ID
+// (chunks sealed under the key, never shared with another key or tenant).
+// Unreferenced is -1 when the namespace's reference files could not be
+// read (warren store stats --state without --keys).
+type StoreNamespace = pagestore.Stats
+
+// Sum sets s's totals from its namespaces. Plain layers are counted once
+// (every namespace's scan finds the same ones).
+func (s *StoreStats) Sum() {
+	s.LogicalBytes, s.StoredBytes = 0, 0
+	var layers int64
+	for _, n := range s.Namespaces {
+		s.LogicalBytes += n.LogicalBytes
+		s.StoredBytes += n.ChunkBytes + n.RefBytes
+		layers = max(layers, n.LayerBytes)
+	}
+	s.LogicalBytes += layers
+	s.StoredBytes += layers
 }

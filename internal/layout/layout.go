@@ -27,7 +27,10 @@ const Module = "github.com/warrenvm/warren"
 // with vmmctl, its control contract, so that hostd may import it and it
 // never hostd. agentclient ranks with them, in the VMM process's layer: the VMM process serves the guest's re-sync connections with it,
 // and the daemon, the CLI and the benchmarks above call the agent through
-// it. mcpserver, a client of the daemon's API as the CLI is, ranks with
+// it. fleet (the fleet's API types, controller, placement and object
+// store) ranks with hostd: the host agent (hostd/kube) reconciles the
+// fleet's kinds through the daemon, and the fleet's object store seals
+// with hostd/crypt's keys. mcpserver, a client of the daemon's API as the CLI is, ranks with
 // cmd, which wires it. cmd and bench drive everything; nothing imports
 // them.
 var ranks = map[string]int{
@@ -35,7 +38,7 @@ var ranks = map[string]int{
 	"vmm":     1, "devices": 1,
 	"cow": 2, "memsnap": 2, "ebpf": 2, "image": 2,
 	"vmmctl": 3, "agentclient": 3, "vmmproc": 3,
-	"hostd":     4,
+	"hostd": 4, "fleet": 4,
 	"mcpserver": 5,
 	"cmd":       5, "bench": 5,
 }

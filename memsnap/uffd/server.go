@@ -19,8 +19,8 @@ import (
 )
 
 // DefaultCacheChunks is how many decoded chunks a Server keeps by default
-// (1 MiB each with memsnap's default chunk size).
-const DefaultCacheChunks = 8
+// (256 KiB each with memsnap's default chunk size: 8 MiB in all).
+const DefaultCacheChunks = 32
 
 // DefaultZeroBatch is the default Options.ZeroBatch: 64 pages (256 KiB).
 const DefaultZeroBatch = 64

@@ -63,6 +63,7 @@ Sandboxes, through the host daemon (warren-hostd):
                             keys create (seals the tenant's snapshots and idle disks under a new key);
                             keys revoke --yes (crypto-shreds it: stops the tenant's sandboxes, and its
                             snapshots and disks can no longer be read)
+  store     stats [--state DIR [--keys DIR]]   the page store: snapshot layers' logical vs stored bytes
   events                    stream lifecycle events
   mcp       [--http [HOST]:PORT [--http-token T]]   an MCP server of the sandbox tools, for LLM clients
                             (stdio; or HTTP with a bearer token, --http-token or $WARREN_MCP_TOKEN)
