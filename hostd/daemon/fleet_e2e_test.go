@@ -387,6 +387,7 @@ func TestE2EFleet(t *testing.T) {
 	step("tenants see only their own namespaces")
 
 	f.moveAcrossHosts(names)
+	f.forkAndRollback(names)
 
 	// A SandboxSnapshot of one of h3's sandboxes goes to the object
 	// store; then kill -9 of h3's daemon and VMMs: once its Lease (6 s)
@@ -614,4 +615,72 @@ func (f *fleet) moveAcrossHosts(names []string) {
 	cl.DeleteTemplate(f.ctx, tp.ID)
 	f.step("resume latency (nested host: compare the ratio only): same host %.1f s (suspend %.1f s); across hosts through the object store %.1f s (suspend and upload %.1f s): %.1fx",
 		same.Seconds(), localSuspend.Seconds(), cross.Seconds(), suspend.Seconds(), cross.Seconds()/same.Seconds())
+}
+
+// forkAndRollback: a SandboxFork of a sandbox on h2 makes two children,
+// Sandboxes of their own on h2 holding the parent's file; a
+// SandboxRollback takes the parent back to a SandboxSnapshot's state.
+func (f *fleet) forkAndRollback(names []string) {
+	t := f.t
+	var name string
+	for _, n := range names {
+		if f.sandbox("team-a", n).Status.HostName == "h2" {
+			name = n
+			break
+		}
+	}
+	sb := f.sandbox("team-a", name)
+	f.exec("team-a", sb, "echo from-parent > /root/forked")
+	f.create(&v1.SandboxFork{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "kids"},
+		Spec: v1.SandboxForkSpec{SandboxRef: v1.SandboxRef{Name: name}, Count: 2}})
+	f.eventually(3*time.Minute, "fork done", func() (bool, string) {
+		var fk v1.SandboxFork
+		if err := f.c.Get(f.ctx, types.NamespacedName{Namespace: "team-a", Name: "kids"}, &fk); err != nil {
+			return false, err.Error()
+		}
+		return fk.Status.Phase == v1.PhaseDone && slices.Equal(fk.Status.Children, []string{"kids-1", "kids-2"}), fmt.Sprintf("%+v", fk.Status)
+	})
+	f.waitReady("team-a", time.Minute, "kids-1", "kids-2")
+	for _, c := range []string{"kids-1", "kids-2"} {
+		child := f.sandbox("team-a", c)
+		if child.Status.HostName != "h2" || child.Status.SandboxID == sb.Status.SandboxID {
+			t.Fatalf("fork child %s: %+v", c, child.Status)
+		}
+		if out := f.exec("team-a", child, "cat /root/forked; echo child-"+c+" > /root/forked"); out != "from-parent\n" {
+			t.Fatalf("fork child %s: %q", c, out)
+		}
+	}
+	if out := f.exec("team-a", sb, "cat /root/forked"); out != "from-parent\n" {
+		t.Fatalf("parent after its children wrote: %q", out)
+	}
+	f.step("SandboxFork of %s: kids-1 and kids-2 on h2 with the parent's file, each writing its own", name)
+
+	f.create(&v1.SandboxSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "good-state"},
+		Spec: v1.SandboxSnapshotSpec{SandboxRef: v1.SandboxRef{Name: name}}})
+	f.eventually(3*time.Minute, "snapshot done", func() (bool, string) {
+		var sn v1.SandboxSnapshot
+		if err := f.c.Get(f.ctx, types.NamespacedName{Namespace: "team-a", Name: "good-state"}, &sn); err != nil {
+			return false, err.Error()
+		}
+		return sn.Status.Phase == v1.PhaseDone, fmt.Sprintf("%+v", sn.Status)
+	})
+	f.exec("team-a", sb, "echo bad-step > /root/forked")
+	f.create(&v1.SandboxRollback{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "undo"},
+		Spec: v1.SandboxRollbackSpec{SandboxRef: v1.SandboxRef{Name: name}, SnapshotName: "good-state"}})
+	f.eventually(3*time.Minute, "rollback done", func() (bool, string) {
+		var rb v1.SandboxRollback
+		if err := f.c.Get(f.ctx, types.NamespacedName{Namespace: "team-a", Name: "undo"}, &rb); err != nil {
+			return false, err.Error()
+		}
+		return rb.Status.Phase == v1.PhaseDone, fmt.Sprintf("%+v", rb.Status)
+	})
+	if out := f.exec("team-a", f.sandbox("team-a", name), "cat /root/forked"); out != "from-parent\n" {
+		t.Fatalf("%s after SandboxRollback: %q, want the snapshot's file", name, out)
+	}
+	f.step("SandboxRollback of %s to SandboxSnapshot good-state: the bad step is undone", name)
+	for _, c := range []string{"kids-1", "kids-2"} {
+		if err := f.c.Delete(f.ctx, &v1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: c}}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
