@@ -11,7 +11,6 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
 
 	"github.com/warrenvm/warren/bench/benchplot"
 	"github.com/warrenvm/warren/bench/stats"
@@ -104,10 +103,6 @@ func writePlot(path string, panels []panel) error {
 	if cols == 1 {
 		width = 120 * len(panels[0].boxes)
 	}
-	img := benchplot.Canvas(cols*width, rows*320)
-	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4,
-		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
 	plots := make([][]*plot.Plot, rows)
 	for r := range plots {
 		plots[r] = make([]*plot.Plot, cols)
@@ -138,13 +133,5 @@ func writePlot(path string, panels []panel) error {
 		p.Y.Max = 2 * float64(top) / float64(time.Millisecond)
 		plots[i/cols][i%cols] = p
 	}
-	canvases := plot.Align(plots, tiles, dc)
-	for r := range plots {
-		for c := range plots[r] {
-			if plots[r][c] != nil {
-				plots[r][c].Draw(canvases[r][c])
-			}
-		}
-	}
-	return benchplot.SavePNG(path, img)
+	return benchplot.SaveGrid(path, plots, width, 320)
 }

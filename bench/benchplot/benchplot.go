@@ -9,9 +9,34 @@ import (
 	"os"
 	"path/filepath"
 
+	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 )
+
+// SaveGrid draws plots, a grid of rows of equal length (nil cells left
+// empty), as panels of panelW×panelH pixels with aligned axes, and writes
+// the PNG to path.
+func SaveGrid(path string, plots [][]*plot.Plot, panelW, panelH int) error {
+	rows := len(plots)
+	if rows == 0 || len(plots[0]) == 0 {
+		return fmt.Errorf("plot %s: nothing to draw", path)
+	}
+	cols := len(plots[0])
+	img := Canvas(cols*panelW, rows*panelH)
+	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4,
+		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
+	canvases := plot.Align(plots, tiles, draw.New(img))
+	for r := range plots {
+		for c := range plots[r] {
+			if plots[r][c] != nil {
+				plots[r][c].Draw(canvases[r][c])
+			}
+		}
+	}
+	return SavePNG(path, img)
+}
 
 // Canvas returns a white image canvas of w×h pixels (at vgimg's default
 // resolution, where a point is 4/3 pixel).

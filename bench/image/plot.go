@@ -7,7 +7,6 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
 
 	"github.com/warrenvm/warren/bench/benchplot"
 	"github.com/warrenvm/warren/bench/stats"
@@ -46,10 +45,6 @@ func writePlot(path string, res *results) error {
 	}
 	const cols = 3
 	rows := (len(panels) + cols - 1) / cols
-	img := benchplot.Canvas(cols*384, rows*288) // 384×288 pixels (4×3 inches) a panel
-	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4,
-		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
 	plots := make([][]*plot.Plot, rows)
 	for r := range plots {
 		plots[r] = make([]*plot.Plot, cols)
@@ -74,15 +69,7 @@ func writePlot(path string, res *results) error {
 		p.Y.Min = 0
 		plots[i/cols][i%cols] = p
 	}
-	canvases := plot.Align(plots, tiles, dc)
-	for r := range plots {
-		for c := range plots[r] {
-			if plots[r][c] != nil {
-				plots[r][c].Draw(canvases[r][c])
-			}
-		}
-	}
-	return benchplot.SavePNG(path, img)
+	return benchplot.SaveGrid(path, plots, 384, 288 /* 4×3 inches a panel */)
 }
 
 // unitOf picks a unit for durations up to d.
