@@ -68,7 +68,17 @@ const diskGCWait = 2 * time.Minute
 // background (see above); the caller may hold a sandbox's lock (the sweep
 // waits for it).
 func (d *Daemon) collectDisksLater(tenant string) {
-	g := &d.disks.gc
+	d.disks.gc.later(d, tenant, func() {
+		if removed := d.collectDisks(tenant); len(removed) > 0 {
+			d.log.Info("unreferenced disk layers removed", "tenant", tenant, "files", removed)
+		}
+	})
+}
+
+// later runs sweep for tenant in a goroutine of d's (d.wg), unless one
+// runs already: then that one runs once more when it ends. Nothing
+// starts, and no rerun happens, once d is closing.
+func (g *gcState) later(d *Daemon, tenant string, sweep func()) {
 	g.mu.Lock()
 	if g.running == nil {
 		g.running, g.again = map[string]bool{}, map[string]bool{}
@@ -88,9 +98,7 @@ func (d *Daemon) collectDisksLater(tenant string) {
 	go func() {
 		defer d.wg.Done()
 		for {
-			if removed := d.collectDisks(tenant); len(removed) > 0 {
-				d.log.Info("unreferenced disk layers removed", "tenant", tenant, "files", removed)
-			}
+			sweep()
 			g.mu.Lock()
 			if !g.again[tenant] || d.ctx.Err() != nil {
 				delete(g.running, tenant)

@@ -145,34 +145,7 @@ func (d *Daemon) sweepPagesLater(tenant string) {
 	if d.pages == nil {
 		return
 	}
-	g := &d.pages.gc
-	g.mu.Lock()
-	if g.running == nil {
-		g.running, g.again = map[string]bool{}, map[string]bool{}
-	}
-	if g.running[tenant] || d.ctx.Err() != nil {
-		g.again[tenant] = g.running[tenant]
-		g.mu.Unlock()
-		return
-	}
-	g.running[tenant] = true
-	g.mu.Unlock()
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		for {
-			d.sweepPages(tenant)
-			g.mu.Lock()
-			if !g.again[tenant] || d.ctx.Err() != nil {
-				delete(g.running, tenant)
-				delete(g.again, tenant)
-				g.mu.Unlock()
-				return
-			}
-			delete(g.again, tenant)
-			g.mu.Unlock()
-		}
-	}()
+	d.pages.gc.later(d, tenant, func() { d.sweepPages(tenant) })
 }
 
 // namespaces returns tenant's namespaces that exist on disk and that the
