@@ -179,6 +179,21 @@ func (f *fleet) eventually(d time.Duration, what string, cond func() (bool, stri
 	fleettest.Eventually(f.t, d, 250*time.Millisecond, what, cond)
 }
 
+// request creates a one-shot request o (a SandboxSnapshot, Fork or
+// Rollback) and waits up to 3 minutes until done, which reads o as
+// last fetched, holds.
+func (f *fleet) request(o ctrlclient.Object, what string, done func() bool) {
+	f.t.Helper()
+	f.create(o)
+	key := ctrlclient.ObjectKeyFromObject(o)
+	f.eventually(3*time.Minute, what, func() (bool, string) {
+		if err := f.c.Get(f.ctx, key, o); err != nil {
+			return false, err.Error()
+		}
+		return done(), fmt.Sprintf("%+v", o)
+	})
+}
+
 func (f *fleet) sandbox(ns, name string) *v1.Sandbox {
 	f.t.Helper()
 	var sb v1.Sandbox
@@ -401,15 +416,11 @@ func TestE2EFleet(t *testing.T) {
 	}
 	saved := onH3[0]
 	f.exec("team-a", f.sandbox("team-a", saved), "echo kept-by-snapshot > /root/saved")
-	f.create(&v1.SandboxSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "before-crash"},
-		Spec: v1.SandboxSnapshotSpec{SandboxRef: v1.SandboxRef{Name: saved}}})
-	f.eventually(3*time.Minute, "snapshot uploaded", func() (bool, string) {
-		var sn v1.SandboxSnapshot
-		if err := f.c.Get(f.ctx, types.NamespacedName{Namespace: "team-a", Name: "before-crash"}, &sn); err != nil {
-			return false, err.Error()
-		}
+	sn := &v1.SandboxSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "before-crash"},
+		Spec: v1.SandboxSnapshotSpec{SandboxRef: v1.SandboxRef{Name: saved}}}
+	f.request(sn, "snapshot uploaded", func() bool {
 		return sn.Status.Phase == v1.PhaseDone && strings.HasPrefix(sn.Status.Location, "s3://fleet/team-a/") &&
-			f.sandbox("team-a", saved).Status.Snapshot == sn.Status.Location, fmt.Sprintf("%+v", sn.Status)
+			f.sandbox("team-a", saved).Status.Snapshot == sn.Status.Location
 	})
 	f.exec("team-a", f.sandbox("team-a", saved), "echo after-snapshot > /root/lost")
 	step("SandboxSnapshot of %s (on h3) uploaded", saved)
@@ -631,14 +642,10 @@ func (f *fleet) forkAndRollback(names []string) {
 	}
 	sb := f.sandbox("team-a", name)
 	f.exec("team-a", sb, "echo from-parent > /root/forked")
-	f.create(&v1.SandboxFork{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "kids"},
-		Spec: v1.SandboxForkSpec{SandboxRef: v1.SandboxRef{Name: name}, Count: 2}})
-	f.eventually(3*time.Minute, "fork done", func() (bool, string) {
-		var fk v1.SandboxFork
-		if err := f.c.Get(f.ctx, types.NamespacedName{Namespace: "team-a", Name: "kids"}, &fk); err != nil {
-			return false, err.Error()
-		}
-		return fk.Status.Phase == v1.PhaseDone && slices.Equal(fk.Status.Children, []string{"kids-1", "kids-2"}), fmt.Sprintf("%+v", fk.Status)
+	fk := &v1.SandboxFork{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "kids"},
+		Spec: v1.SandboxForkSpec{SandboxRef: v1.SandboxRef{Name: name}, Count: 2}}
+	f.request(fk, "fork done", func() bool {
+		return fk.Status.Phase == v1.PhaseDone && slices.Equal(fk.Status.Children, []string{"kids-1", "kids-2"})
 	})
 	f.waitReady("team-a", time.Minute, "kids-1", "kids-2")
 	for _, c := range []string{"kids-1", "kids-2"} {
@@ -655,25 +662,13 @@ func (f *fleet) forkAndRollback(names []string) {
 	}
 	f.step("SandboxFork of %s: kids-1 and kids-2 on h2 with the parent's file, each writing its own", name)
 
-	f.create(&v1.SandboxSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "good-state"},
-		Spec: v1.SandboxSnapshotSpec{SandboxRef: v1.SandboxRef{Name: name}}})
-	f.eventually(3*time.Minute, "snapshot done", func() (bool, string) {
-		var sn v1.SandboxSnapshot
-		if err := f.c.Get(f.ctx, types.NamespacedName{Namespace: "team-a", Name: "good-state"}, &sn); err != nil {
-			return false, err.Error()
-		}
-		return sn.Status.Phase == v1.PhaseDone, fmt.Sprintf("%+v", sn.Status)
-	})
+	sn := &v1.SandboxSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "good-state"},
+		Spec: v1.SandboxSnapshotSpec{SandboxRef: v1.SandboxRef{Name: name}}}
+	f.request(sn, "snapshot done", func() bool { return sn.Status.Phase == v1.PhaseDone })
 	f.exec("team-a", sb, "echo bad-step > /root/forked")
-	f.create(&v1.SandboxRollback{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "undo"},
-		Spec: v1.SandboxRollbackSpec{SandboxRef: v1.SandboxRef{Name: name}, SnapshotName: "good-state"}})
-	f.eventually(3*time.Minute, "rollback done", func() (bool, string) {
-		var rb v1.SandboxRollback
-		if err := f.c.Get(f.ctx, types.NamespacedName{Namespace: "team-a", Name: "undo"}, &rb); err != nil {
-			return false, err.Error()
-		}
-		return rb.Status.Phase == v1.PhaseDone, fmt.Sprintf("%+v", rb.Status)
-	})
+	rb := &v1.SandboxRollback{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "undo"},
+		Spec: v1.SandboxRollbackSpec{SandboxRef: v1.SandboxRef{Name: name}, SnapshotName: "good-state"}}
+	f.request(rb, "rollback done", func() bool { return rb.Status.Phase == v1.PhaseDone })
 	if out := f.exec("team-a", f.sandbox("team-a", name), "cat /root/forked"); out != "from-parent\n" {
 		t.Fatalf("%s after SandboxRollback: %q, want the snapshot's file", name, out)
 	}
