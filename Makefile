@@ -84,9 +84,13 @@ crds:
 # each built from its own module under .ci/kubetools with the Go module
 # proxy, once per machine (kube-apiserver: about 13 minutes on 2 cores),
 # cached under $WARREN_CACHE/kubetools and hard-linked at build/kubetools,
-# where the tests find them (.ci/kubetools/README.md).
+# where the tests find them (.ci/kubetools/README.md). Then kubectl (the
+# README's fleet test runs it), a cache entry of its own
+# ($WARREN_CACHE/kubectl, about 3 minutes to build), linked beside them:
+# after build.sh, which replaces build/kubetools whole when it relinks.
 kubetools:
 	GO=$(GO) bash .ci/kubetools/build.sh $(BUILD)/kubetools
+	GO=$(GO) bash .ci/kubetools/build-kubectl.sh $(BUILD)/kubetools
 
 # The main job (hostd/demo.sh): start warren-hostd, build a template (boot
 # once, snapshot), create a sandbox from it, run a command in it, fork it,

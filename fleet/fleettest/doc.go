@@ -13,4 +13,11 @@
 // SIGKILL), and dies with the test binary if that exits first (the
 // parent-death signal); when the test failed, the end of each server's log
 // is printed. Servers never listen on anything but 127.0.0.1.
+//
+// Beside the servers: kubectl (Kubectl, Kube.RunKubectl, as any of the
+// apiserver's users), the fleet's controller in the test's process
+// (StartController), and README.md's fleet section as a test runs it
+// (ReadmeFleetRun: its ```sh block read by ShellBlock, a small literal
+// subset of the shell, each kubectl line run with kubectl and checked,
+// the daemon lines left to the test).
 package fleettest

@@ -239,3 +239,20 @@ func randHex(t testing.TB, n int) string {
 	}
 	return hex.EncodeToString(b)
 }
+
+// CredentialsFile writes the store's credentials as warren-hostd's
+// --kube-s3-credentials reads them ({"access_key", "secret_key",
+// "region"}, mode 0600) in a temporary directory of the test, and
+// returns its path.
+func (s *S3) CredentialsFile(t testing.TB) string {
+	t.Helper()
+	b, err := json.Marshal(map[string]string{"access_key": s.AccessKey, "secret_key": s.SecretKey, "region": s.Region})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "s3.json")
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

@@ -46,20 +46,30 @@ func findTools() (string, error) {
 		}
 		return dir, nil
 	}
+	root, err := moduleRoot()
+	if err != nil {
+		return "", errNoTools
+	}
+	dir := filepath.Join(root, "build", "kubetools")
+	if checkTools(dir) != nil {
+		return "", errNoTools
+	}
+	return dir, nil
+}
+
+// moduleRoot is the directory of the go.mod above the working directory
+// (the module the test runs in).
+func moduleRoot() (string, error) {
 	wd, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for d := wd; ; d = filepath.Dir(d) {
 		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			dir := filepath.Join(d, "build", "kubetools")
-			if checkTools(dir) != nil {
-				return "", errNoTools
-			}
-			return dir, nil
+			return d, nil
 		}
 		if filepath.Dir(d) == d {
-			return "", errNoTools
+			return "", fmt.Errorf("no go.mod above %s", wd)
 		}
 	}
 }
@@ -67,12 +77,8 @@ func findTools() (string, error) {
 // checkTools says which binary dir lacks, if any.
 func checkTools(dir string) error {
 	for _, n := range toolNames {
-		st, err := os.Stat(filepath.Join(dir, n))
-		if err != nil {
+		if err := checkExecutable(filepath.Join(dir, n)); err != nil {
 			return fmt.Errorf("no %s: %w (make kubetools builds it)", n, err)
-		}
-		if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
-			return fmt.Errorf("%s is not an executable file", filepath.Join(dir, n))
 		}
 	}
 	return nil

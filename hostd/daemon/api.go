@@ -246,6 +246,8 @@ func (d *Daemon) Handler(auth Authenticator) http.Handler {
 	handle("DELETE /v1/templates/{id}", d.withTemplate(func(w http.ResponseWriter, r *http.Request, t *tplState) {
 		reply(w, 200, map[string]string{"deleted": r.PathValue("id")}, d.deleteTemplate(t))
 	}))
+	handle("GET /v1/templates/{id}/bundle", d.withTemplate(d.getTemplateBundle)) // templatebundle.go
+	handle("POST /v1/templates/import", d.postTemplateImport)
 	handle("POST /v1/images", d.postImage)
 	handle("GET /v1/images", d.listImages)
 	handle("DELETE /v1/images/{key}", d.delImage)

@@ -94,6 +94,10 @@ const (
 // bundleHeader is a bundle's "bundle.json".
 type bundleHeader struct {
 	Version int `json:"version"`
+	// Kind is what the bundle holds: "" a sandbox's snapshot, "template"
+	// a template's (templatebundle.go); each import takes its own kind
+	// only.
+	Kind string `json:"kind,omitempty"`
 	// Snapshot is the snapshot's name (the imported one keeps it).
 	Snapshot string `json:"snapshot"`
 	// Template is the id of the sandbox's template where it was made
@@ -111,7 +115,13 @@ type bundleHeader struct {
 	MemoryLayer string `json:"memory_layer"`
 	// Disks are the VM's disks, by index in its run options.
 	Disks []bundleDisk `json:"disks,omitempty"`
+	// TemplateRecord is a template bundle's template (kind "template"
+	// only).
+	TemplateRecord *bundleTemplate `json:"template_record,omitempty"`
 }
+
+// bundleKindTemplate is a template bundle's bundleHeader.Kind.
+const bundleKindTemplate = "template"
 
 // bundleDisk is one disk of a bundle.
 type bundleDisk struct {
@@ -228,20 +238,37 @@ func (d *Daemon) exportBundle(s *sbState, name string, w io.Writer) (started boo
 		return false, fmt.Errorf("snapshot %s: %w", snap.Name, err)
 	}
 	defer ls.Close()
+	hdr := bundleHeader{Version: bundleVersion, Snapshot: snap.Name, Template: sb.Template, MemMiB: sb.MemMiB, CPUs: sb.CPUs,
+		Env: sb.Env, BalloonTargetMiB: sb.BalloonTargetMiB}
+	// The snapshot, rewritten self-contained, goes to a scratch directory
+	// (the decryption directory for a tenant with a key: plaintext).
+	scratchRoot := d.store.SandboxDir(sb.Tenant, sb.ID)
+	if d.encrypts(sb.Tenant) && d.cfg.DecryptDir != "" {
+		scratchRoot = d.cfg.DecryptDir
+		os.MkdirAll(scratchRoot, 0o700)
+	}
+	return d.streamBundle(w, sb.Tenant, snap.Name, ls, hdr, scratchRoot)
+}
+
+// streamBundle writes the bundle of the loaded snapshot ls (named name,
+// of tenant) to w: hdr's fields with the parts' sizes and names added,
+// the state rewritten into a scratch directory under scratchRoot, the
+// memory and each disk read through its chain. Everything is prepared
+// before the first byte is written: an error returned with started
+// false is the request's; one with started true cut the stream short.
+func (d *Daemon) streamBundle(w io.Writer, tenant, name string, ls *vmsnap.Snapshot, hdr bundleHeader, scratchRoot string) (started bool, err error) {
 	if ls.Disks == nil {
-		return false, errf(409, "snapshot %s holds no disk state (taken by an older warren): take a new one", snap.Name)
+		return false, errf(409, "snapshot %s holds no disk state (taken by an older warren): take a new one", name)
 	}
 	opts, disks, err := rewriteOptions(ls.Meta.Options, bundlePlaceholder, "/bundle/vsock")
 	if err != nil {
-		return false, fmt.Errorf("snapshot %s: %w", snap.Name, err)
+		return false, fmt.Errorf("snapshot %s: %w", name, err)
 	}
 	// The disks, each read through its chain.
 	layers := map[int]string{}
 	for _, dl := range ls.Disks {
 		layers[dl.Index] = dl.Layer
 	}
-	hdr := bundleHeader{Version: bundleVersion, Snapshot: snap.Name, Template: sb.Template, MemMiB: sb.MemMiB, CPUs: sb.CPUs,
-		Env: sb.Env, BalloonTargetMiB: sb.BalloonTargetMiB}
 	var backs []disk.Backing
 	var placeholders []vmsnap.DiskLayer
 	defer func() {
@@ -256,7 +283,7 @@ func (d *Daemon) exportBundle(s *sbState, name string, w io.Writer) (started boo
 		if !do.ReadOnly {
 			l, ok := layers[i]
 			if !ok {
-				return false, fmt.Errorf("snapshot %s holds no layer for its writable disk %d", snap.Name, i)
+				return false, fmt.Errorf("snapshot %s holds no layer for its writable disk %d", name, i)
 			}
 			src = l
 			placeholders = append(placeholders, vmsnap.DiskLayer{Index: i, Layer: bundlePlaceholder(i), Chain: []string{bundlePlaceholder(i)}})
@@ -264,7 +291,7 @@ func (d *Daemon) exportBundle(s *sbState, name string, w io.Writer) (started boo
 		// The VMM wrote the snapshot's paths (run options, layers) and
 		// the overlays' base paths: an export opens only the tenant's
 		// files, checked before and after the chain is opened.
-		if err := d.tenantPaths(sb.Tenant, src); err != nil {
+		if err := d.tenantPaths(tenant, src); err != nil {
 			return false, fmt.Errorf("disk %d: %w", i, err)
 		}
 		b, closeB, err := openBase(src)
@@ -276,18 +303,12 @@ func (d *Daemon) exportBundle(s *sbState, name string, w io.Writer) (started boo
 		if !ok {
 			return false, fmt.Errorf("disk %d: an image of unknown kind in its chain", i)
 		}
-		if err := d.tenantPaths(sb.Tenant, chain...); err != nil {
+		if err := d.tenantPaths(tenant, chain...); err != nil {
 			return false, fmt.Errorf("disk %d: %w", i, err)
 		}
 		hdr.Disks = append(hdr.Disks, bundleDisk{Bytes: b.Size(), ReadOnly: do.ReadOnly})
 	}
-	// The snapshot, rewritten self-contained, in a scratch directory
-	// (the decryption directory for a tenant with a key: plaintext).
-	scratchRoot := d.store.SandboxDir(sb.Tenant, sb.ID)
-	if d.encrypts(sb.Tenant) && d.cfg.DecryptDir != "" {
-		scratchRoot = d.cfg.DecryptDir
-		os.MkdirAll(scratchRoot, 0o700)
-	}
+	// The snapshot, rewritten self-contained, in a scratch directory.
 	scratch, err := os.MkdirTemp(scratchRoot, ".bundle-")
 	if err != nil {
 		return false, err
@@ -299,7 +320,7 @@ func (d *Daemon) exportBundle(s *sbState, name string, w io.Writer) (started boo
 	res, err := vmsnap.Write(filepath.Join(scratch, "bundle"), &vmsnap.Capture{Kind: vmsnap.Full, State: ls.State, Devices: ls.Devices,
 		Options: opts, Fingerprint: ls.Fingerprint, Memory: ls.Chain.Reader(), Disks: placeholders, Created: ls.Meta.Created})
 	if err != nil {
-		return false, fmt.Errorf("snapshot %s: %w", snap.Name, err)
+		return false, fmt.Errorf("snapshot %s: %w", name, err)
 	}
 	stateF, err := os.Open(res.StatePath)
 	if err != nil {
@@ -349,6 +370,23 @@ func (d *Daemon) exportBundle(s *sbState, name string, w io.Writer) (started boo
 		return true, err
 	}
 	return true, bw.tw.Close()
+}
+
+// noNetwork refuses run options with a network device or egress
+// services: they name host files and settings no bundle carries.
+func noNetwork(raw json.RawMessage) error {
+	var o struct {
+		Tap        string          `json:"tap"`
+		PrivateNet bool            `json:"private_net"`
+		Egress     json.RawMessage `json:"egress"`
+	}
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return fmt.Errorf("run options: %w", err)
+	}
+	if o.Tap != "" || o.PrivateNet || (len(o.Egress) > 0 && string(o.Egress) != "null") {
+		return errors.New("run options: a network: bundles do not carry network VMs")
+	}
+	return nil
 }
 
 // chainPaths lists the files of an opened image chain, top first; false
@@ -475,6 +513,19 @@ func (h *bundleHeader) check() error {
 	case len(h.Disks) > bundleMaxDisks:
 		return fmt.Errorf("%d disks, at most %d", len(h.Disks), bundleMaxDisks)
 	}
+	switch {
+	case h.Kind != "" && h.Kind != bundleKindTemplate:
+		return fmt.Errorf("unknown kind %.40q", h.Kind)
+	case (h.Kind == bundleKindTemplate) != (h.TemplateRecord != nil):
+		return fmt.Errorf("a template record goes with kind %q, and only with it", bundleKindTemplate)
+	case h.TemplateRecord != nil:
+		if len(h.Env) > 0 || h.BalloonTargetMiB != nil {
+			return fmt.Errorf("a template bundle has no env or balloon target")
+		}
+		if err := h.TemplateRecord.check(len(h.Disks)); err != nil {
+			return fmt.Errorf("template_record: %w", err)
+		}
+	}
 	for _, e := range h.Env {
 		if len(e) > 64<<10 || !strings.Contains(e, "=") {
 			return fmt.Errorf("bad env entry")
@@ -495,23 +546,28 @@ type importPart struct {
 	next int64 // the least offset the next chunk may have
 }
 
-// importBundle reads a bundle from r and records it as a new suspended
-// sandbox of tenant with labels.
-func (d *Daemon) importBundle(tenant string, r io.Reader, labels map[string]string) (rec store.Sandbox, err error) {
-	if err := d.keyUsable(tenant); err != nil {
-		return rec, err
-	}
-	id := newID("sb")
-	dir := d.store.SandboxDir(tenant, id)
-	staging := filepath.Join(dir, ".import")
-	if err := os.MkdirAll(staging, 0o700); err != nil {
-		return rec, err
-	}
-	defer func() {
-		if err != nil {
-			os.RemoveAll(dir)
-		}
-	}()
+// received is a bundle read, checked and loaded by receiveBundle.
+type received struct {
+	hdr bundleHeader
+	// ls is the snapshot loaded and verified from the staging directory
+	// (the caller closes it); opts its run options rewritten with this
+	// host's disk paths and vsock.
+	ls   *vmsnap.Snapshot
+	opts json.RawMessage
+	// layers are its writable disks' layers (each a raw image in dir,
+	// its own chain), as the record and as vmsnap keep them.
+	layers  []store.DiskLayer
+	vlayers []vmsnap.DiskLayer
+}
+
+// receiveBundle reads a bundle of kind ("" a sandbox's, or
+// bundleKindTemplate) from r into dir: the state and memory into
+// staging (dir's subdirectory, which the caller removes), each disk I as
+// dir's disk<I>.base (writable) or disk<I>.ro (read-only), made
+// read-only on disk. It checks everything (see the top of this file)
+// and loads the snapshot from staging; vsock is the run options' new
+// vsock path. On an error the caller removes dir.
+func receiveBundle(r io.Reader, dir, staging, kind, vsock string) (rb *received, err error) {
 	bad := func(format string, a ...any) error {
 		return errf(400, "bundle: "+format, a...)
 	}
@@ -539,23 +595,27 @@ func (d *Daemon) importBundle(tenant string, r io.Reader, labels map[string]stri
 	}
 	h, err := next("bundle.json", bundleHeaderMax)
 	if err != nil {
-		return rec, err
+		return nil, err
 	}
 	if h.Name != "bundle.json" {
-		return rec, bad("starts with %.80q, not bundle.json", h.Name)
+		return nil, bad("starts with %.80q, not bundle.json", h.Name)
 	}
 	hb, err := readFile(h)
 	if err != nil {
-		return rec, err
+		return nil, err
 	}
 	sum := sha256.Sum256(hb)
 	files = append(files, [2]string{h.Name, hex.EncodeToString(sum[:])})
-	var hdr bundleHeader
-	if err := strictjson.Unmarshal(hb, &hdr); err != nil {
-		return rec, bad("bundle.json: %v", err)
+	rb = &received{}
+	hdr := &rb.hdr
+	if err := strictjson.Unmarshal(hb, hdr); err != nil {
+		return nil, bad("bundle.json: %v", err)
 	}
 	if err := hdr.check(); err != nil {
-		return rec, bad("bundle.json: %v", err)
+		return nil, bad("bundle.json: %v", err)
+	}
+	if hdr.Kind != kind {
+		return nil, bad("a %s bundle, not a %s one", bundleKindName(hdr.Kind), bundleKindName(kind))
 	}
 	// The parts' files: fixed names in the new directory.
 	parts := map[string]*importPart{}
@@ -578,10 +638,10 @@ func (d *Daemon) importBundle(tenant string, r io.Reader, labels map[string]stri
 	}()
 	statePath := filepath.Join(staging, "bundle.wstate")
 	if err := create("state", statePath, hdr.StateBytes); err != nil {
-		return rec, err
+		return nil, err
 	}
 	if err := create("memory", filepath.Join(staging, hdr.MemoryLayer), hdr.MemoryBytes); err != nil {
-		return rec, err
+		return nil, err
 	}
 	diskPath := func(i int) string {
 		if hdr.Disks[i].ReadOnly {
@@ -592,7 +652,7 @@ func (d *Daemon) importBundle(tenant string, r io.Reader, labels map[string]stri
 	maxFiles := int64(3)
 	for i, dk := range hdr.Disks {
 		if err := create("disk"+strconv.Itoa(i), diskPath(i), dk.Bytes); err != nil {
-			return rec, err
+			return nil, err
 		}
 		maxFiles += (dk.Bytes + bundleChunk - 1) / bundleChunk
 	}
@@ -602,110 +662,158 @@ func (d *Daemon) importBundle(tenant string, r io.Reader, labels map[string]stri
 	for {
 		h, err := next("end", max(bundleChunk, bundleEndMax))
 		if err != nil {
-			return rec, err
+			return nil, err
 		}
 		if h.Name == "end" {
 			eb, err := readFile(h)
 			if err != nil {
-				return rec, err
+				return nil, err
 			}
 			var end bundleEnd
 			if err := strictjson.Unmarshal(eb, &end); err != nil {
-				return rec, bad("end: %v", err)
+				return nil, bad("end: %v", err)
 			}
 			if len(end.Files) != len(files) {
-				return rec, bad("end lists %d files, the bundle has %d", len(end.Files), len(files))
+				return nil, bad("end lists %d files, the bundle has %d", len(end.Files), len(files))
 			}
 			for i := range files {
 				if end.Files[i] != files[i] {
-					return rec, bad("file %d (%.80q) does not match end's digest", i, files[i][0])
+					return nil, bad("file %d (%.80q) does not match end's digest", i, files[i][0])
 				}
 			}
 			break
 		}
 		if int64(len(files)) >= maxFiles {
-			return rec, bad("more files than its parts have chunks")
+			return nil, bad("more files than its parts have chunks")
 		}
 		pname, offs, ok := strings.Cut(h.Name, "/")
 		p := parts[pname]
 		off, perr := strconv.ParseUint(offs, 16, 63)
 		if !ok || p == nil || perr != nil || len(offs) != 16 {
-			return rec, bad("unexpected file %.80q", h.Name)
+			return nil, bad("unexpected file %.80q", h.Name)
 		}
 		o := int64(off)
 		if o%bundleChunk != 0 || o < p.next || o >= p.size || h.Size > bundleChunk || o+h.Size > p.size || h.Size == 0 {
-			return rec, bad("chunk %.80q of %d bytes out of place", h.Name, h.Size)
+			return nil, bad("chunk %.80q of %d bytes out of place", h.Name, h.Size)
 		}
 		n, err := io.ReadFull(tr, buf[:h.Size])
 		if err != nil {
-			return rec, bad("%s: %v", h.Name, err)
+			return nil, bad("%s: %v", h.Name, err)
 		}
 		if _, err := p.f.WriteAt(buf[:n], o); err != nil {
-			return rec, err
+			return nil, err
 		}
 		p.next = o + h.Size
 		s := sha256.Sum256(buf[:n])
 		files = append(files, [2]string{h.Name, hex.EncodeToString(s[:])})
 	}
 	if _, err := tr.Next(); err != io.EOF {
-		return rec, bad("files after end")
+		return nil, bad("files after end")
 	}
 	for _, p := range parts {
 		if err := p.f.Sync(); err != nil {
-			return rec, err
+			return nil, err
 		}
 	}
 	// The snapshot, loaded and verified from the staging directory alone.
 	ls, err := vmsnap.Load(statePath, nil)
 	if err != nil {
 		// (The tenant is told what is wrong, not this host's paths.)
-		return rec, bad("snapshot: %s", strings.ReplaceAll(err.Error(), staging+"/", ""))
+		return nil, bad("snapshot: %s", strings.ReplaceAll(err.Error(), staging+"/", ""))
 	}
-	defer ls.Close()
+	defer func() {
+		if err != nil {
+			ls.Close()
+		}
+	}()
 	if ls.State.Machine.MemBytes > uint64(hdr.MemMiB)<<20 {
-		return rec, bad("the snapshot's memory (%d bytes) exceeds mem_mib %d", ls.State.Machine.MemBytes, hdr.MemMiB)
+		return nil, bad("the snapshot's memory (%d bytes) exceeds mem_mib %d", ls.State.Machine.MemBytes, hdr.MemMiB)
 	}
 	if ls.Disks == nil {
-		return rec, bad("the snapshot holds no disk state")
+		return nil, bad("the snapshot holds no disk state")
 	}
-	sbs := &store.Sandbox{ID: id, Tenant: tenant, Template: hdr.Template, Status: store.Suspended, MemMiB: hdr.MemMiB, CPUs: hdr.CPUs,
-		Env: hdr.Env, Labels: labels, BalloonTargetMiB: hdr.BalloonTargetMiB,
-		Console: filepath.Join(dir, "console.log"), Log: filepath.Join(dir, "vmm.log"), Created: time.Now().UTC()}
-	sbs.API, sbs.Vsock = d.sockets(id)
-	opts, disks, err := rewriteOptions(ls.Meta.Options, diskPath, sbs.Vsock)
+	opts, disks, err := rewriteOptions(ls.Meta.Options, diskPath, vsock)
 	if err != nil {
-		return rec, bad("snapshot: %v", err)
+		return nil, bad("snapshot: %v", err)
+	}
+	if err := noNetwork(ls.Meta.Options); err != nil {
+		return nil, bad("snapshot: %v", err)
 	}
 	if len(disks) != len(hdr.Disks) {
-		return rec, bad("the snapshot has %d disks, bundle.json %d", len(disks), len(hdr.Disks))
+		return nil, bad("the snapshot has %d disks, bundle.json %d", len(disks), len(hdr.Disks))
 	}
 	writable := map[int]bool{}
 	for i, do := range disks {
 		if do.ReadOnly != hdr.Disks[i].ReadOnly || do.Path != bundlePlaceholder(i) {
-			return rec, bad("disk %d of the snapshot does not match bundle.json", i)
+			return nil, bad("disk %d of the snapshot does not match bundle.json", i)
 		}
 		writable[i] = !do.ReadOnly
 		f := parts["disk"+strconv.Itoa(i)].f
 		if err := checkRawImage(f, "disk"+strconv.Itoa(i)); err != nil {
-			return rec, bad("%v", err)
+			return nil, bad("%v", err)
 		}
 	}
-	var layers []store.DiskLayer
-	vlayers := []vmsnap.DiskLayer{}
+	rb.vlayers = []vmsnap.DiskLayer{}
 	for _, dl := range ls.Disks {
 		if !writable[dl.Index] {
-			return rec, bad("the snapshot has a layer for disk %d, not a writable disk of it", dl.Index)
+			return nil, bad("the snapshot has a layer for disk %d, not a writable disk of it", dl.Index)
 		}
 		delete(writable, dl.Index)
 		p := diskPath(dl.Index)
-		layers = append(layers, store.DiskLayer{Index: dl.Index, Layer: p, Chain: []string{p}})
-		vlayers = append(vlayers, vmsnap.DiskLayer{Index: dl.Index, Layer: p, Chain: []string{p}})
+		rb.layers = append(rb.layers, store.DiskLayer{Index: dl.Index, Layer: p, Chain: []string{p}})
+		rb.vlayers = append(rb.vlayers, vmsnap.DiskLayer{Index: dl.Index, Layer: p, Chain: []string{p}})
 	}
 	for i, w := range writable {
 		if w {
-			return rec, bad("the snapshot has no layer for its writable disk %d", i)
+			return nil, bad("the snapshot has no layer for its writable disk %d", i)
 		}
 	}
+	for name, p := range parts {
+		if strings.HasPrefix(name, "disk") {
+			if err := os.Chmod(p.f.Name(), 0o400); err != nil {
+				return nil, err
+			}
+		}
+	}
+	rb.ls, rb.opts = ls, opts
+	return rb, nil
+}
+
+// bundleKindName names a bundle kind for people.
+func bundleKindName(kind string) string {
+	if kind == "" {
+		return "sandbox"
+	}
+	return fmt.Sprintf("%.40q", kind)
+}
+
+// importBundle reads a bundle from r and records it as a new suspended
+// sandbox of tenant with labels.
+func (d *Daemon) importBundle(tenant string, r io.Reader, labels map[string]string) (rec store.Sandbox, err error) {
+	if err := d.keyUsable(tenant); err != nil {
+		return rec, err
+	}
+	id := newID("sb")
+	dir := d.store.SandboxDir(tenant, id)
+	staging := filepath.Join(dir, ".import")
+	if err := os.MkdirAll(staging, 0o700); err != nil {
+		return rec, err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	api, vsock := d.sockets(id)
+	rb, err := receiveBundle(r, dir, staging, "", vsock)
+	if err != nil {
+		return rec, err
+	}
+	defer rb.ls.Close()
+	hdr, ls := rb.hdr, rb.ls
+	sbs := &store.Sandbox{ID: id, Tenant: tenant, Template: hdr.Template, Status: store.Suspended, MemMiB: hdr.MemMiB, CPUs: hdr.CPUs,
+		Env: hdr.Env, Labels: labels, BalloonTargetMiB: hdr.BalloonTargetMiB, API: api, Vsock: vsock,
+		Console: filepath.Join(dir, "console.log"), Log: filepath.Join(dir, "vmm.log"), Created: time.Now().UTC()}
 	// The tenant's templates directory, which a VMM's jail binds (the
 	// tenant may have no template on this host).
 	if err := os.MkdirAll(filepath.Dir(d.store.TemplateDir(tenant, "x")), 0o700); err != nil {
@@ -717,19 +825,12 @@ func (d *Daemon) importBundle(tenant string, r io.Reader, labels map[string]stri
 		return rec, err
 	}
 	path := filepath.Join(snaps, hdr.Snapshot)
-	res, err := vmsnap.Write(path, &vmsnap.Capture{Kind: vmsnap.Full, State: ls.State, Devices: ls.Devices, Options: opts,
-		Fingerprint: ls.Fingerprint, Memory: ls.Chain.Reader(), Disks: vlayers, Created: ls.Meta.Created})
+	res, err := vmsnap.Write(path, &vmsnap.Capture{Kind: vmsnap.Full, State: ls.State, Devices: ls.Devices, Options: rb.opts,
+		Fingerprint: ls.Fingerprint, Memory: ls.Chain.Reader(), Disks: rb.vlayers, Created: ls.Meta.Created})
 	if err != nil {
 		return rec, err
 	}
 	ls.Close()
-	for name, p := range parts {
-		if strings.HasPrefix(name, "disk") {
-			if err := os.Chmod(p.f.Name(), 0o400); err != nil {
-				return rec, err
-			}
-		}
-	}
 	if err := os.RemoveAll(staging); err != nil {
 		return rec, err
 	}
@@ -738,7 +839,7 @@ func (d *Daemon) importBundle(tenant string, r io.Reader, labels map[string]stri
 		lb = fi.Size()
 	}
 	sbs.Reason = "imported from a bundle of snapshot " + hdr.Snapshot
-	sbs.Snapshots = []store.Snapshot{{Name: hdr.Snapshot, Path: path, Kind: "full", Time: time.Now().UTC(), Bytes: lb, Disks: layers}}
+	sbs.Snapshots = []store.Snapshot{{Name: hdr.Snapshot, Path: path, Kind: "full", Time: time.Now().UTC(), Bytes: lb, Disks: rb.layers}}
 	d.ingestSnapshots(tenant, snaps, "")
 	if hook := d.cfg.Hooks.SnapshotWritten; hook != nil {
 		if err := hook(tenant, path); err != nil {

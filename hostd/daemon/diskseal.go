@@ -30,7 +30,8 @@ import (
 // children's overlays and the frozen layers in the forking sandbox's
 // directory). A sandbox needs them while it is running, paused (in
 // memory) or being created, and while a start of its VMM is under way
-// (acquireDisks pins it); a template while it is being built.
+// (acquireDisks pins it); a template while it is being built, and while
+// its bundle is exported (acquireTemplateDisks pins it).
 //
 // When: acquireDisks unseals what a VMM is about to need before it is
 // started (create, resume from disk); sealIdleDisks seals everything else
@@ -51,7 +52,8 @@ import (
 // by its sealed form are freed, not overwritten (as for snapshots).
 type diskSeal struct {
 	mu sync.Mutex
-	// pins counts, per sandbox ID, the VMM starts under way (mu).
+	// pins counts, per sandbox ID, the VMM starts under way, and per
+	// template ID the exports of its bundle under way (mu).
 	pins map[string]int
 	// gc coalesces the sweeps of unreferenced disk layers (diskgc.go),
 	// which delete under mu.
@@ -151,6 +153,52 @@ func (d *Daemon) acquireDisks(rec store.Sandbox) (release func(), err error) {
 	}, nil
 }
 
+// acquireTemplateDisks makes the disk files of tenant's template id
+// plaintext and keeps them so until release is called (an export of its
+// bundle reads them); the last release then seals what is idle. A tenant
+// without a key: nothing to do.
+func (d *Daemon) acquireTemplateDisks(tenant, id string) (release func(), err error) {
+	if d.atRest == nil {
+		return func() {}, nil
+	}
+	d.disks.mu.Lock()
+	defer d.disks.mu.Unlock()
+	_, ok, err := d.atRest.key(tenant)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return func() {}, nil
+	}
+	for _, f := range diskFiles(d.store.TemplateDir(tenant, id)) {
+		sealed, err := isSealed(f)
+		if err != nil {
+			return nil, err
+		}
+		if sealed {
+			if err := crypt.DecryptSparseFile(f, f, d.atRest.keys, tenant); err != nil {
+				return nil, fmt.Errorf("disk %s: %w", filepath.Base(f), err)
+			}
+		}
+	}
+	d.disks.pins[id]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			d.disks.mu.Lock()
+			d.disks.pins[id]--
+			last := d.disks.pins[id] <= 0
+			if last {
+				delete(d.disks.pins, id)
+			}
+			d.disks.mu.Unlock()
+			if last {
+				d.sealIdleDisks(tenant)
+			}
+		})
+	}, nil
+}
+
 // sealIdleDisks seals the tenant's disk files no VMM needs, with its
 // current key; errors are logged (the file stays as it was and the next
 // call tries again).
@@ -188,7 +236,7 @@ func (d *Daemon) sealIdleDisksWith(tenant string, key crypt.Key) {
 	var all []string
 	d.mu.Lock()
 	for _, ts := range d.templates {
-		if t := ts.view.Load(); t != nil && t.Tenant == tenant && t.Status == store.TemplateBuilding {
+		if t := ts.view.Load(); t != nil && t.Tenant == tenant && (t.Status == store.TemplateBuilding || d.disks.pins[t.ID] > 0) {
 			for _, f := range diskFiles(d.store.TemplateDir(tenant, t.ID)) {
 				needed[f] = true
 			}

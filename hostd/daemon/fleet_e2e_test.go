@@ -263,13 +263,28 @@ func TestE2EFleet(t *testing.T) {
 	step("three hosts joined")
 	f.create(&v1.SandboxTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "tiny"},
 		Spec: v1.SandboxTemplateSpec{Kernel: kernel, Initramfs: initrd, MemoryMiB: 256, CPUs: 1}})
+	// One sandbox first: its host builds the template and uploads it;
+	// the other hosts import it from the object store for the eight
+	// that follow.
 	var names []string
 	for i := range 9 {
 		names = append(names, fmt.Sprintf("sb-%d", i))
-		f.create(&v1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: names[i]},
+	}
+	newSandbox := func(name string) {
+		f.create(&v1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: name},
 			Spec: v1.SandboxSpec{SandboxTemplateRef: v1.TemplateRef{Name: "tiny"}}})
 	}
+	newSandbox(names[0])
+	f.waitReady("team-a", 5*time.Minute, names[0])
+	f.eventually(2*time.Minute, "the template's snapshot recorded", func() (bool, string) {
+		tpl := f.template("team-a", "tiny")
+		return len(tpl.Status.Snapshots) > 0, fmt.Sprintf("%+v", tpl.Status)
+	})
+	for _, n := range names[1:] {
+		newSandbox(n)
+	}
 	f.waitReady("team-a", 8*time.Minute, names...)
+	f.checkTemplateShared("team-a", "tiny", f.sandbox("team-a", names[0]).Status.HostName)
 	per := map[string]int{}
 	for _, n := range names {
 		sb := f.sandbox("team-a", n)
@@ -523,6 +538,61 @@ func TestE2EFleet(t *testing.T) {
 		})
 	}
 	step("deleted: no VM left on any host")
+}
+
+// template returns a SandboxTemplate.
+func (f *fleet) template(ns, name string) *v1.SandboxTemplate {
+	f.t.Helper()
+	var tpl v1.SandboxTemplate
+	if err := f.c.Get(f.ctx, types.NamespacedName{Namespace: ns, Name: name}, &tpl); err != nil {
+		f.t.Fatal(err)
+	}
+	return &tpl
+}
+
+// checkTemplateShared checks that template ns/name was built once, by
+// host builder, and uploaded (one snapshot in its status, for the
+// fleet's CPU group and its generation), and that every other host
+// imported that snapshot (status.hosts, and a ready template of that id
+// on each host's daemon, of the template's size).
+func (f *fleet) checkTemplateShared(ns, name, builder string) {
+	t := f.t
+	t.Helper()
+	tpl := f.template(ns, name)
+	st := tpl.Status
+	if len(st.Snapshots) != 1 || st.Snapshots[0].BuiltBy != builder || st.Snapshots[0].CPUGroup != "g1" ||
+		st.Snapshots[0].Generation != tpl.Generation || !strings.HasPrefix(st.Snapshots[0].Ref, "s3://fleet/"+ns+"/") {
+		t.Fatalf("template %s/%s: snapshots %+v, want one built by %s", ns, name, st.Snapshots, builder)
+	}
+	ref := st.Snapshots[0].Ref
+	built, imported := 0, 0
+	for _, h := range st.Hosts {
+		switch {
+		case h.Generation != tpl.Generation:
+			t.Fatalf("template %s/%s on %s: generation %d, want %d", ns, name, h.Host, h.Generation, tpl.Generation)
+		case h.ImportedFrom == "" && h.Host == builder:
+			built++
+		case h.ImportedFrom == ref && h.Host != builder:
+			imported++
+		default:
+			t.Fatalf("template %s/%s: hosts %+v (built by %s, uploaded as %s)", ns, name, st.Hosts, builder, ref)
+		}
+		cl, err := hc.New(f.hosts[h.Host].proc.sock, ns, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dt, err := cl.Template(f.ctx, h.TemplateID)
+		if err != nil || dt.Status != "ready" || dt.MemMiB != tpl.Spec.MemoryMiB || dt.CPUs != tpl.Spec.CPUs || dt.Kernel != tpl.Spec.Kernel {
+			t.Fatalf("template %s on %s: %+v (%v)", h.TemplateID, h.Host, dt, err)
+		}
+		if all, err := cl.Templates(f.ctx); err != nil || len(all) != 1 {
+			t.Fatalf("%s has %d templates of %s (%v), want the one", h.Host, len(all), ns, err)
+		}
+	}
+	if built != 1 || imported != len(f.hosts)-1 {
+		t.Fatalf("template %s/%s: built on %d hosts, imported on %d: %+v", ns, name, built, imported, st.Hosts)
+	}
+	f.step("template %s built once (on %s), uploaded as %s, imported by the %d other hosts", name, builder, ref, imported)
 }
 
 // moveAcrossHosts suspends a sandbox of h1 to the object store and

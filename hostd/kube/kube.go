@@ -86,7 +86,9 @@ type Config struct {
 	// (default 40 s); it is renewed every quarter of it.
 	LeaseDuration time.Duration
 	// Snapshots moves suspended sandboxes through the fleet's object
-	// store; nil: suspend keeps snapshots on this host only.
+	// store, and templates too when it is a TemplateStore; nil: suspend
+	// keeps snapshots on this host only, and each host builds its
+	// templates.
 	Snapshots SnapshotStore
 	// Log gets the agent's log lines.
 	Log *slog.Logger
@@ -101,6 +103,18 @@ type SnapshotStore interface {
 	// Restore makes a sandbox on this host from the stored snapshot ref
 	// and returns its id.
 	Restore(ctx context.Context, c *hc.Client, ref string, labels map[string]string) (id string, err error)
+}
+
+// TemplateStore moves templates through the fleet's shared object
+// store. A Config.Snapshots that implements it (ObjectSnapshots does) is
+// also used for templates (template.go).
+type TemplateStore interface {
+	// UploadTemplate stores the tenant's ready template id and returns
+	// its reference.
+	UploadTemplate(ctx context.Context, c *hc.Client, id string) (ref string, err error)
+	// ImportTemplate records a ready template on this host from the
+	// stored template ref and returns it.
+	ImportTemplate(ctx context.Context, c *hc.Client, ref string) (*hc.Template, error)
 }
 
 func (c *Config) defaults() error {

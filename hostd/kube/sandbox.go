@@ -464,67 +464,6 @@ func (a *Agent) sweep(ctx context.Context, c client.Client) error {
 	return nil
 }
 
-// template returns the daemon's id of the namespace's SandboxTemplate
-// name on this host, building it first when this host has none of its
-// current generation.
-func (a *Agent) template(ctx context.Context, hcli *hc.Client, ns, name string) (string, error) {
-	var tpl v1.SandboxTemplate
-	if err := a.kc.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &tpl); err != nil {
-		return "", fmt.Errorf("SandboxTemplate %s/%s: %w", ns, name, err)
-	}
-	key := fmt.Sprintf("%s/%s@%d", ns, name, tpl.Generation)
-	a.mu.Lock()
-	b := a.building[key]
-	if b == nil {
-		b = &sync.Mutex{}
-		a.building[key] = b
-	}
-	a.mu.Unlock()
-	b.Lock()
-	defer b.Unlock()
-	a.mu.Lock()
-	id := a.templates[key]
-	a.mu.Unlock()
-	if id == "" {
-		for _, h := range tpl.Status.Hosts {
-			if h.Host == a.cfg.Host && h.Generation == tpl.Generation {
-				id = h.TemplateID
-			}
-		}
-	}
-	if id != "" {
-		t, err := hcli.Template(ctx, id)
-		if err == nil && t.Status == store.TemplateReady {
-			a.mu.Lock()
-			a.templates[key] = id
-			a.mu.Unlock()
-			return id, nil
-		}
-		if err != nil && !hc.IsNotFound(err) {
-			return "", err
-		}
-	}
-	s := tpl.Spec
-	t, err := hcli.CreateTemplate(ctx, wire.TemplateRequest{Kernel: s.Kernel, Initramfs: s.Initramfs, Disks: s.Disks,
-		MemMiB: s.MemoryMiB, CPUs: s.CPUs, Cmdline: s.Cmdline, Network: s.Network, Balloon: s.Balloon, Image: s.Image,
-		StartCmd: s.StartCommand, ReadyCmd: s.ReadyCommand, ReadyTimeoutS: s.ReadyTimeoutSeconds}, nil)
-	if err != nil {
-		a.event(&tpl, true, "FailedBuild", "Build", "on %s: %v", a.cfg.Host, err)
-		return "", fmt.Errorf("building template %s/%s: %w", ns, name, err)
-	}
-	a.event(&tpl, false, "Built", "Build", "built on %s as %s", a.cfg.Host, t.ID)
-	a.mu.Lock()
-	a.templates[key] = t.ID
-	a.mu.Unlock()
-	orig := tpl.DeepCopy()
-	tpl.Status.Hosts = slices.DeleteFunc(tpl.Status.Hosts, func(h v1.TemplateOnHost) bool { return h.Host == a.cfg.Host })
-	tpl.Status.Hosts = append(tpl.Status.Hosts, v1.TemplateOnHost{Host: a.cfg.Host, TemplateID: t.ID, Generation: tpl.Generation})
-	if err := a.kc.Status().Patch(ctx, &tpl, client.MergeFrom(orig)); err != nil {
-		a.cfg.Log.Warn("kube: recording the template build", "template", ns+"/"+name, "err", err)
-	}
-	return t.ID, nil
-}
-
 // setStatus applies fn to sb's status and patches it.
 func (a *Agent) setStatus(ctx context.Context, sb *v1.Sandbox, fn func(*v1.SandboxStatus)) error {
 	orig := sb.DeepCopy()

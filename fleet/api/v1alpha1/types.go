@@ -108,20 +108,44 @@ type SandboxTemplateSpec struct {
 	ReadyTimeoutSeconds int `json:"readyTimeoutSeconds,omitempty"`
 }
 
-// SandboxTemplateStatus says where the template was built.
+// SandboxTemplateStatus says where the template was built and where its
+// snapshots are.
 type SandboxTemplateStatus struct {
-	// Hosts lists the hosts that have built it, with the daemon's
-	// template id on each.
+	// Hosts lists the hosts that have it, with the daemon's template id
+	// on each.
 	// +optional
 	Hosts []TemplateOnHost `json:"hosts,omitempty"`
+	// Snapshots are the template's snapshots in the fleet's object
+	// store, at most one per CPU group and generation: a host that needs
+	// the template imports the one of its CPU group and the template's
+	// generation instead of building it.
+	// +optional
+	Snapshots []TemplateSnapshot `json:"snapshots,omitempty"`
 }
 
-// TemplateOnHost is one host's build of a template: the daemon's
-// template id there, built from the spec of Generation.
+// TemplateOnHost is one host's copy of a template: the daemon's
+// template id there, of the spec of Generation, built there or imported
+// from the object store.
 type TemplateOnHost struct {
 	Host       string `json:"host"`
 	TemplateID string `json:"templateID"`
 	Generation int64  `json:"generation"`
+	// ImportedFrom is the object store reference the host imported it
+	// from; empty when the host built it.
+	// +optional
+	ImportedFrom string `json:"importedFrom,omitempty"`
+}
+
+// TemplateSnapshot is one build of a template uploaded to the object
+// store: a template bundle of the spec of Generation, usable by the hosts
+// of CPUGroup.
+type TemplateSnapshot struct {
+	CPUGroup   string `json:"cpuGroup"`
+	Generation int64  `json:"generation"`
+	// Ref is the bundle's reference (s3://BUCKET/TENANT/MANIFEST).
+	Ref string `json:"ref"`
+	// BuiltBy is the host that built and uploaded it.
+	BuiltBy string `json:"builtBy"`
 }
 
 // SandboxTemplate is a reusable recipe for sandboxes.
