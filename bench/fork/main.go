@@ -53,6 +53,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -79,12 +80,15 @@ type config struct {
 	timeout, runTimeout    time.Duration
 	jsonOut                string
 	skipQEMU, skipDensity  bool
+	// densityBalloon are the density variants: without the balloon
+	// (false), with it (true), or both in turn.
+	densityBalloon []bool
 }
 
 func main() {
 	var c config
 	c.Flags("initramfs (with the agent)")
-	sizes := flag.String("sizes", "128,1024,4096", "guest sizes for the fork latency, MiB, comma-separated")
+	sizes := flag.String("sizes", "128,1024,4096", "guest sizes for the fork latency, MiB, comma-separated ('' for none)")
 	flag.IntVar(&c.runs, "runs", 50, "recorded forks (and QEMU restores) per size")
 	flag.IntVar(&c.qemuCID, "qemu-cid", 42, "the QEMU source guest's vsock CID; restores use the next ones")
 	flag.IntVar(&c.densityMem, "density-mem", 128, "guest memory for the density measurement, MiB")
@@ -96,10 +100,28 @@ func main() {
 	stats.JSONFlag(&c.jsonOut)
 	flag.BoolVar(&c.skipQEMU, "skip-qemu", false, "measure Warren only")
 	flag.BoolVar(&c.skipDensity, "skip-density", false, "skip measurement 2")
+	points := flag.String("density-points", "16,64,256", "child counts at which measurement 2 stops to measure memory per child, its split between guest RAM and the VMM process, and the host's CPU use")
+	balloon := flag.String("density-balloon", "off", "measurement 2 with the parent's (and so its children's) virtio-balloon reporting free pages: off, on, or both (one after the other)")
 	flag.Parse()
 	var err error
 	if c.sizes, err = parseSizes(*sizes); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/fork:", err)
+		os.Exit(2)
+	}
+	if densityPoints, err = parseSizes(*points); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/fork: --density-points:", err)
+		os.Exit(2)
+	}
+	slices.Sort(densityPoints)
+	switch *balloon {
+	case "off":
+		c.densityBalloon = []bool{false}
+	case "on":
+		c.densityBalloon = []bool{true}
+	case "both":
+		c.densityBalloon = []bool{false, true}
+	default:
+		fmt.Fprintf(os.Stderr, "bench/fork: --density-balloon %q: want off, on or both\n", *balloon)
 		os.Exit(2)
 	}
 	if c.runs < 1 || c.densityMax < 1 || c.densityFloor < 0 || c.densityFloor >= 100 {
@@ -127,6 +149,9 @@ func main() {
 // parseSizes reads a comma-separated list of positive MiB counts.
 func parseSizes(s string) ([]int, error) {
 	var sizes []int
+	if strings.TrimSpace(s) == "" {
+		return nil, nil // --sizes '': density only
+	}
 	for _, f := range strings.Split(s, ",") {
 		k, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || k <= 0 {
@@ -184,13 +209,22 @@ func run(c config, reg *registry) error {
 	}
 	out["latency"] = lat
 	if !c.skipDensity {
-		d, err := density(c, reg, work)
-		if err != nil {
-			return err
+		var all []*densityResult
+		for _, b := range c.densityBalloon {
+			d, err := density(c, reg, work, b)
+			if err != nil {
+				return err
+			}
+			fmt.Println()
+			printDensity(os.Stdout, c, d)
+			all = append(all, d)
 		}
 		fmt.Println()
-		printDensity(os.Stdout, c, d)
-		out["density"] = d
+		printDensityPoints(os.Stdout, all)
+		out["density"] = all[0]
+		if len(all) > 1 {
+			out["density_balloon"] = all[1]
+		}
 	}
 	if c.jsonOut != "" {
 		if err := stats.WriteJSON(c.jsonOut, out); err != nil {

@@ -72,7 +72,10 @@ func TestParseSizes(t *testing.T) {
 	if err != nil || len(got) != 3 || got[0] != 128 || got[1] != 1024 || got[2] != 4096 {
 		t.Errorf("got %v, %v", got, err)
 	}
-	for _, bad := range []string{"", "0", "12,x", "-5"} {
+	if got, err := parseSizes(" "); err != nil || got != nil {
+		t.Errorf("empty: %v, %v; want none", got, err)
+	}
+	for _, bad := range []string{",", "0", "12,x", "-5"} {
 		if _, err := parseSizes(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}

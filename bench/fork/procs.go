@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -96,10 +97,12 @@ type parent struct {
 }
 
 // bootWarren boots a Warren guest of memMiB MiB with its files named
-// DIR/NAME.* and waits for its agent.
-func bootWarren(c config, reg *registry, dir, name string, memMiB int) (*parent, error) {
+// DIR/NAME.* and waits for its agent; vmmArgs go to `warren run`.
+func bootWarren(c config, reg *registry, dir, name string, memMiB int, vmmArgs ...string) (*parent, error) {
 	sock, api := filepath.Join(dir, name+".vsock"), filepath.Join(dir, name+".api")
-	p, err := console.Start(c.WarrenArgv(memMiB, sock, api, guestArgs))
+	argv := c.WarrenArgv(memMiB, sock, api, guestArgs)
+	argv = slices.Insert(argv, 2, vmmArgs...) // after "warren run"
+	p, err := console.Start(argv)
 	if err != nil {
 		return nil, fmt.Errorf("warren: %w", err)
 	}
@@ -152,6 +155,9 @@ func forkToAgent(c config, reg *registry, w *parent, prefix string) (r vmmctl.Fo
 	defer client.Close()
 	agentT, err = waitAnswer(client, start, start.Add(c.runTimeout), func() bool { return !alive(ch.PID) })
 	if err != nil {
+		if alive(ch.PID) {
+			dumpStacks(ch)
+		}
 		return r, call, 0, fmt.Errorf("child pid %d: %w; its log: %s; its console: %s", ch.PID, err, logTail(ch), consoleTail(ch))
 	}
 	return r, call, agentT, nil
@@ -262,6 +268,26 @@ func consoleTail(ch vmmctl.ForkChild) string {
 }
 
 // logTail is the end of a child's log, for an error message.
+// dumpStacks asks a live child whose agent never answered for its
+// goroutines' stacks (SIGQUIT: the Go runtime writes them to the child's
+// log, its standard error, and exits) and prints them, so that a hung
+// child says whether its VMM was stuck (a device worker, a lock) or ran a
+// guest that went silent (its vCPU threads in KVM_RUN).
+func dumpStacks(ch vmmctl.ForkChild) {
+	if err := syscall.Kill(ch.PID, syscall.SIGQUIT); err != nil {
+		fmt.Printf("child pid %d: SIGQUIT: %v\n", ch.PID, err)
+		return
+	}
+	for i := 0; i < 50 && alive(ch.PID); i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+	b, _ := os.ReadFile(ch.Log)
+	if len(b) > 64<<10 {
+		b = b[len(b)-64<<10:]
+	}
+	fmt.Printf("child pid %d's log after SIGQUIT (its goroutines):\n%s\n", ch.PID, b)
+}
+
 func logTail(ch vmmctl.ForkChild) string {
 	b, _ := os.ReadFile(ch.Log)
 	return tail(string(b))

@@ -147,3 +147,19 @@ func printDensity(w io.Writer, c config, d *densityResult) {
 	fmt.Fprintln(w, "MemAvailable: /proc/meminfo; PSS and private (Private_Clean+Private_Dirty): /proc/PID/smaps_rollup of")
 	fmt.Fprintln(w, "each child VMM once all ran. No QEMU figure: QEMU has no fork, and each restored QEMU holds its own copy.")
 }
+
+// printDensityPoints prints the density at each of densityPoints reached,
+// one row per variant (with and without the balloon) and point.
+func printDensityPoints(w io.Writer, all []*densityResult) {
+	fmt.Fprintln(w, "density by children running (MiB per child; guest/VMM: the children's mean private memory in their guest RAM mappings and in the rest of the VMM process)")
+	fmt.Fprintf(w, "  %-8s %8s %10s %10s %10s %10s %9s\n", "balloon", "children", "drop/child", "marginal", "guest", "VMM", "CPUs busy")
+	for _, d := range all {
+		if len(d.Points) == 0 {
+			fmt.Fprintf(w, "  %-8v %8d (no point reached: %d children, %s)\n", d.Balloon, densityPoints[0], d.Children, d.Stop)
+		}
+		for _, p := range d.Points {
+			fmt.Fprintf(w, "  %-8v %8d %10.2f %10.2f %10.2f %10.2f %8.0f%%\n", d.Balloon, p.Children,
+				mib(p.DropPerChild), mib(p.Marginal), mib(p.Split.GuestPrivate), mib(p.Split.VMMPrivate), 100*p.CPUBusy)
+		}
+	}
+}

@@ -1,0 +1,56 @@
+package vmmproc
+
+import (
+	"runtime"
+	"runtime/metrics"
+	"testing"
+	"time"
+)
+
+// TestTrimHeapReturnsFreeHeap: megabytes of garbage left by a setup are
+// returned to the host by trimHeap (the Go runtime alone keeps them
+// resident while the heap is under its goal), and keep being returned
+// when more is freed later.
+func TestTrimHeapReturnsFreeHeap(t *testing.T) {
+	free := func() uint64 {
+		s := []metrics.Sample{{Name: "/memory/classes/heap/free:bytes"}}
+		metrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	garbage := func() {
+		var keep [][]byte
+		for i := 0; i < 64; i++ {
+			b := make([]byte, 128<<10)
+			b[0] = 1
+			keep = append(keep, b)
+		}
+		runtime.KeepAlive(keep)
+		runtime.GC() // the garbage is free heap now, still resident
+	}
+	// Other tests of the package may run beside this one and free memory
+	// of their own: the checks are that most of the 8 MiB of garbage goes,
+	// not that the heap ends with no free memory at all.
+	const slack = 1 << 20
+	garbage()
+	f0 := free()
+	if f0 < 4<<20 {
+		t.Skipf("the runtime released the garbage by itself (%d bytes free): nothing to test", f0)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	go trimHeap(20*time.Millisecond, slack, stop)
+	wait := func(what string, from uint64) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); free() > from/4; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d bytes of free heap still resident (%d before)", what, free(), from)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	wait("after the setup's garbage", f0)
+	garbage()
+	if f1 := free(); f1 >= 4<<20 {
+		wait("after later garbage", f1)
+	}
+}
