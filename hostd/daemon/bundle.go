@@ -222,22 +222,11 @@ func (d *Daemon) exportBundle(s *sbState, name string, w io.Writer) (started boo
 		return false, cryptStatus(fmt.Errorf("disks: %w", err))
 	}
 	defer release()
-	use := snap.Path
-	if h := d.cfg.Hooks.BeforeRestore; h != nil {
-		p, done, err := h(sb.Tenant, snap.Path)
-		if err != nil {
-			return false, cryptStatus(fmt.Errorf("snapshot %s: %w", snap.Name, err))
-		}
-		use = p
-		if done != nil {
-			defer done()
-		}
-	}
-	ls, err := vmsnap.Load(use, nil)
+	ls, closeLS, err := d.loadForExport(sb.Tenant, snap.Path)
 	if err != nil {
 		return false, fmt.Errorf("snapshot %s: %w", snap.Name, err)
 	}
-	defer ls.Close()
+	defer closeLS()
 	hdr := bundleHeader{Version: bundleVersion, Snapshot: snap.Name, Template: sb.Template, MemMiB: sb.MemMiB, CPUs: sb.CPUs,
 		Env: sb.Env, BalloonTargetMiB: sb.BalloonTargetMiB}
 	// The snapshot, rewritten self-contained, goes to a scratch directory
@@ -785,6 +774,28 @@ func bundleKindName(kind string) string {
 		return "sandbox"
 	}
 	return fmt.Sprintf("%.40q", kind)
+}
+
+// loadForExport loads and verifies tenant's snapshot at path for an
+// export, through the BeforeRestore hook (a decrypted working copy for a
+// tenant with a key); closeLS closes it and drops the working copy.
+func (d *Daemon) loadForExport(tenant, path string) (ls *vmsnap.Snapshot, closeLS func(), err error) {
+	use, done := path, func() {}
+	if h := d.cfg.Hooks.BeforeRestore; h != nil {
+		p, dn, err := h(tenant, path)
+		if err != nil {
+			return nil, nil, cryptStatus(err)
+		}
+		use = p
+		if dn != nil {
+			done = dn
+		}
+	}
+	if ls, err = vmsnap.Load(use, nil); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return ls, func() { ls.Close(); done() }, nil
 }
 
 // importBundle reads a bundle from r and records it as a new suspended

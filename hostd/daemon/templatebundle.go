@@ -132,22 +132,11 @@ func (d *Daemon) exportTemplateBundle(ts *tplState, w io.Writer) (started bool, 
 		return false, cryptStatus(fmt.Errorf("template %s: disks: %w", t.ID, err))
 	}
 	defer release()
-	use := t.Snapshot
-	if h := d.cfg.Hooks.BeforeRestore; h != nil {
-		p, done, err := h(t.Tenant, t.Snapshot)
-		if err != nil {
-			return false, cryptStatus(fmt.Errorf("template %s: %w", t.ID, err))
-		}
-		use = p
-		if done != nil {
-			defer done()
-		}
-	}
-	ls, err := vmsnap.Load(use, nil)
+	ls, closeLS, err := d.loadForExport(t.Tenant, t.Snapshot)
 	if err != nil {
 		return false, fmt.Errorf("template %s: snapshot: %w", t.ID, err)
 	}
-	defer ls.Close()
+	defer closeLS()
 	bt := &bundleTemplate{Kernel: t.Kernel, Initramfs: t.Initramfs, Disks: t.Disks, Cmdline: t.Cmdline, Balloon: t.Balloon, BuildMS: t.BuildMS}
 	if im := t.Image; im != nil {
 		bt.Image = &bundleImage{Ref: im.Ref, Digest: im.Digest, StartCmd: im.StartCmd, ReadyCmd: im.ReadyCmd}
