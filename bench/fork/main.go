@@ -23,8 +23,9 @@
 //     the tables. (The unrecorded first fork is also the one that makes
 //     the booted parent's memory a shared base. Each later fork adds a
 //     layer of the pages written since; past guestmem's layer or run
-//     bound a fork flattens the layers, copying the memory: the table
-//     counts those forks.)
+//     bound a fork merges the upper layers (compacts), or, past the run
+//     bound even merged, flattens them, copying the memory: the table
+//     counts both.)
 //
 //  2. Density. One Warren guest of --density-mem MiB is forked one child
 //     at a time; after each child's agent answers (so it is running and
@@ -83,6 +84,7 @@ type config struct {
 	// densityBalloon are the density variants: without the balloon
 	// (false), with it (true), or both in turn.
 	densityBalloon []bool
+	densityPNG     string
 }
 
 func main() {
@@ -101,8 +103,21 @@ func main() {
 	flag.BoolVar(&c.skipQEMU, "skip-qemu", false, "measure Warren only")
 	flag.BoolVar(&c.skipDensity, "skip-density", false, "skip measurement 2")
 	points := flag.String("density-points", "16,64,256", "child counts at which measurement 2 stops to measure memory per child, its split between guest RAM and the VMM process, and the host's CPU use")
+	flag.StringVar(&c.densityPNG, "density-png", "", "also draw measurement 2 into this PNG")
+	replot := flag.Bool("replot", false, "draw --density-png from the JSON files given as arguments (earlier runs' --json), run nothing")
 	balloon := flag.String("density-balloon", "off", "measurement 2 with the parent's (and so its children's) virtio-balloon reporting free pages: off, on, or both (one after the other)")
 	flag.Parse()
+	if *replot {
+		if c.densityPNG == "" || flag.NArg() == 0 {
+			fmt.Fprintln(os.Stderr, "bench/fork: --replot needs --density-png and JSON files")
+			os.Exit(2)
+		}
+		if err := replotDensity(c.densityPNG, flag.Args()); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/fork:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var err error
 	if c.sizes, err = parseSizes(*sizes); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/fork:", err)
@@ -221,6 +236,11 @@ func run(c config, reg *registry) error {
 		}
 		fmt.Println()
 		printDensityPoints(os.Stdout, all)
+		if c.densityPNG != "" {
+			if err := writeDensityPlot(c.densityPNG, all); err != nil {
+				return err
+			}
+		}
 		out["density"] = all[0]
 		if len(all) > 1 {
 			out["density_balloon"] = all[1]

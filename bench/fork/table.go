@@ -59,8 +59,9 @@ func printLatency(w io.Writer, c config, r *sizeResult) {
 		fmt.Fprintf(w, "qemu migration file %.1f MiB, migration total %s\n", mib(r.QEMU.FileBytes), r.QEMU.MigrationTotal)
 	}
 	if n := len(ws.Layers); n > 0 {
-		fmt.Fprintf(w, "warren parent's memory layers: %d after the first recorded fork, %d after the last; %d flattens (an O(memory) fork)\n",
-			ws.Layers[0], ws.Layers[n-1], flattens(ws.Layers))
+		fl, co := flattens(ws.Layers)
+		fmt.Fprintf(w, "warren parent's memory layers: %d after the first recorded fork, %d after the last; %d compactions (upper layers merged), %d flattens (an O(memory) fork)\n",
+			ws.Layers[0], ws.Layers[n-1], co, fl)
 	}
 	for _, f := range []struct {
 		name string
@@ -77,15 +78,20 @@ func printLatency(w io.Writer, c config, r *sizeResult) {
 }
 
 // flattens counts the forks after which the parent had fewer memory
-// layers than before: guestmem flattened its layers, copying its memory.
-func flattens(layers []int) int {
-	n := 0
+// layers than before: down to one, guestmem flattened its layers, copying
+// its memory; down to more, it compacted them (merged its upper layers,
+// copying only their pages).
+func flattens(layers []int) (flat, compacted int) {
 	for i := 1; i < len(layers); i++ {
-		if layers[i] < layers[i-1] {
-			n++
+		switch {
+		case layers[i] >= layers[i-1]:
+		case layers[i] == 1:
+			flat++
+		default:
+			compacted++
 		}
 	}
-	return n
+	return flat, compacted
 }
 
 func qemuFailures(q *qemuSeries) []string {

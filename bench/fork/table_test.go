@@ -182,3 +182,9 @@ Private_Dirty:       300 kB
 		t.Errorf("top %+v", top)
 	}
 }
+
+func TestFlattensTellsCompactions(t *testing.T) {
+	if fl, co := flattens([]int{2, 3, 64, 2, 3, 1, 2}); fl != 1 || co != 1 {
+		t.Errorf("flattens %d, compactions %d; want 1 and 1", fl, co)
+	}
+}

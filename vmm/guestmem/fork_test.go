@@ -390,7 +390,9 @@ func TestPrivatePages(t *testing.T) {
 	}
 }
 
-// TestForkFlatten lowers the limits so that Fork flattens.
+// TestForkFlatten lowers the limits so that Fork compacts (upper layers
+// merged into one over the same bottom layer) and, past the run bound
+// even merged, flattens.
 func TestForkFlatten(t *testing.T) {
 	defer func(l, r int) { maxLayers, maxRuns = l, r }(maxLayers, maxRuns)
 	maxLayers, maxRuns = 3, 6
@@ -402,14 +404,31 @@ func TestForkFlatten(t *testing.T) {
 	im := image{}
 	var kids []*Memory
 	var kidImages []image
-	for i, want := range []int{1, 2, 3, 1, 2} { // layers after each fork
+	inode := func(f *os.File) uint64 {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	var bottom uint64
+	for i, want := range []int{1, 2, 3, 2, 3, 2} { // layers after each fork
 		fill(t, m, im, uint64(i), 1, byte(0x10+i))
 		b := fork(t, m)
 		if len(b.Layers) != want {
 			t.Fatalf("fork %d: %d layers, want %d", i, len(b.Layers), want)
 		}
-		if want == 1 && b.Layers[0].Runs != nil {
-			t.Fatalf("fork %d: flattened bottom has runs %v", i, b.Layers[0].Runs)
+		if i == 0 {
+			bottom = inode(b.Layers[0].File)
+		} else if got := inode(b.Layers[0].File); got != bottom {
+			t.Fatalf("fork %d: the bottom layer was copied (inode %d, was %d): compaction must keep it", i, got, bottom)
+		}
+		if i >= 3 && want == 2 {
+			// Compacted: the upper layers and the new page merged into one
+			// (pages 1..i, one written before each fork: one run).
+			if got := b.Layers[1].Runs; len(got) != 1 || got[0] != (Run{1, uint64(i)}) {
+				t.Fatalf("fork %d: merged layer runs %v, want [{1 %d}]", i, got, i)
+			}
 		}
 		check(t, "parent", m, im)
 		kids = append(kids, fromBase(t, b))
