@@ -16,7 +16,9 @@ type densityResult struct {
 	MemMiB int `json:"mem_mib"`
 	// Balloon says the parent (and so every child) had a virtio-balloon
 	// with free page reporting (warren run --balloon).
-	Balloon  bool   `json:"balloon"`
+	Balloon bool `json:"balloon"`
+	// Label names the run in a replot (--replot LABEL=FILE); not saved.
+	Label    string `json:"-"`
 	Children int    `json:"children"`
 	Stop     string `json:"stop"` // "floor", "cap" or "error: ..."
 	// MemTotal, AvailBefore (parent running, no child) and Avail (after

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -33,6 +34,9 @@ func writeDensityPlot(path string, all []*densityResult) error {
 	maxN := 0
 	for _, d := range all {
 		name := map[bool]string{false: "no balloon", true: "balloon"}[d.Balloon]
+		if d.Label != "" {
+			name = d.Label + ", " + name
+		}
 		xy := make(plotter.XYs, len(d.Avail))
 		for i, a := range d.Avail {
 			xy[i] = plotter.XY{X: float64(i + 1), Y: mib(float64(d.AvailBefore) - float64(a))}
@@ -62,10 +66,15 @@ func writeDensityPlot(path string, all []*densityResult) error {
 }
 
 // replotDensity reads the JSON files earlier runs wrote (--json) and
-// draws their density measurements (both variants) into path.
+// draws their density measurements (both variants) into path. A file
+// given as LABEL=PATH names its lines LABEL.
 func replotDensity(path string, files []string) error {
 	var all []*densityResult
 	for _, f := range files {
+		label := ""
+		if l, p, ok := strings.Cut(f, "="); ok {
+			label, f = l, p
+		}
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return err
@@ -79,6 +88,7 @@ func replotDensity(path string, files []string) error {
 		}
 		for _, d := range []*densityResult{out.Density, out.DensityBalloon} {
 			if d != nil {
+				d.Label = label
 				all = append(all, d)
 			}
 		}
