@@ -266,7 +266,7 @@ build_image() {
 		'./lib/modules/*/kernel/drivers/virtio/*' './lib/modules/*/kernel/drivers/crypto/*' \
 		'./lib/modules/*/kernel/net/*' './lib/modules/*/kernel/fs/*' \
 		'./lib/modules/*/kernel/lib/*' './lib/modules/*/kernel/crypto/*' \
-		'./lib/modules/*/kernel/drivers/net/tun.ko*' \
+		'./lib/modules/*/kernel/drivers/net/tun.ko*' './lib/modules/*/kernel/drivers/net/veth.ko*' \
 		'./lib/modules/*/kernel/drivers/vhost/*' './lib/modules/*/modules.builtin' ||
 		die "extracting $KPKG failed"
 	dpkg-deb -x "$work"/busybox-static_*.deb "$work/bb"
@@ -323,10 +323,11 @@ build_image() {
 		mods+=("$m")
 	}
 	# tun and bridge: the VMM's taps and the benchmarks' host-side network;
+	# veth: the fleet e2e's hosts, each in a network namespace of its own;
 	# vhost_vsock: QEMU's vsock, the peer of Warren's in bench/agent;
 	# sch_ingress and cls_bpf: the egress filter's clsact attachment (no tcx
 	# before Linux 6.6).
-	for name in kvm_amd virtio_pci 9pnet_virtio 9p tun bridge vhost_vsock sch_ingress cls_bpf; do add_mod "$name"; done
+	for name in kvm_amd virtio_pci 9pnet_virtio 9p tun veth bridge vhost_vsock sch_ingress cls_bpf; do add_mod "$name"; done
 	: >"$root/lib/modules/order"
 	for name in "${mods[@]}"; do
 		f=${path_of[$name]}

@@ -12,7 +12,9 @@
 // Every server a test starts is stopped when the test ends (SIGTERM, then
 // SIGKILL), and dies with the test binary if that exits first (the
 // parent-death signal); when the test failed, the end of each server's log
-// is printed. Servers never listen on anything but 127.0.0.1.
+// is printed. Servers listen on 127.0.0.1 only, unless the test names
+// another address of its own (StartKubeWith, StartS3With: for clients in
+// network namespaces the test made, reaching it over their links).
 //
 // Beside the servers: kubectl (Kubectl, Kube.RunKubectl, as any of the
 // apiserver's users), the fleet's controller in the test's process

@@ -11,7 +11,9 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -73,6 +75,27 @@ type Kube struct {
 // binaries the test skips.
 func StartKube(t testing.TB, users ...User) *Kube {
 	t.Helper()
+	return StartKubeWith(t, KubeOptions{}, users...)
+}
+
+// KubeOptions are StartKubeWith's choices; the zero value is StartKube's.
+type KubeOptions struct {
+	// Addr is the address the apiserver listens on and advertises (the
+	// zero Addr: 127.0.0.1). A test whose clients run in network
+	// namespaces of its own gives an address of its side of their links;
+	// Config and Kubeconfig then name it. etcd stays on 127.0.0.1. The
+	// serving certificate's name is checked (ServerName), not the
+	// address, so any address serves.
+	Addr netip.Addr
+}
+
+// StartKubeWith is StartKube with opts.
+func StartKubeWith(t testing.TB, opts KubeOptions, users ...User) *Kube {
+	t.Helper()
+	addr := "127.0.0.1"
+	if opts.Addr.IsValid() {
+		addr = opts.Addr.String()
+	}
 	tools := Tools(t)
 	dir := t.TempDir()
 	k := &Kube{Dir: dir, tokens: map[string]string{}}
@@ -125,11 +148,11 @@ func StartKube(t testing.TB, users ...User) *Kube {
 	}
 	admin := k.tokens[AdminUser]
 	err = withPorts(1, func(p []int) error {
-		k.host = "https://127.0.0.1:" + strconv.Itoa(p[0])
+		k.host = "https://" + net.JoinHostPort(addr, strconv.Itoa(p[0]))
 		s, err := startServer(t, "kube-apiserver", dir, filepath.Join(dir, "kube-apiserver.log"), stopGrace,
 			filepath.Join(tools, "kube-apiserver"),
 			"--etcd-servers="+etcdURL,
-			"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(p[0]), "--advertise-address=127.0.0.1",
+			"--bind-address="+addr, "--secure-port="+strconv.Itoa(p[0]), "--advertise-address="+addr,
 			"--cert-dir="+filepath.Join(dir, "certs"),
 			"--tls-cert-file="+filepath.Join(dir, "serving.crt"),
 			"--tls-private-key-file="+filepath.Join(dir, "serving.key"),

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -40,6 +43,22 @@ type S3 struct {
 	Region string
 	// Dir holds the store's data, its identity file and its log (weed.log).
 	Dir string
+	// TLSEndpoint is host:port of the same API over HTTPS, and CAFile the
+	// PEM file of the CA its certificate (for the store's address) chains
+	// to: set when S3Options.TLS asked for them, else empty.
+	TLSEndpoint, CAFile string
+}
+
+// S3Options are StartS3With's choices; the zero value is StartS3's.
+type S3Options struct {
+	// Addr is the address every port of the store listens on (the zero
+	// Addr: 127.0.0.1). A test whose clients run in network namespaces
+	// of its own gives an address of its side of their links.
+	Addr netip.Addr
+	// TLS also serves the S3 API over HTTPS (S3.TLSEndpoint) with a
+	// certificate for Addr (ServingCert): warren-hostd takes plain HTTP
+	// only from a loopback address.
+	TLS bool
 }
 
 // StartS3 starts SeaweedFS on loopback ports with its data in a temporary
@@ -49,6 +68,16 @@ type S3 struct {
 // the test skips.
 func StartS3(t testing.TB) *S3 {
 	t.Helper()
+	return StartS3With(t, S3Options{})
+}
+
+// StartS3With is StartS3 with opts.
+func StartS3With(t testing.TB, opts S3Options) *S3 {
+	t.Helper()
+	addr := netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	if opts.Addr.IsValid() {
+		addr = opts.Addr
+	}
 	tools := Tools(t)
 	dir := t.TempDir()
 	s := &S3{Dir: dir, AccessKey: "FT" + randHex(t, 9), SecretKey: randHex(t, 20), Region: "us-east-1"}
@@ -77,9 +106,20 @@ func StartS3(t testing.TB) *S3 {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s3ReadyTimeout)
 	defer cancel()
-	err = withPorts(8, func(p []int) error {
+	var tlsArgs []string
+	if opts.TLS {
+		c := ServingCert(t, dir, addr)
+		s.CAFile = c.CA
+		tlsArgs = []string{"-s3.cert.file=" + c.Cert, "-s3.key.file=" + c.Key}
+	}
+	err = withPorts(9, func(p []int) error {
 		port := func(i int) string { return strconv.Itoa(p[i]) }
-		s.Endpoint = "127.0.0.1:" + port(6)
+		s.Endpoint = net.JoinHostPort(addr.String(), port(6))
+		args := tlsArgs
+		if opts.TLS {
+			s.TLSEndpoint = net.JoinHostPort(addr.String(), port(8))
+			args = append(args, "-s3.port.https="+port(8))
+		}
 		// weed also makes a Unix socket per gRPC port at a path of its
 		// own in /tmp; remove them once it is killed (this cleanup runs
 		// after startServer's).
@@ -91,24 +131,24 @@ func StartS3(t testing.TB) *S3 {
 		// SIGKILL at once: weed takes more than 10 s to stop on SIGTERM,
 		// and its data dies with the test.
 		srv, err := startServer(t, "weed", dir, filepath.Join(dir, "weed.log"), 0, filepath.Join(tools, "weed"),
-			"server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-dir="+data,
-			"-master.port="+port(0), "-master.port.grpc="+port(1),
-			// Never report to telemetry.seaweedfs.com.
-			"-master.telemetry=false",
-			// Small volumes, many of them: every bucket is a collection
-			// that grows its own volumes on its first write.
-			"-master.volumeSizeLimitMB=256", "-volume.max=100",
-			"-volume.port="+port(2), "-volume.port.grpc="+port(3),
-			"-filer", "-filer.port="+port(4), "-filer.port.grpc="+port(5),
-			"-filer.localSocket="+filepath.Join(sock, "filer.sock"),
-			"-s3", "-s3.port="+port(6), "-s3.port.grpc="+port(7),
-			"-s3.port.iceberg=0", "-s3.port.lance=0",
-			"-s3.localSocket="+filepath.Join(sock, "s3.sock"),
-			"-s3.config="+filepath.Join(dir, "s3.json"))
+			append([]string{"server", "-ip=" + addr.String(), "-ip.bind=" + addr.String(), "-dir=" + data,
+				"-master.port=" + port(0), "-master.port.grpc=" + port(1),
+				// Never report to telemetry.seaweedfs.com.
+				"-master.telemetry=false",
+				// Small volumes, many of them: every bucket is a collection
+				// that grows its own volumes on its first write.
+				"-master.volumeSizeLimitMB=256", "-volume.max=100",
+				"-volume.port=" + port(2), "-volume.port.grpc=" + port(3),
+				"-filer", "-filer.port=" + port(4), "-filer.port.grpc=" + port(5),
+				"-filer.localSocket=" + filepath.Join(sock, "filer.sock"),
+				"-s3", "-s3.port=" + port(6), "-s3.port.grpc=" + port(7),
+				"-s3.port.iceberg=0", "-s3.port.lance=0",
+				"-s3.localSocket=" + filepath.Join(sock, "s3.sock"),
+				"-s3.config=" + filepath.Join(dir, "s3.json")}, args...)...)
 		if err != nil {
 			return err
 		}
-		master := "http://127.0.0.1:" + port(0)
+		master := "http://" + net.JoinHostPort(addr.String(), port(0))
 		return srv.waitReady(ctx, func(ctx context.Context) error {
 			if err := volumeServerUp(ctx, master); err != nil {
 				return err
@@ -123,6 +163,16 @@ func StartS3(t testing.TB) *S3 {
 	})
 	if err == nil {
 		err = s.writeProbe(ctx)
+	}
+	if err == nil && opts.TLS {
+		// The HTTPS port answers too, with a certificate CAFile verifies.
+		var c *minio.Client
+		if c, err = s.tlsClient(); err == nil {
+			_, err = c.ListBuckets(ctx)
+		}
+		if err != nil {
+			err = fmt.Errorf("over TLS: %w", err)
+		}
 	}
 	if err != nil {
 		t.Fatalf("fleettest: SeaweedFS: %v", err)
@@ -192,6 +242,27 @@ func (s *S3) newClient() (*minio.Client, error) {
 	return minio.New(s.Endpoint, &minio.Options{
 		Creds:        credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""),
 		Region:       s.Region,
+		BucketLookup: minio.BucketLookupPath,
+	})
+}
+
+// tlsClient is newClient for TLSEndpoint, trusting CAFile only.
+func (s *S3) tlsClient() (*minio.Client, error) {
+	b, err := os.ReadFile(s.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s: no PEM certificate", s.CAFile)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	return minio.New(s.TLSEndpoint, &minio.Options{
+		Creds:        credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""),
+		Region:       s.Region,
+		Secure:       true,
+		Transport:    tr,
 		BucketLookup: minio.BucketLookupPath,
 	})
 }

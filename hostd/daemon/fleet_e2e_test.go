@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -47,6 +48,10 @@ type fleet struct {
 	// s3 is the fleet's object store; s3creds the hosts' credentials file.
 	s3      *fleettest.S3
 	s3creds string
+	// net, when set, gives each host a network namespace of its own
+	// (fleetOptions.net); guestDir, when set, is the hosts' --guest-dir.
+	net      *fleetNet
+	guestDir string
 }
 
 type fleetHost struct {
@@ -54,11 +59,36 @@ type fleetHost struct {
 	proc        *hostdProc
 	n           int // starts so far
 	args        []string
+	// ns is the host's network namespace (nil: the test's); endpoint the
+	// URL of its API (--kube-endpoint), served across its link (--listen
+	// at ns.addr) when ns is set.
+	ns       *hostNS
+	endpoint string
+}
+
+// fleetOptions are startFleetOn's choices; the zero value is startFleet's.
+type fleetOptions struct {
+	// net makes the fleet's network: the apiserver and the object store
+	// listen on its bridge's address, and each host joins from a network
+	// namespace of its own, reaching them across its veth pair.
+	net *fleetNet
+	// s3 starts the object store although warren is "" (fake hosts).
+	s3 bool
 }
 
 func startFleet(t *testing.T, warren string, step func(string, ...any), cc controller.Config) *fleet {
+	return startFleetOn(t, warren, step, cc, fleetOptions{})
+}
+
+// startFleetOn is startFleet with fo.
+func startFleetOn(t *testing.T, warren string, step func(string, ...any), cc controller.Config, fo fleetOptions) *fleet {
 	ctrl.SetLogger(logr.Discard())
-	k := fleettest.StartKube(t,
+	var ko fleettest.KubeOptions
+	s3o := fleettest.S3Options{}
+	if fo.net != nil {
+		ko.Addr, s3o.Addr, s3o.TLS = fo.net.gw, fo.net.gw, true
+	}
+	k := fleettest.StartKubeWith(t, ko,
 		fleettest.User{Name: "host-h1", Groups: []string{"warren:hosts"}},
 		fleettest.User{Name: "host-h2", Groups: []string{"warren:hosts"}},
 		fleettest.User{Name: "host-h3", Groups: []string{"warren:hosts"}},
@@ -83,15 +113,20 @@ func startFleet(t *testing.T, warren string, step func(string, ...any), cc contr
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{t: t, ctx: ctx, kube: k, c: c, hosts: map[string]*fleetHost{}, step: step, warr: warren}
-	if warren != "" {
+	f := &fleet{t: t, ctx: ctx, kube: k, c: c, hosts: map[string]*fleetHost{}, step: step, warr: warren, net: fo.net}
+	if warren != "" || fo.s3 {
 		// The fleet's object store (a real SeaweedFS S3 server) and the
 		// hosts' credentials for it.
-		f.s3 = fleettest.StartS3(t)
+		f.s3 = fleettest.StartS3With(t, s3o)
 		f.s3creds = filepath.Join(t.TempDir(), "s3.json")
 		b, _ := json.Marshal(map[string]string{"access_key": f.s3.AccessKey, "secret_key": f.s3.SecretKey, "region": f.s3.Region})
 		if err := os.WriteFile(f.s3creds, b, 0o600); err != nil {
 			t.Fatal(err)
+		}
+		if s3o.TLS {
+			// The hosts (Go programs: crypto/x509 reads SSL_CERT_FILE)
+			// trust the store's CA; they start after this, and inherit it.
+			t.Setenv("SSL_CERT_FILE", f.s3.CAFile)
 		}
 	}
 	for _, ns := range []string{v1.LeaseNamespace, "team-a", "team-b"} {
@@ -130,7 +165,11 @@ func (f *fleet) create(o ctrlclient.Object) {
 	}
 }
 
-// join starts warren-hostd for host name with --kube.
+// join starts warren-hostd for host name with --kube. With the fleet's
+// net, the host runs in a network namespace of its own and serves its
+// API over HTTPS at its address there (--listen, its --kube-endpoint),
+// reaching the apiserver and the object store (over HTTPS) at the
+// bridge's address.
 func (f *fleet) join(name string, cpus int) *fleetHost {
 	t := f.t
 	t.Helper()
@@ -139,10 +178,23 @@ func (f *fleet) join(name string, cpus int) *fleetHost {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(state) })
-	h := &fleetHost{name: name, state: state, args: []string{"--kube", f.kube.Kubeconfig(t, "host-"+name), "--kube-host", name,
+	h := &fleetHost{name: name, state: state, endpoint: "http://" + name + ".test:7443"}
+	s3 := []string{"--kube-s3", f.s3.Endpoint, "--kube-s3-insecure"}
+	if f.net != nil {
+		h.ns = f.net.add(name)
+		cert, tokens, _ := f.net.tlsFiles()
+		listen := net.JoinHostPort(h.ns.addr.String(), "7443")
+		h.endpoint = "https://" + listen
+		h.args = append(h.args, "--listen", listen, "--tokens", tokens, "--tls-cert", cert.Cert, "--tls-key", cert.Key)
+		s3 = []string{"--kube-s3", f.s3.TLSEndpoint}
+	}
+	if f.guestDir != "" {
+		h.args = append(h.args, "--guest-dir", f.guestDir)
+	}
+	h.args = append(h.args, "--kube", f.kube.Kubeconfig(t, "host-"+name), "--kube-host", name,
 		"--kube-cpus", fmt.Sprint(cpus), "--kube-memory-mib", "8192", "--kube-cpu-group", "g1", "--kube-lease", "6s",
-		"--kube-endpoint", "http://" + name + ".test:7443",
-		"--kube-s3", f.s3.Endpoint, "--kube-s3-insecure", "--kube-s3-credentials", f.s3creds, "--kube-s3-bucket", "fleet"}}
+		"--kube-endpoint", h.endpoint, "--kube-s3-credentials", f.s3creds, "--kube-s3-bucket", "fleet")
+	h.args = append(h.args, s3...)
 	f.hosts[name] = h
 	f.start(h)
 	t.Cleanup(func() {
@@ -158,9 +210,15 @@ func (f *fleet) join(name string, cpus int) *fleetHost {
 	return h
 }
 
+// start starts h's daemon (again), in h's network namespace if it has
+// one (hostNS.do: the child inherits the starting thread's namespace).
 func (f *fleet) start(h *fleetHost) {
 	h.n++
-	h.proc = startHostd(f.t, h.state, f.warr, h.n, h.args...)
+	if h.ns == nil {
+		h.proc = startHostd(f.t, h.state, f.warr, h.n, h.args...)
+		return
+	}
+	h.ns.do(f.t, func() { h.proc = startHostd(f.t, h.state, f.warr, h.n, h.args...) })
 }
 
 // kill kill -9s a host's daemon and every VMM of its state.
@@ -250,8 +308,11 @@ func (f *fleet) exec(ns string, sb *v1.Sandbox, script string) string {
 func TestE2EFleet(t *testing.T) {
 	warren, kernel, initrd := e2ePaths(t)
 	_, step := e2eState(t, "fleet-")
+	// Each host in a network namespace of its own, reaching the apiserver
+	// and the object store across its veth pair.
+	fn := newFleetNet(t)
 	// K<0: compare every host, so where a sandbox goes is predictable.
-	f := startFleet(t, warren, step, controller.Config{K: -1})
+	f := startFleetOn(t, warren, step, controller.Config{K: -1}, fleetOptions{net: fn})
 	for _, h := range []string{"h1", "h2", "h3"} {
 		f.join(h, 5)
 	}
@@ -289,7 +350,8 @@ func TestE2EFleet(t *testing.T) {
 	for _, n := range names {
 		sb := f.sandbox("team-a", n)
 		per[sb.Status.HostName]++
-		if sb.Status.SandboxID == "" || !strings.HasPrefix(sb.Status.AgentEndpoint, "http://"+sb.Status.HostName+".test:7443/v1/sandboxes/") {
+		h := f.hosts[sb.Status.HostName]
+		if sb.Status.SandboxID == "" || h == nil || !strings.HasPrefix(sb.Status.AgentEndpoint, h.endpoint+"/v1/sandboxes/") {
 			t.Fatalf("%s: status %+v", n, sb.Status)
 		}
 	}
@@ -297,6 +359,22 @@ func TestE2EFleet(t *testing.T) {
 		t.Fatalf("nine sandboxes over three equal hosts: %v, want 3 each", per)
 	}
 	step("nine sandboxes ready: %v", per)
+	self, serr := netnsOf(os.Getpid())
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	for _, name := range []string{"h1", "h2", "h3"} {
+		h := f.hosts[name]
+		if ino, err := netnsOf(h.proc.cmd.Process.Pid); err != nil || ino == self || ino != h.ns.ino {
+			t.Fatalf("%s's daemon in network namespace %d (%v): want its own %d", name, ino, err, h.ns.ino)
+		}
+		// Its HTTPS API, across its link at its own address.
+		if ids := f.listOver(h); len(ids) != per[name] {
+			t.Fatalf("%s's API at %s lists %d sandboxes of team-a, want %d", name, h.endpoint, len(ids), per[name])
+		}
+	}
+	step("each host in its own network namespace; each one's API answers at its address (%s, %s, %s)",
+		f.hosts["h1"].endpoint, f.hosts["h2"].endpoint, f.hosts["h3"].endpoint)
 	for _, n := range []string{"sb-0", "sb-4", "sb-8"} {
 		sb := f.sandbox("team-a", n)
 		if out := f.exec("team-a", sb, "echo hello from "+n); out != "hello from "+n+"\n" {
