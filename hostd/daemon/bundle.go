@@ -806,15 +806,11 @@ func (d *Daemon) importBundle(tenant string, r io.Reader, labels map[string]stri
 	}
 	id := newID("sb")
 	dir := d.store.SandboxDir(tenant, id)
-	staging := filepath.Join(dir, ".import")
-	if err := os.MkdirAll(staging, 0o700); err != nil {
+	staging, cleanup, err := importDir(dir)
+	if err != nil {
 		return rec, err
 	}
-	defer func() {
-		if err != nil {
-			os.RemoveAll(dir)
-		}
-	}()
+	defer cleanup(&err)
 	api, vsock := d.sockets(id)
 	rb, err := receiveBundle(r, dir, staging, "", vsock)
 	if err != nil {
@@ -896,9 +892,18 @@ func parseLabels(vals []string) (map[string]string, error) {
 func (d *Daemon) getBundle(w http.ResponseWriter, r *http.Request, s *sbState) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	hw := &lazyHeader{w: w}
-	bw := bufio.NewWriterSize(hw, 256<<10)
-	started, err := d.exportBundle(s, r.URL.Query().Get("snapshot"), bw)
+	d.serveBundle(w, "sandbox", s.rec.ID, func(bw io.Writer) (bool, error) {
+		return d.exportBundle(s, r.URL.Query().Get("snapshot"), bw)
+	})
+}
+
+// serveBundle streams what export writes as a bundle response (of kind
+// "sandbox" or "template" id, for the log): an error before the stream
+// began is the request's answer; one after it cuts the stream short,
+// without its "end", which an import refuses.
+func (d *Daemon) serveBundle(w http.ResponseWriter, kind, id string, export func(io.Writer) (started bool, err error)) {
+	bw := bufio.NewWriterSize(&lazyHeader{w: w}, 256<<10)
+	started, err := export(bw)
 	if err == nil {
 		err = bw.Flush()
 	}
@@ -907,9 +912,25 @@ func (d *Daemon) getBundle(w http.ResponseWriter, r *http.Request, s *sbState) {
 			writeErr(w, err)
 			return
 		}
-		d.log.Warn("bundle export failed", "sandbox", s.rec.ID, "err", err)
+		d.log.Warn("bundle export failed", kind, id, "err", err)
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// importDir makes the directory dir of a new record (a sandbox's or a
+// template's) and its staging subdirectory for an import; cleanup,
+// deferred by the import with its error, removes dir when the import
+// failed.
+func importDir(dir string) (staging string, cleanup func(*error), err error) {
+	staging = filepath.Join(dir, ".import")
+	if err := os.MkdirAll(staging, 0o700); err != nil {
+		return "", nil, err
+	}
+	return staging, func(err *error) {
+		if *err != nil {
+			os.RemoveAll(dir)
+		}
+	}, nil
 }
 
 // lazyHeader sets the bundle's content type on the first write.

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net/http"
@@ -159,15 +158,11 @@ func (d *Daemon) importTemplateBundle(tenant string, r io.Reader) (rec store.Tem
 	}
 	id := newID("tp")
 	dir := d.store.TemplateDir(tenant, id)
-	staging := filepath.Join(dir, ".import")
-	if err := os.MkdirAll(staging, 0o700); err != nil {
+	staging, cleanup, err := importDir(dir)
+	if err != nil {
 		return rec, err
 	}
-	defer func() {
-		if err != nil {
-			os.RemoveAll(dir)
-		}
-	}()
+	defer cleanup(&err)
 	_, vsock := d.sockets(id)
 	rb, err := receiveBundle(r, dir, staging, bundleKindTemplate, vsock)
 	if err != nil {
@@ -231,19 +226,7 @@ func (d *Daemon) getTemplateBundle(w http.ResponseWriter, r *http.Request, ts *t
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	bw := bufio.NewWriterSize(&lazyHeader{w: w}, 256<<10)
-	started, err := d.exportTemplateBundle(ts, bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	if err != nil {
-		if !started {
-			writeErr(w, err)
-			return
-		}
-		d.log.Warn("template bundle export failed", "template", ts.rec.ID, "err", err)
-		panic(http.ErrAbortHandler)
-	}
+	d.serveBundle(w, "template", ts.rec.ID, func(bw io.Writer) (bool, error) { return d.exportTemplateBundle(ts, bw) })
 }
 
 // postTemplateImport is POST /v1/templates/import: a template bundle
