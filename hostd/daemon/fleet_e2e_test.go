@@ -717,16 +717,10 @@ func (f *fleet) moveAcrossHosts(names []string) {
 			sb.Labels[v1.LabelHost] == "" && sb.Status.HostName == "", fmt.Sprintf("%v %+v", sb.Labels, sb.Status)
 	})
 	suspend := time.Since(t0)
-	cordon := func(on bool) {
-		var h v1.WarrenHost
-		if err := f.c.Get(f.ctx, types.NamespacedName{Name: "h1"}, &h); err != nil {
-			t.Fatal(err)
-		}
-		h.Spec.Unschedulable = on
-		if err := f.c.Update(f.ctx, &h); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// A merge patch (setUnschedulable), not an update: h1's agent writes
+	// its WarrenHost's status meanwhile, and an update of the object as
+	// read then fails on the conflict (seen in CI).
+	cordon := func(on bool) { f.setUnschedulable("h1", on) }
 	cordon(true)
 	t0 = time.Now()
 	set(v1.OperatingModeRunning)
