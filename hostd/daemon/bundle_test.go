@@ -283,33 +283,8 @@ func TestBundleImportRefusals(t *testing.T) {
 		t.Fatalf("no %s", prefix)
 		return -1
 	}
-	clone := func() []tarFile {
-		out := make([]tarFile, len(good))
-		for i, x := range good {
-			out[i] = tarFile{x.name, bytes.Clone(x.data)}
-		}
-		return out
-	}
-	// resign recomputes "end" so that only the change tested is wrong.
-	resign := func(fs []tarFile) []tarFile {
-		var w bundleWriter
-		var buf bytes.Buffer
-		w.tw = tar.NewWriter(&buf)
-		for _, x := range fs[:len(fs)-1] {
-			w.file(x.name, x.data)
-		}
-		eb, _ := json.Marshal(bundleEnd{Files: w.files})
-		fs[len(fs)-1] = tarFile{"end", eb}
-		return fs
-	}
-	header := func(mod func(h map[string]any)) []tarFile {
-		fs := clone()
-		var h map[string]any
-		json.Unmarshal(fs[0].data, &h)
-		mod(h)
-		fs[0].data, _ = json.Marshal(h)
-		return resign(fs)
-	}
+	clone := func() []tarFile { return cloneTar(good) }
+	header := func(mod func(h map[string]any)) []tarFile { return withHeader(good, mod) }
 	cases := map[string][]tarFile{
 		"flipped disk byte": func() []tarFile {
 			fs := clone()
@@ -319,28 +294,28 @@ func TestBundleImportRefusals(t *testing.T) {
 		"flipped memory byte, end resigned": func() []tarFile {
 			fs := clone()
 			fs[idx("memory/")].data[len(fs[idx("memory/")].data)/2] ^= 1
-			return resign(fs)
+			return resignTar(fs)
 		}(),
 		"flipped state byte, end resigned": func() []tarFile {
 			fs := clone()
 			fs[idx("state/")].data[40] ^= 1
-			return resign(fs)
+			return resignTar(fs)
 		}(),
 		"no end":            clone()[:len(good)-1],
 		"cut short":         clone()[:len(good)/2],
 		"files after end":   append(clone(), tarFile{"extra", []byte("x")}),
 		"chunk dropped":     append(clone()[:idx("disk0/")], clone()[idx("disk0/")+1:]...),
-		"path escape":       resign(append(clone()[:1], append([]tarFile{{"../../etc/passwd", []byte("x")}}, clone()[1:]...)...)),
-		"unknown part":      resign(append(clone()[:1], append([]tarFile{{"disk9/0000000000000000", []byte("x")}}, clone()[1:]...)...)),
-		"offset not hex16":  resign(append(clone()[:1], append([]tarFile{{"disk0/0", []byte("x")}}, clone()[1:]...)...)),
-		"chunk beyond part": resign(append(clone()[:len(good)-1], tarFile{"disk1/" + fmt.Sprintf("%016x", 64*bundleChunk), []byte("x")}, tarFile{"end", nil})),
+		"path escape":       resignTar(append(clone()[:1], append([]tarFile{{"../../etc/passwd", []byte("x")}}, clone()[1:]...)...)),
+		"unknown part":      resignTar(append(clone()[:1], append([]tarFile{{"disk9/0000000000000000", []byte("x")}}, clone()[1:]...)...)),
+		"offset not hex16":  resignTar(append(clone()[:1], append([]tarFile{{"disk0/0", []byte("x")}}, clone()[1:]...)...)),
+		"chunk beyond part": resignTar(append(clone()[:len(good)-1], tarFile{"disk1/" + fmt.Sprintf("%016x", 64*bundleChunk), []byte("x")}, tarFile{"end", nil})),
 		"chunk repeated": func() []tarFile {
 			fs := clone()
 			i := idx("disk0/")
 			fs = append(fs[:i+1], fs[i:]...)
-			return resign(fs)
+			return resignTar(fs)
 		}(),
-		"header not first": resign(append(clone()[1:2], append(clone()[:1], clone()[2:]...)...)),
+		"header not first": resignTar(append(clone()[1:2], append(clone()[:1], clone()[2:]...)...)),
 		"version":          header(func(h map[string]any) { h["version"] = 2 }),
 		"huge memory":      header(func(h map[string]any) { h["memory_bytes"] = 1 << 40 }),
 		"huge disk": header(func(h map[string]any) {
@@ -358,7 +333,7 @@ func TestBundleImportRefusals(t *testing.T) {
 			fs := clone()
 			d := fs[idx("disk0/")].data
 			copy(d, disk.Magic)
-			return resign(fs)
+			return resignTar(fs)
 		}(),
 	}
 	for name, fs := range cases {
@@ -379,7 +354,7 @@ func TestBundleImportRefusals(t *testing.T) {
 	// The unchanged bundle still imports (the cases above fail for their change).
 	cB.ok(201, "POST", "/v1/sandboxes/import", writeTar(good), nil)
 	// A bundle whose end is resigned unchanged imports too (resign is right).
-	cB.ok(201, "POST", "/v1/sandboxes/import", writeTar(resign(clone())), nil)
+	cB.ok(201, "POST", "/v1/sandboxes/import", writeTar(resignTar(clone())), nil)
 }
 
 // TestBundleExportOpensOnlyTenantFiles: the snapshot's paths come from
@@ -414,4 +389,38 @@ func TestBundleExportOpensOnlyTenantFiles(t *testing.T) {
 			t.Fatalf("read-only disk %s: %d %.200s", ro, st, b)
 		}
 	}
+}
+
+// cloneTar returns a deep copy of a bundle's files, to tamper with.
+func cloneTar(good []tarFile) []tarFile {
+	out := make([]tarFile, len(good))
+	for i, x := range good {
+		out[i] = tarFile{x.name, bytes.Clone(x.data)}
+	}
+	return out
+}
+
+// resignTar recomputes a bundle's "end" (its last file) so that only the
+// change a refusal test made is wrong.
+func resignTar(fs []tarFile) []tarFile {
+	var w bundleWriter
+	var buf bytes.Buffer
+	w.tw = tar.NewWriter(&buf)
+	for _, x := range fs[:len(fs)-1] {
+		w.file(x.name, x.data)
+	}
+	eb, _ := json.Marshal(bundleEnd{Files: w.files})
+	fs[len(fs)-1] = tarFile{"end", eb}
+	return fs
+}
+
+// withHeader returns a copy of the bundle good whose bundle.json mod
+// changed, re-signed.
+func withHeader(good []tarFile, mod func(h map[string]any)) []tarFile {
+	fs := cloneTar(good)
+	var h map[string]any
+	json.Unmarshal(fs[0].data, &h)
+	mod(h)
+	fs[0].data, _ = json.Marshal(h)
+	return resignTar(fs)
 }

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"archive/tar"
 	"bytes"
 	"encoding/json"
 	"io"
@@ -228,32 +227,8 @@ func TestTemplateBundleRefusals(t *testing.T) {
 	good := readTar(t, f.export(t))
 	sbBundle := newBundleFixture(t).export(t)
 	tdB, _, cB := aliceDaemon(t)
-	clone := func() []tarFile {
-		out := make([]tarFile, len(good))
-		for i, x := range good {
-			out[i] = tarFile{x.name, bytes.Clone(x.data)}
-		}
-		return out
-	}
-	resign := func(fs []tarFile) []tarFile {
-		var w bundleWriter
-		var buf bytes.Buffer
-		w.tw = tar.NewWriter(&buf)
-		for _, x := range fs[:len(fs)-1] {
-			w.file(x.name, x.data)
-		}
-		eb, _ := json.Marshal(bundleEnd{Files: w.files})
-		fs[len(fs)-1] = tarFile{"end", eb}
-		return fs
-	}
-	header := func(mod func(h map[string]any)) []byte {
-		fs := clone()
-		var h map[string]any
-		json.Unmarshal(fs[0].data, &h)
-		mod(h)
-		fs[0].data, _ = json.Marshal(h)
-		return writeTar(resign(fs))
-	}
+	clone := func() []tarFile { return cloneTar(good) }
+	header := func(mod func(h map[string]any)) []byte { return writeTar(withHeader(good, mod)) }
 	flip := func(prefix string) []byte {
 		fs := clone()
 		for i := range fs {
