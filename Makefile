@@ -10,8 +10,12 @@ INITRAMFS := $(BUILD)/initramfs.cpio
 TESTGUESTS := $(BUILD)/testguests
 TESTDISK := $(BUILD)/testdisk.img
 ROOTFS := $(BUILD)/rootfs/debian
+# The tests' environment, the same for the KVM tests run here (direct) and
+# in the nested KVM host (test-kvm): where the build products are, and
+# WARREN_PRODUCTS=required: make test builds every product first, so a test
+# that finds one missing fails instead of skipping (internal/product).
 TEST_ENV := WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) \
-	WARREN_BIN=$(CURDIR)/bin/warren WARREN_ROOTFS=$(CURDIR)/$(ROOTFS)
+	WARREN_BIN=$(CURDIR)/bin/warren WARREN_ROOTFS=$(CURDIR)/$(ROOTFS) WARREN_PRODUCTS=required
 GUEST_SRC := vmm/testdata/guests
 # Freestanding Linux programs the Linux-guest tests copy into their guests
 # (flags as vmm/testguest.ProgramFlags).
@@ -185,9 +189,8 @@ test-kvm: warren testguests testdisk testsum
 		CGO_ENABLED=0 $(GO) test -c -o $(BUILD)/tests/$$(echo $$p | tr / _).test ./$$p || exit 1; \
 	done
 	@bash .ci/test-kvm.sh $(BUILD)/tests/kvm-state $(BUILD)/tests $(KVM_PKGS) -- \
-		--idle-timeout 300 --frozen-timeout 90 --env WARREN_TESTGUESTS=$(CURDIR)/$(TESTGUESTS) \
-		--env WARREN_TESTDISK=$(CURDIR)/$(TESTDISK) --env WARREN_BIN=$(CURDIR)/bin/warren \
-		--env WARREN_ROOTFS=$(CURDIR)/$(ROOTFS) --env WARREN_E2E_CREATES=4 --env WARREN_E2E_SOAK=4x2 --env WARREN_HOSTILE_RUN=5s; rc=$$?; \
+		--idle-timeout 300 --frozen-timeout 90 $(addprefix --env ,$(TEST_ENV)) \
+		--env WARREN_E2E_CREATES=4 --env WARREN_E2E_SOAK=4x2 --env WARREN_HOSTILE_RUN=5s; rc=$$?; \
 	for p in $(KVM_PKGS); do \
 		for f in $(BUILD)/tests/kvm-state/$$(echo $$p | tr / _).log.*; do \
 			[ -f "$$f" ] && $(GO) tool test2json -p $$p < "$$f"; \

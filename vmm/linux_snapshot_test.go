@@ -3,7 +3,6 @@ package vmm
 import (
 	"context"
 	"encoding/binary"
-	"github.com/warrenvm/warren/internal/kvmtest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,13 +11,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenvm/warren/internal/kvmtest"
+	"github.com/warrenvm/warren/internal/product"
+
 	"github.com/warrenvm/warren/vmm/guestmem"
 	"github.com/warrenvm/warren/vmm/hostprofile"
 	"github.com/warrenvm/warren/vmm/kvm"
 )
 
-// linuxArtifact returns build/NAME (or $ENV), skipping the test when it has
-// not been built.
+// linuxArtifact returns build/NAME (or $ENV), ending the test by
+// product.Missing when it has not been built.
 func linuxArtifact(t *testing.T, env, name string) []byte {
 	t.Helper()
 	p := os.Getenv(env)
@@ -27,7 +29,7 @@ func linuxArtifact(t *testing.T, env, name string) []byte {
 	}
 	b, err := os.ReadFile(p)
 	if err != nil {
-		t.Skipf("skipped: %s not built (make kernel initramfs): %v", p, err)
+		product.Missing(t, err.Error(), "make kernel initramfs")
 	}
 	return b
 }

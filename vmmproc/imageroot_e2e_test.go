@@ -21,6 +21,7 @@ import (
 	"github.com/warrenvm/warren/agentwire"
 	"github.com/warrenvm/warren/image"
 	"github.com/warrenvm/warren/internal/kvmtest"
+	"github.com/warrenvm/warren/internal/product"
 )
 
 // busyboxStatic is where Debian's busybox-static puts its binary.
@@ -36,12 +37,12 @@ func imageRootDisk(t *testing.T) string {
 	t.Helper()
 	f, err := elf.Open(busyboxStatic)
 	if err != nil {
-		t.Skipf("skipped: needs a static busybox at %s (apt-get install busybox-static): %v", busyboxStatic, err)
+		product.Missing(t, fmt.Sprintf("a static busybox at %s (%v)", busyboxStatic, err), "apt-get install busybox-static")
 	}
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
 			f.Close()
-			t.Skipf("skipped: %s is dynamically linked; needs busybox-static (apt-get install busybox-static)", busyboxStatic)
+			product.Missing(t, busyboxStatic+" is dynamically linked: a static busybox", "apt-get install busybox-static")
 		}
 	}
 	f.Close()

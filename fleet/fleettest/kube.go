@@ -72,7 +72,7 @@ type Kube struct {
 // requests), authorizes with RBAC, serves TLS with a certificate made
 // here and signs service-account tokens with a key made here. Both
 // servers stop when the test ends. Tools' rules apply: without the
-// binaries the test skips.
+// binaries the test skips (fails under make test: internal/product).
 func StartKube(t testing.TB, users ...User) *Kube {
 	t.Helper()
 	return StartKubeWith(t, KubeOptions{}, users...)

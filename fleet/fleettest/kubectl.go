@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warrenvm/warren/internal/product"
 )
 
 // kubectlTimeout bounds one kubectl command (a few hundred milliseconds
@@ -22,13 +24,14 @@ const kubectlTimeout = 2 * time.Minute
 // `make kubetools`: .ci/kubetools/build-kubectl.sh): $WARREN_KUBETOOLS/kubectl
 // when that is set (the test fails if it lacks one), else
 // build/kubetools/kubectl of the module the working directory is in.
-// Without it the test skips, saying how to build it.
+// Without it product.Missing ends the test (a skip saying how to build
+// it, a failure under make test).
 func Kubectl(t testing.TB) string {
 	t.Helper()
 	p, err := findKubectl()
 	if errors.Is(err, errNoTools) {
 		// One message for every test, so make test's summary groups them.
-		t.Skip("skipped: kubectl is not built (no $" + ToolsEnv + "/kubectl, no build/kubetools/kubectl): run `make kubetools` (.ci/kubetools/build-kubectl.sh)")
+		product.Missing(t, "kubectl (no $"+ToolsEnv+"/kubectl, no build/kubetools/kubectl)", "make kubetools: .ci/kubetools/build-kubectl.sh")
 	}
 	if err != nil {
 		t.Fatal(err)

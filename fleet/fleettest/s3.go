@@ -64,8 +64,8 @@ type S3Options struct {
 // StartS3 starts SeaweedFS on loopback ports with its data in a temporary
 // directory of the test and returns once its S3 gateway has written, read
 // back and removed an object (writeProbe): the store then holds no
-// bucket. Tools' rules apply: without the binaries
-// the test skips.
+// bucket. Tools' rules apply: without the binaries the test skips
+// (fails under make test: internal/product).
 func StartS3(t testing.TB) *S3 {
 	t.Helper()
 	return StartS3With(t, S3Options{})

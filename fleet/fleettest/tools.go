@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/warrenvm/warren/internal/product"
 )
 
 // ToolsEnv names the environment variable that, when set, is the
@@ -16,21 +18,22 @@ const ToolsEnv = "WARREN_KUBETOOLS"
 var toolNames = []string{"kube-apiserver", "etcd", "weed"}
 
 // errNoTools is findTools' answer when neither $WARREN_KUBETOOLS nor
-// build/kubetools is there: the test skips.
+// build/kubetools is there: the test skips (product.Missing).
 var errNoTools = errors.New("no tools")
 
 // Tools returns the directory holding kube-apiserver, etcd and weed:
 // $WARREN_KUBETOOLS, else build/kubetools of the module the working
 // directory is in (found by walking up to go.mod). When neither is set
-// up, the test skips, saying to run `make kubetools`; when
+// up, product.Missing ends the test (a skip saying to run `make
+// kubetools`, a failure under make test); when
 // $WARREN_KUBETOOLS is set but lacks a binary, the test fails.
 func Tools(t testing.TB) string {
 	t.Helper()
 	dir, err := findTools()
 	if errors.Is(err, errNoTools) {
 		// One message for every test, so make test's summary groups them.
-		t.Skip("skipped: kube-apiserver, etcd and weed are not built (no $" + ToolsEnv +
-			", no build/kubetools): run `make kubetools` (.ci/kubetools/build.sh, about 15 minutes once per machine)")
+		product.Missing(t, "kube-apiserver, etcd and weed (no $"+ToolsEnv+", no build/kubetools)",
+			"make kubetools: .ci/kubetools/build.sh, about 15 minutes once per machine")
 	}
 	if err != nil {
 		t.Fatal(err)

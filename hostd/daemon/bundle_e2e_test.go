@@ -17,6 +17,7 @@ import (
 	"github.com/warrenvm/warren/hostd/kube"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
+	"github.com/warrenvm/warren/internal/product"
 )
 
 // TestE2EBundle moves a suspended sandbox between two daemons (two state
@@ -34,7 +35,7 @@ func TestE2EBundle(t *testing.T) {
 	warren, kernel, initrd := e2ePaths(t)
 	img := os.Getenv("WARREN_TESTDISK")
 	if img == "" {
-		t.Skip("skipped: WARREN_TESTDISK is unset (make testdisk)")
+		product.Missing(t, "the test disk (WARREN_TESTDISK is unset)", "make testdisk")
 	}
 	s3 := fleettest.StartS3(t)
 	stateA, step := e2eState(t, "hostd-bundle-a-")

@@ -15,6 +15,7 @@ import (
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/internal/kvmtest"
+	"github.com/warrenvm/warren/internal/product"
 )
 
 // TestE2EDisks drives sandboxes of a template with a writable disk
@@ -36,7 +37,7 @@ func TestE2EDisks(t *testing.T) {
 	warren, kernel, initrd := e2ePaths(t)
 	img := os.Getenv("WARREN_TESTDISK")
 	if img == "" {
-		t.Skip("skipped: WARREN_TESTDISK is unset (make testdisk)")
+		product.Missing(t, "the test disk (WARREN_TESTDISK is unset)", "make testdisk")
 	}
 	orig, err := readHead(img, 16)
 	if err != nil {

@@ -22,10 +22,12 @@ import (
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
 	"github.com/warrenvm/warren/image"
+	"github.com/warrenvm/warren/internal/product"
 )
 
 // rootfsLayout is the Debian image of `make rootfs` (an OCI layout), or
-// a skip naming the command that makes it.
+// the end of the test by product.Missing (a skip naming the command that
+// makes it; a failure under make test).
 func rootfsLayout(t *testing.T) string {
 	t.Helper()
 	p := os.Getenv("WARREN_ROOTFS")
@@ -33,7 +35,7 @@ func rootfsLayout(t *testing.T) string {
 		p = filepath.Join(repoRoot(t), "build", "rootfs", "debian")
 	}
 	if _, err := os.Stat(filepath.Join(p, "index.json")); err != nil {
-		t.Skipf("skipped: no Debian image at %s (make rootfs): %v", p, err)
+		product.Missing(t, fmt.Sprintf("the Debian image at %s (%v)", p, err), "make rootfs")
 	}
 	return p
 }

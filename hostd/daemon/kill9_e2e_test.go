@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/warrenvm/warren/internal/kvmtest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warrenvm/warren/internal/kvmtest"
+	"github.com/warrenvm/warren/internal/product"
 
 	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/hostd/store"
@@ -78,7 +80,8 @@ func TestMain(m *testing.M) {
 // e2ePaths returns the warren binary the end-to-end tests run and the
 // names of the kernel and initramfs their templates boot (files of
 // build/, the guest directory startDaemon gives a daemon with a real
-// launcher), skipping the test when /dev/kvm or one of them is missing.
+// launcher); without /dev/kvm the test skips, without one of the files
+// product.Missing ends it.
 func e2ePaths(t *testing.T) (warren, kernel, initrd string) {
 	t.Helper()
 	kvmtest.Require(t)
@@ -90,7 +93,7 @@ func e2ePaths(t *testing.T) (warren, kernel, initrd string) {
 	kernel, initrd = filepath.Join(root, "build", "vmlinux"), filepath.Join(root, "build", "initramfs.cpio")
 	for _, p := range []string{warren, kernel, initrd} {
 		if _, err := os.Stat(p); err != nil {
-			t.Skipf("skipped: %v (make warren kernel initramfs)", err)
+			product.Missing(t, err.Error(), "make warren kernel initramfs")
 		}
 	}
 	return warren, filepath.Base(kernel), filepath.Base(initrd)
