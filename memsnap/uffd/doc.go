@@ -55,7 +55,9 @@
 //     working-set record and the completed and closed flags; whoever issues
 //     UFFDIO_COPY or UFFDIO_ZEROPAGE holds it, so the bitmap is exact and a
 //     demand fault waits at most for one chunk's copies by the prefetcher
-//     (which decodes its chunks outside the lock). The counters (Stats) are
+//     (which decodes its chunks outside the lock, registered in
+//     Server.decoding: a demand for a chunk being decoded releases the
+//     lock and waits for that decode rather than decoding it twice). The counters (Stats) are
 //     atomics, read without the lock.
 //
 // # A hazard of serving in-process, and the pager that avoids it

@@ -55,6 +55,10 @@ type Options struct {
 	// not hanging. Close still releases a thread left waiting (closing
 	// the userfaultfd wakes it).
 	noHandler bool
+	// beforeDecode, for tests only, is called by installChunk (the
+	// prefetcher, Complete) with the chunk it is about to decode outside
+	// the lock, once the decode is registered in Server.decoding.
+	beforeDecode func(chunk int)
 }
 
 // Stats are a Server's counters. Pages installed are counted once, by
@@ -77,7 +81,8 @@ type Stats struct {
 	PrefetchedPages uint64 `json:"prefetched_pages"`
 	CompletedPages  uint64 `json:"completed_pages"`
 	// BytesDecompressed and ChunksDecoded count chunk decodes (a chunk
-	// evicted from the cache and needed again is decoded again).
+	// evicted from the cache and needed again is decoded again; a demand
+	// for a chunk the prefetcher is decoding waits for that decode).
 	BytesDecompressed uint64 `json:"bytes_decompressed"`
 	ChunksDecoded     uint64 `json:"chunks_decoded"`
 	// Errors is the faults or prefetches that failed.
@@ -103,8 +108,9 @@ type Server struct {
 	log   *slog.Logger
 	how   string // where the descriptor came from, for messages
 
-	onError   func(error)
-	errorOnce sync.Once
+	onError      func(error)
+	errorOnce    sync.Once
+	beforeDecode func(chunk int) // Options.beforeDecode
 
 	handlerDone  chan struct{} // closed when the handler returns
 	quitPrefetch chan struct{} // closed to stop the prefetcher
@@ -125,16 +131,21 @@ type Server struct {
 	// mu guards the fields below, and is held by whoever installs pages
 	// (UFFDIO_COPY, UFFDIO_ZEROPAGE), changes populated, unregisters or
 	// closes the userfaultfd.
-	mu         sync.Mutex
-	cache      []cached // +checklocks:mu; most recently used first
-	cacheMax   int
-	zeroBatch  uint64   // a power of two
-	recording  bool     // +checklocks:mu
-	recorded   []Run    // +checklocks:mu; pages served on demand, first-fault order
-	nrecorded  int      // +checklocks:mu; pages in recorded
-	seen       []uint64 // +checklocks:mu; bit p: page p is in recorded
-	completed  bool     // +checklocks:mu; unregistered: nothing is served any more
-	noZeropage bool     // +checklocks:mu; the kernel refused UFFDIO_ZEROPAGE: copy zeros
+	mu       sync.Mutex
+	cache    []cached // +checklocks:mu; most recently used first
+	cacheMax int
+	// decoding holds a channel per chunk that installChunk is decoding
+	// outside mu, closed (and removed) once that decode is cached or
+	// failed: a demand for the chunk waits for it instead of decoding it
+	// a second time.
+	decoding   map[int]chan struct{} // +checklocks:mu
+	zeroBatch  uint64                // a power of two
+	recording  bool                  // +checklocks:mu
+	recorded   []Run                 // +checklocks:mu; pages served on demand, first-fault order
+	nrecorded  int                   // +checklocks:mu; pages in recorded
+	seen       []uint64              // +checklocks:mu; bit p: page p is in recorded
+	completed  bool                  // +checklocks:mu; unregistered: nothing is served any more
+	noZeropage bool                  // +checklocks:mu; the kernel refused UFFDIO_ZEROPAGE: copy zeros
 
 	faults, ensured, copied, zeros, prefetched, completedPages, decompressed, decoded, errs atomic.Uint64
 }
@@ -189,7 +200,8 @@ func Start(chain *memsnap.Chain, mem []byte, o Options) (*Server, error) {
 	s := &Server{fd: fd, stop: stop, base: base, size: uint64(len(mem)), ps: ps,
 		chain: chain, pages: pages, top: chain.Top().Hash(), log: o.Log, how: how, onError: o.OnError,
 		handlerDone: make(chan struct{}), quitPrefetch: make(chan struct{}), prefetchDone: make(chan struct{}),
-		populated: make([]atomic.Uint64, (n+63)/64), cacheMax: o.CacheChunks, recording: o.Record}
+		populated: make([]atomic.Uint64, (n+63)/64), cacheMax: o.CacheChunks, recording: o.Record,
+		decoding: make(map[int]chan struct{}), beforeDecode: o.beforeDecode}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -339,13 +351,27 @@ func (s *Server) demandLocked(page uint64) error {
 	if err != nil {
 		return fmt.Errorf("uffd: fault on page %d: %w", page, err)
 	}
+	if s.completed {
+		return nil // completed while chunkLocked waited: the page is there
+	}
 	_, err = s.copyChunkLocked(chunk, data, int64(page))
 	return err
 }
 
 // chunkLocked returns chunk decoded, from the cache or decoded now (and
-// cached). s.mu is held.
+// cached). When installChunk is decoding it outside the lock, it waits for
+// that decode, releasing s.mu meanwhile: the caller must check s.completed
+// again after it. s.mu is held.
 func (s *Server) chunkLocked(chunk int) ([]byte, error) {
+	for {
+		ch := s.decoding[chunk]
+		if ch == nil {
+			break
+		}
+		s.mu.Unlock()
+		<-ch
+		s.mu.Lock()
+	}
 	if d := s.cachedLocked(chunk); d != nil {
 		return d, nil
 	}
@@ -689,30 +715,50 @@ func (s *Server) wake(page uint64) error {
 // installChunk installs the pages of chunk not yet populated and returns
 // how many it installed. A chunk not cached is decoded outside s.mu, into
 // a buffer of its own, so that a demand fault waits at most for one
-// chunk's copies; quit, when closed, stops it before that decode. Used by
-// the prefetcher and Complete.
+// chunk's copies; the decode is registered in s.decoding, so that a
+// demand (chunkLocked) or another installChunk for the chunk waits for it
+// instead of decoding it again. quit, when closed, stops it before that
+// decode. Used by the prefetcher and Complete.
 func (s *Server) installChunk(chunk int, quit <-chan struct{}) (uint64, error) {
 	s.mu.Lock()
-	if s.completed || !s.needsLocked(chunk) {
+	for {
+		if s.completed || !s.needsLocked(chunk) {
+			s.mu.Unlock()
+			return 0, nil
+		}
+		if data := s.cachedLocked(chunk); data != nil {
+			defer s.mu.Unlock()
+			return s.copyChunkLocked(chunk, data, -1)
+		}
+		ch := s.decoding[chunk]
+		if ch == nil {
+			break
+		}
+		// Complete while the prefetcher decodes it: wait, then look again.
 		s.mu.Unlock()
-		return 0, nil
+		<-ch
+		s.mu.Lock()
 	}
-	if data := s.cachedLocked(chunk); data != nil {
-		defer s.mu.Unlock()
-		return s.copyChunkLocked(chunk, data, -1)
-	}
-	s.mu.Unlock()
 	select {
 	case <-quit:
+		s.mu.Unlock()
 		return 0, nil
 	default:
 	}
+	done := make(chan struct{})
+	s.decoding[chunk] = done
+	s.mu.Unlock()
+	if s.beforeDecode != nil {
+		s.beforeDecode(chunk)
+	}
 	data, err := s.decode(chunk, nil)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.decoding, chunk)
+	close(done)
 	if err != nil {
 		return 0, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.completed {
 		return 0, nil
 	}

@@ -492,3 +492,69 @@ func TestStartRefuses(t *testing.T) {
 		t.Fatal("registered after a refusal")
 	}
 }
+
+// TestDemandWaitsForPrefetchDecode: a demand fault on a chunk the
+// prefetcher is decoding (outside the lock) waits for that decode instead
+// of decoding the chunk a second time.
+func TestDemandWaitsForPrefetchDecode(t *testing.T) {
+	c, want := testChain(t, t.TempDir(), 11)
+	pages := c.Pages()
+	// Two visible pages of one chunk: the prefetcher's, and the fault's.
+	var first, second uint64
+	target := -1
+	for p := uint64(0); p < pages.NumPages() && target < 0; p++ {
+		chunk, ok := pages.Find(p)
+		if !ok {
+			continue
+		}
+		var vis []uint64
+		for _, r := range pages.Runs(chunk) {
+			for q := r.Page; q < r.Page+uint64(r.Count); q++ {
+				vis = append(vis, q)
+			}
+		}
+		if len(vis) >= 2 {
+			target, first, second = chunk, vis[0], vis[len(vis)-1]
+		}
+	}
+	if target < 0 {
+		t.Fatal("no chunk with two visible pages")
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	mem, _ := newMemfd(t, len(want))
+	s := start(t, c, mem, Options{Prefetch: []Run{{First: first, Count: 1}}, beforeDecode: func(chunk int) {
+		if chunk == target {
+			close(started)
+			<-release
+		}
+	}})
+	<-started
+	k := newKernelReader(t)
+	got := make(chan []byte, 1)
+	go func() { got <- k.page(t, mem, int(second), 0) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for s.Stats().Faults == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the fault never reached the server")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The demand is being served (under the lock, or waiting for the
+	// prefetcher's decode): let the prefetcher decode.
+	close(release)
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, want[second*ps:(second+1)*ps]) {
+			t.Fatalf("page %d differs", second)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the faulting read never returned")
+	}
+	<-s.PrefetchDone()
+	if !bytes.Equal(k.page(t, mem, int(first), 0), want[first*ps:(first+1)*ps]) {
+		t.Fatalf("page %d differs", first)
+	}
+	if st := s.Stats(); st.ChunksDecoded != 1 || st.Errors != 0 {
+		t.Fatalf("chunk %d decoded %d times (stats %+v), want once", target, st.ChunksDecoded, st)
+	}
+}
