@@ -267,7 +267,6 @@ func consoleTail(ch vmmctl.ForkChild) string {
 	return tail(string(b))
 }
 
-// logTail is the end of a child's log, for an error message.
 // dumpStacks asks a live child whose agent never answered for its
 // goroutines' stacks (SIGQUIT: the Go runtime writes them to the child's
 // log, its standard error, and exits) and prints them, so that a hung
@@ -288,6 +287,7 @@ func dumpStacks(ch vmmctl.ForkChild) {
 	fmt.Printf("child pid %d's log after SIGQUIT (its goroutines):\n%s\n", ch.PID, b)
 }
 
+// logTail is the end of a child's log, for an error message.
 func logTail(ch vmmctl.ForkChild) string {
 	b, _ := os.ReadFile(ch.Log)
 	return tail(string(b))

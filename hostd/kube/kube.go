@@ -192,14 +192,31 @@ type Agent struct {
 	rec     events.EventRecorder
 	journal *journal
 
-	// mu guards clients and templates.
+	// mu guards clients, templates and building (and buildLock.users).
 	mu      sync.Mutex
 	clients map[string]*hc.Client
-	// templates maps namespace/name@generation to the daemon's template
-	// id; building holds the builds in flight, so one template is built
-	// once at a time.
-	templates map[string]string
-	building  map[string]*sync.Mutex
+	// templates maps namespace/name to the generation this host has and
+	// the daemon's template id for it (one entry per template name: a
+	// newer generation replaces the older). building holds a lock per
+	// namespace/name@generation being looked up, imported or built, so one
+	// template is built once at a time; an entry goes when its last user
+	// is done, so neither map grows with a tenant's edits.
+	templates map[string]hostTemplate
+	building  map[string]*buildLock
+}
+
+// hostTemplate is a template's generation on this host and the daemon's
+// id for it.
+type hostTemplate struct {
+	generation int64
+	id         string
+}
+
+// buildLock serializes the work on one template generation; users counts
+// the goroutines holding or waiting for it (guarded by Agent.mu).
+type buildLock struct {
+	sync.Mutex
+	users int
 }
 
 // Run joins the fleet and reconciles until ctx ends.
@@ -228,7 +245,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	a := &Agent{cfg: cfg, c: mgr, kc: mgr.GetClient(), rec: mgr.GetEventRecorder("warren-hostd"), journal: j,
-		clients: map[string]*hc.Client{}, templates: map[string]string{}, building: map[string]*sync.Mutex{}}
+		clients: map[string]*hc.Client{}, templates: map[string]hostTemplate{}, building: map[string]*buildLock{}}
 	direct, err := client.New(cfg.Kube, client.Options{Scheme: mgr.GetScheme()})
 	if err != nil {
 		return err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -48,17 +47,12 @@ func (a *Agent) template(ctx context.Context, hcli *hc.Client, ns, name string) 
 		return "", fmt.Errorf("SandboxTemplate %s/%s: %w", ns, name, err)
 	}
 	key := fmt.Sprintf("%s/%s@%d", ns, name, tpl.Generation)
+	defer a.lockBuild(key)()
+	var id string
 	a.mu.Lock()
-	b := a.building[key]
-	if b == nil {
-		b = &sync.Mutex{}
-		a.building[key] = b
+	if h, ok := a.templates[ns+"/"+name]; ok && h.generation == tpl.Generation {
+		id = h.id
 	}
-	a.mu.Unlock()
-	b.Lock()
-	defer b.Unlock()
-	a.mu.Lock()
-	id := a.templates[key]
 	a.mu.Unlock()
 	if id == "" {
 		for _, h := range tpl.Status.Hosts {
@@ -70,9 +64,7 @@ func (a *Agent) template(ctx context.Context, hcli *hc.Client, ns, name string) 
 	if id != "" {
 		t, err := hcli.Template(ctx, id)
 		if err == nil && t.Status == store.TemplateReady {
-			a.mu.Lock()
-			a.templates[key] = id
-			a.mu.Unlock()
+			a.remember(&tpl, id)
 			return id, nil
 		}
 		if err != nil && !hc.IsNotFound(err) {
@@ -84,7 +76,7 @@ func (a *Agent) template(ctx context.Context, hcli *hc.Client, ns, name string) 
 		ts = nil
 	}
 	if ts != nil {
-		if id, ok := a.importTemplate(ctx, hcli, ts, &tpl, key); ok {
+		if id, ok := a.importTemplate(ctx, hcli, ts, &tpl); ok {
 			return id, nil
 		}
 	}
@@ -97,7 +89,7 @@ func (a *Agent) template(ctx context.Context, hcli *hc.Client, ns, name string) 
 		return "", fmt.Errorf("building template %s/%s: %w", ns, name, err)
 	}
 	a.event(&tpl, false, "Built", "Build", "built on %s as %s", a.cfg.Host, t.ID)
-	a.haveTemplate(ctx, &tpl, key, t.ID, "")
+	a.haveTemplate(ctx, &tpl, t.ID, "")
 	if ts != nil {
 		ref, err := ts.UploadTemplate(ctx, hcli, t.ID)
 		if err != nil {
@@ -124,7 +116,7 @@ func (a *Agent) template(ctx context.Context, hcli *hc.Client, ns, name string) 
 // (read again) records for this host's CPU group and tpl's generation;
 // false when there is none or the import failed (said in the log and in
 // an event on the template).
-func (a *Agent) importTemplate(ctx context.Context, hcli *hc.Client, ts TemplateStore, tpl *v1.SandboxTemplate, key string) (string, bool) {
+func (a *Agent) importTemplate(ctx context.Context, hcli *hc.Client, ts TemplateStore, tpl *v1.SandboxTemplate) (string, bool) {
 	var cur v1.SandboxTemplate
 	if err := a.c.GetAPIReader().Get(ctx, types.NamespacedName{Namespace: tpl.Namespace, Name: tpl.Name}, &cur); err != nil {
 		return "", false
@@ -148,22 +140,50 @@ func (a *Agent) importTemplate(ctx context.Context, hcli *hc.Client, ts Template
 		return "", false
 	}
 	a.event(tpl, false, "Imported", "Import", "imported on %s as %s from %s", a.cfg.Host, t.ID, ref)
-	a.haveTemplate(ctx, tpl, key, t.ID, ref)
+	a.haveTemplate(ctx, tpl, t.ID, ref)
 	return t.ID, true
 }
 
-// haveTemplate remembers that this host has tpl (of key) as the daemon's
-// template id, imported from ref ("" when built here), and records it in
-// the template's status.hosts.
-func (a *Agent) haveTemplate(ctx context.Context, tpl *v1.SandboxTemplate, key, id, ref string) {
-	a.mu.Lock()
-	a.templates[key] = id
-	a.mu.Unlock()
+// haveTemplate remembers that this host has tpl as the daemon's template
+// id (imported from ref, or built when ref is empty), here and in the
+// template's status.hosts.
+func (a *Agent) haveTemplate(ctx context.Context, tpl *v1.SandboxTemplate, id, ref string) {
+	a.remember(tpl, id)
 	if err := a.templateStatus(ctx, tpl, func(st *v1.SandboxTemplateStatus) {
 		st.Hosts = slices.DeleteFunc(st.Hosts, func(h v1.TemplateOnHost) bool { return h.Host == a.cfg.Host })
 		st.Hosts = append(st.Hosts, v1.TemplateOnHost{Host: a.cfg.Host, TemplateID: id, Generation: tpl.Generation, ImportedFrom: ref})
 	}); err != nil {
 		a.cfg.Log.Warn("kube: recording the template on this host", "template", tpl.Namespace+"/"+tpl.Name, "err", err)
+	}
+}
+
+// remember records id as this host's template for tpl's generation,
+// replacing any older generation's entry.
+func (a *Agent) remember(tpl *v1.SandboxTemplate, id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.templates[tpl.Namespace+"/"+tpl.Name] = hostTemplate{generation: tpl.Generation, id: id}
+}
+
+// lockBuild takes key's build lock (made on first use) and returns its
+// release, which drops the lock's entry once nobody holds or waits for it.
+func (a *Agent) lockBuild(key string) (release func()) {
+	a.mu.Lock()
+	b := a.building[key]
+	if b == nil {
+		b = &buildLock{}
+		a.building[key] = b
+	}
+	b.users++
+	a.mu.Unlock()
+	b.Lock()
+	return func() {
+		b.Unlock()
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if b.users--; b.users == 0 {
+			delete(a.building, key)
+		}
 	}
 }
 
