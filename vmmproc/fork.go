@@ -334,7 +334,7 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 		procs[k].ready = nil
 		if err != nil {
 			logTail, _ := os.ReadFile(children[k].Log)
-			return fail(fmt.Errorf("fork: child %d: %w; its log: %s", k, err, strings.TrimSpace(string(logTail))))
+			return fail(fmt.Errorf("fork: child %d: %w%s; its log: %s", k, err, childExit(p.cmd), strings.TrimSpace(string(logTail))))
 		}
 		if ns, err := strconv.ParseInt(line, 10, 64); err == nil {
 			children[k].ReadyMS = float64(time.Unix(0, ns).Sub(resumed).Microseconds()) / 1000
@@ -357,6 +357,35 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	a.log.Debug("fork", "children", len(children), "pause_ms", ms(pt.Pause))
 	return &vmmctl.ForkReply{PauseMS: ms(pt.Pause), TotalMS: ms(time.Since(start)), Layers: len(desc.Layers), Children: children, Disks: parentDisks}, nil
+}
+
+// childExit says how a child this process started ended, when it ended
+// within a second (", signal: killed"): a child killed before it could
+// write a word (the OOM killer, a seccomp kill) leaves an empty log, and
+// its wait status is then the only trace. It reaps the child; "" when
+// cmd is nil (a child the family's helper started) or still runs.
+func childExit(cmd *exec.Cmd) string {
+	if cmd == nil || cmd.Process == nil {
+		return ""
+	}
+	var st syscall.WaitStatus
+	reaped := false
+	for range 100 {
+		pid, err := syscall.Wait4(cmd.Process.Pid, &st, syscall.WNOHANG, nil)
+		if reaped = err == nil && pid == cmd.Process.Pid; reaped || err != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	switch {
+	case !reaped:
+		return ""
+	case st.Signaled():
+		return ", " + st.Signal().String()
+	case st.Exited():
+		return fmt.Sprintf(", exit status %d", st.ExitStatus())
+	}
+	return ""
 }
 
 // childStart is what one child is started with: its log (standard

@@ -72,12 +72,24 @@ func (p *process) helperConn() *os.File {
 // jail.SpawnEnv) rather than by p.
 func (p *process) spawnsViaHelper() bool { return p != nil && p.helper != nil && p.spawns }
 
-// executable is the program p's fork children are started from (the
-// running executable; tests run their own binary, which dispatches
-// fork-child).
+// selfExe names the running executable's own file: exec'd, it runs this
+// very binary (the kernel opens the file the process was started from),
+// whatever has happened to the path it was started by since.
+const selfExe = "/proc/self/exe"
+
+// executable is the program p's fork children are started from: the
+// running executable itself (selfExe), so that a child runs the code that
+// wrote its spec even when the warren binary at the parent's path was
+// replaced meanwhile (an upgrade; a rebuild of bin/warren, which go build
+// rewrites in place), or, in a jail whose root hides /proc, the path
+// fixExecutable resolved before it (tests run their own binary, which
+// dispatches fork-child).
 func (p *process) executable() (string, error) {
 	if p != nil && p.exe != "" {
 		return p.exe, nil
+	}
+	if _, err := os.Stat(selfExe); err == nil {
+		return selfExe, nil
 	}
 	return os.Executable()
 }
