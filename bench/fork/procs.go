@@ -156,6 +156,7 @@ func forkToAgent(c config, reg *registry, w *parent, prefix string) (r vmmctl.Fo
 	agentT, err = waitAnswer(client, start, start.Add(c.runTimeout), func() bool { return !alive(ch.PID) })
 	if err != nil {
 		if alive(ch.PID) {
+			fmt.Printf("child pid %d, its agent silent: its vCPUs (a snapshot of it):\n%s", ch.PID, hungState(ch, filepath.Dir(ch.API)))
 			dumpStacks(ch)
 		}
 		return r, call, 0, fmt.Errorf("child pid %d: %w; its log: %s; its console: %s", ch.PID, err, logTail(ch), consoleTail(ch))

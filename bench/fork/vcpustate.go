@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/warrenvm/warren/memsnap/vmsnap"
+	"github.com/warrenvm/warren/vmm"
+	"github.com/warrenvm/warren/vmmctl"
+)
+
+// hungState snapshots a live child whose agent never answered (the
+// snapshot pauses its vCPUs out of KVM_RUN, so it answers even when the
+// guest has stopped taking interrupts) into dir and returns each vCPU's
+// state as describeState prints it: where the guest is stuck, whether it
+// halted with interrupts on, and what its local APIC still owes it (issue
+// 18's fork hang: a child whose VMM lives while its guest is silent).
+// The snapshot is removed afterwards.
+func hungState(ch vmmctl.ForkChild, dir string) string {
+	snapDir, err := os.MkdirTemp(dir, "hung-")
+	if err != nil {
+		return fmt.Sprintf("no state: %v", err)
+	}
+	defer os.RemoveAll(snapDir)
+	path := filepath.Join(snapDir, "state")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := (vmmctl.Client{Socket: ch.API}).Snapshot(ctx, vmmctl.SnapshotRequest{Path: path, Kind: vmsnap.Full}); err != nil {
+		return fmt.Sprintf("no state: snapshot of the child: %v", err)
+	}
+	s, err := vmsnap.Load(path, nil)
+	if err != nil {
+		return fmt.Sprintf("no state: %v", err)
+	}
+	defer s.Close()
+	return describeState(s.State)
+}
+
+// LAPIC register offsets (Intel SDM vol. 3, table 11-1) and the MSRs
+// describeState prints.
+const (
+	apicTPR, apicPPR, apicSVR          = 0x80, 0xa0, 0xf0
+	apicISR, apicIRR                   = 0x100, 0x200
+	apicLVTTimer, apicTMICT, apicTMCCT = 0x320, 0x380, 0x390
+	apicTDCR                           = 0x3e0
+	msrTSC, msrTSCDeadline             = 0x10, 0x6e0
+)
+
+// describeState prints, per vCPU, what says why a guest went silent: its
+// RIP and RFLAGS.IF, its MP state (halted or runnable), pending or
+// injected events, and its local APIC's priority, in-service and pending
+// vectors and timer (mode, count, TSC deadline against the TSC).
+func describeState(st *vmm.State) string {
+	var b strings.Builder
+	for _, c := range st.VCPUs {
+		ifl := c.Regs.RFLAGS&(1<<9) != 0
+		fmt.Fprintf(&b, "vcpu %d: rip %#x rflags %#x (IF %v) cs.dpl %d mp_state %d (%s)\n", c.ID, c.Regs.RIP, c.Regs.RFLAGS, ifl,
+			c.Sregs.CS.DPL, c.MPState, mpStateName(c.MPState))
+		e := c.Events
+		fmt.Fprintf(&b, "  events: exception injected %d pending %d nr %d; interrupt injected %d nr %#x shadow %d; nmi injected %d pending %d masked %d\n",
+			e.Exception.Injected, e.Exception.Pending, e.Exception.Nr, e.Interrupt.Injected, e.Interrupt.Nr, e.Interrupt.Shadow,
+			e.NMI.Injected, e.NMI.Pending, e.NMI.Masked)
+		var tsc, deadline uint64
+		for _, m := range c.MSRs {
+			switch m.Index {
+			case msrTSC:
+				tsc = m.Data
+			case msrTSCDeadline:
+				deadline = m.Data
+			}
+		}
+		if len(c.LAPIC) < 0x400 {
+			fmt.Fprintf(&b, "  lapic: %d bytes (no register page)\n", len(c.LAPIC))
+			continue
+		}
+		reg := func(off int) uint32 { return binary.LittleEndian.Uint32(c.LAPIC[off:]) }
+		lvt := reg(apicLVTTimer)
+		mode := [4]string{"one-shot", "periodic", "tsc-deadline", "reserved"}[lvt>>17&3]
+		fmt.Fprintf(&b, "  lapic: tpr %#x ppr %#x svr %#x (enabled %v) isr %s irr %s\n", reg(apicTPR), reg(apicPPR), reg(apicSVR),
+			reg(apicSVR)&(1<<8) != 0, vectors(c.LAPIC, apicISR), vectors(c.LAPIC, apicIRR))
+		fmt.Fprintf(&b, "  timer: lvt %#x (vector %#x, %s, masked %v) tmict %d tmcct %d tdcr %#x; tsc %d deadline %d",
+			lvt, lvt&0xff, mode, lvt&(1<<16) != 0, reg(apicTMICT), reg(apicTMCCT), reg(apicTDCR), tsc, deadline)
+		if deadline != 0 && tsc != 0 {
+			fmt.Fprintf(&b, " (deadline - tsc %d)", int64(deadline-tsc))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// vectors lists the vectors set in the 256-bit LAPIC register array at
+// off (ISR, IRR: eight 32-bit words 16 bytes apart).
+func vectors(page []byte, off int) string {
+	var v []string
+	for w := range 8 {
+		bits := binary.LittleEndian.Uint32(page[off+16*w:])
+		for i := range 32 {
+			if bits&(1<<i) != 0 {
+				v = append(v, fmt.Sprintf("%#x", w*32+i))
+			}
+		}
+	}
+	if len(v) == 0 {
+		return "none"
+	}
+	return strings.Join(v, ",")
+}
+
+// mpStateName names KVM's MP states.
+func mpStateName(s uint32) string {
+	switch s {
+	case 0:
+		return "runnable"
+	case 1:
+		return "uninitialized"
+	case 2:
+		return "init-received"
+	case 3:
+		return "halted"
+	case 4:
+		return "sipi-received"
+	}
+	return "other"
+}
