@@ -391,6 +391,9 @@ mount -t tmpfs run /run
 mkdir -p /dev/shm /dev/pts
 mount -t tmpfs -o mode=1777 shm /dev/shm
 mount -t devpts devpts /dev/pts
+# cgroup v2, as on the hosts users run: the daemon's tests place VMMs in
+# cgroups of their own (hostd/cgroup) when the hierarchy is there.
+mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 . /warren/config
 [ "$DEBUG" = 1 ] && set -x
 ifconfig lo 127.0.0.1 up 2>/dev/null
@@ -441,6 +444,7 @@ if [ "$HOST_ROOT" = 1 ]; then
 	mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,ro hostroot /host ||
 		fail "mounting the host root over 9p failed"
 	for d in dev proc sys; do mount -o bind /$d /host/$d || fail "bind /$d"; done
+	mount -t cgroup2 cgroup2 /host/sys/fs/cgroup 2>/dev/null
 	mount -o bind /dev/pts /host/dev/pts
 	mount -t tmpfs -o mode=1777 tmp /host/tmp
 	mount -t tmpfs run /host/run
