@@ -48,6 +48,14 @@ type Spawner struct {
 	roots []*os.File
 	// exe is the warren binary, by the path it has in the jail too.
 	exe string
+	// start is the program jail-spawn runs from: this very binary
+	// (/proc/self/exe: the spawner runs outside any jail), not whatever
+	// exe's path holds now, since a warren binary replaced after the
+	// family started (an upgrade) would parse the spawner's arguments with
+	// other code. The child jail-spawn execs is exe's path in the
+	// requester's root, where the daemon bound the binary the family
+	// started with.
+	start string
 	// null is /dev/null, a child's standard input.
 	null *os.File
 }
@@ -59,7 +67,7 @@ func NewSpawner(key []byte, cgroupRoots []string) (*Spawner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spawner: %w", err)
 	}
-	s := &Spawner{book: NewGrantBook(key), exe: exe}
+	s := &Spawner{book: NewGrantBook(key), exe: exe, start: "/proc/self/exe"}
 	if s.null, err = os.Open(os.DevNull); err != nil {
 		return nil, fmt.Errorf("spawner: %w", err)
 	}
@@ -137,7 +145,7 @@ func (s *Spawner) Spawn(signed string, args []string, files []*os.File, requeste
 	}
 	argv = append(argv, "--", s.exe)
 	argv = append(argv, args...)
-	p, err := os.StartProcess(s.exe, argv, &os.ProcAttr{Files: pass, Env: spawnEnv(),
+	p, err := os.StartProcess(s.start, argv, &os.ProcAttr{Files: pass, Env: spawnEnv(),
 		Sys: &syscall.SysProcAttr{Setsid: true}})
 	if err != nil {
 		return 0, nil, fmt.Errorf("spawn: %w", err)
