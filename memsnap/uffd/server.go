@@ -363,14 +363,7 @@ func (s *Server) demandLocked(page uint64) error {
 // that decode, releasing s.mu meanwhile: the caller must check s.completed
 // again after it. s.mu is held.
 func (s *Server) chunkLocked(chunk int) ([]byte, error) {
-	for {
-		ch := s.decoding[chunk]
-		if ch == nil {
-			break
-		}
-		s.mu.Unlock()
-		<-ch
-		s.mu.Lock()
+	for s.awaitDecodeLocked(chunk) {
 	}
 	if d := s.cachedLocked(chunk); d != nil {
 		return d, nil
@@ -386,6 +379,21 @@ func (s *Server) chunkLocked(chunk int) ([]byte, error) {
 	}
 	s.insertLocked(chunk, data)
 	return data, nil
+}
+
+// awaitDecodeLocked waits for installChunk's decode of chunk when one is
+// in flight, releasing s.mu meanwhile, and reports whether it waited: the
+// caller then looks again (the chunk is cached, or that decode failed).
+// s.mu is held.
+func (s *Server) awaitDecodeLocked(chunk int) bool {
+	ch := s.decoding[chunk]
+	if ch == nil {
+		return false
+	}
+	s.mu.Unlock()
+	<-ch
+	s.mu.Lock()
+	return true
 }
 
 // decode decodes chunk into dst's memory when it is large enough, and
@@ -730,14 +738,10 @@ func (s *Server) installChunk(chunk int, quit <-chan struct{}) (uint64, error) {
 			defer s.mu.Unlock()
 			return s.copyChunkLocked(chunk, data, -1)
 		}
-		ch := s.decoding[chunk]
-		if ch == nil {
+		// Complete while the prefetcher decodes it: wait, then look again.
+		if !s.awaitDecodeLocked(chunk) {
 			break
 		}
-		// Complete while the prefetcher decodes it: wait, then look again.
-		s.mu.Unlock()
-		<-ch
-		s.mu.Lock()
 	}
 	select {
 	case <-quit:
