@@ -90,6 +90,38 @@ func describeState(st *vmm.State) string {
 		}
 		b.WriteString("\n")
 	}
+	b.WriteString(describeChips(st))
+	return b.String()
+}
+
+// describeChips prints the in-kernel irqchip as far as a lost device
+// interrupt would show in it: the master PIC's request, mask, in-service
+// and edge/level registers, and the IOAPIC's line states and its unmasked
+// redirection entries (vector, trigger mode, remote IRR, delivery
+// status). The payloads are struct kvm_pic_state and struct
+// kvm_ioapic_state (KVM's uapi, x86).
+func describeChips(st *vmm.State) string {
+	var b strings.Builder
+	if p := st.PICMaster; len(p) >= 16 {
+		// last_irr, irr, imr, isr, priority_add, irq_base, ..., elcr at 14.
+		fmt.Fprintf(&b, "pic master: irr %#02x imr %#02x isr %#02x elcr %#02x (level-triggered lines)\n", p[1], p[2], p[3], p[14])
+	}
+	if io := st.IOAPIC; len(io) >= 24+24*8 {
+		// base_address u64, ioregsel u32, id u32, irr u32, pad u32, redirtbl[24] u64.
+		fmt.Fprintf(&b, "ioapic: irr %#x", binary.LittleEndian.Uint32(io[16:]))
+		for pin := range 24 {
+			e := binary.LittleEndian.Uint64(io[24+8*pin:])
+			if e&(1<<16) != 0 {
+				continue // masked
+			}
+			trig := "edge"
+			if e&(1<<15) != 0 {
+				trig = "level"
+			}
+			fmt.Fprintf(&b, "; pin %d vector %#x %s remote-irr %d pending %d", pin, e&0xff, trig, e>>14&1, e>>12&1)
+		}
+		b.WriteString("\n")
+	}
 	return b.String()
 }
 

@@ -20,8 +20,16 @@ func TestDescribeState(t *testing.T) {
 	c := vmm.VCPUState{ID: 0, MPState: 3, LAPIC: page,
 		MSRs: []vmm.MSR{{Index: msrTSC, Data: 1000}, {Index: msrTSCDeadline, Data: 400}}}
 	c.Regs.RIP, c.Regs.RFLAGS = 0xffffffff81000000, 0x246
-	got := describeState(&vmm.State{VCPUs: []vmm.VCPUState{c}})
-	for _, want := range []string{"rip 0xffffffff81000000", "IF true", "(halted)", "isr 0xec", "irr 0x21",
+	pic := make([]byte, 16)
+	pic[1], pic[2], pic[14] = 0x20, 0xdf, 0x20
+	ioapic := make([]byte, 24+24*8)
+	binary.LittleEndian.PutUint32(ioapic[16:], 1<<5)
+	for pin := range 24 {
+		binary.LittleEndian.PutUint64(ioapic[24+8*pin:], 1<<16) // masked
+	}
+	binary.LittleEndian.PutUint64(ioapic[24+8*5:], 1<<15|1<<14|0x25)
+	got := describeState(&vmm.State{VCPUs: []vmm.VCPUState{c}, PICMaster: pic, IOAPIC: ioapic})
+	for _, want := range []string{"pic master: irr 0x20 imr 0xdf isr 0x00 elcr 0x20", "ioapic: irr 0x20; pin 5 vector 0x25 level remote-irr 1 pending 0\n","rip 0xffffffff81000000", "IF true", "(halted)", "isr 0xec", "irr 0x21",
 		"vector 0xec, tsc-deadline, masked false", "(enabled true)", "deadline - tsc -600"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("report lacks %q:\n%s", want, got)
