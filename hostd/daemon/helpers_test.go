@@ -120,6 +120,11 @@ func (c *client) do(method, path string, body any, hdr ...string) (int, []byte) 
 // try is do returning the transport's error instead of failing the test
 // (for goroutines, and for requests to a daemon that is being killed).
 func (c *client) try(method, path string, body any, hdr ...string) (int, []byte, error) {
+	return c.tryContext(context.Background(), method, path, body, hdr...)
+}
+
+// tryContext is try bounded by ctx.
+func (c *client) tryContext(ctx context.Context, method, path string, body any, hdr ...string) (int, []byte, error) {
 	var r io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -129,7 +134,7 @@ func (c *client) try(method, path string, body any, hdr ...string) (int, []byte,
 		j, _ := json.Marshal(b)
 		r = bytes.NewReader(j)
 	}
-	req, _ := http.NewRequest(method, "http://hostd"+path, r)
+	req, _ := http.NewRequestWithContext(ctx, method, "http://hostd"+path, r)
 	if c.tenant != "" {
 		req.Header.Set(TenantHeader, c.tenant)
 	}
@@ -225,7 +230,13 @@ func (c *client) exec(id string, argv ...string) (string, string, int) {
 
 // tryExec is exec returning an error instead of failing the test.
 func (c *client) tryExec(id string, argv ...string) (string, string, int, error) {
-	st, b, err := c.try("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"argv": argv})
+	// The tests' commands take seconds; one that has not answered in
+	// execLimit hung in the guest (an agent or device that stopped
+	// answering): a failure to report, not a test to wait out until the
+	// package's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), execLimit)
+	defer cancel()
+	st, b, err := c.tryContext(ctx, "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"argv": argv})
 	if err != nil {
 		return "", "", -1, fmt.Errorf("exec %v in %s: %w", argv, id, err)
 	}
@@ -238,6 +249,9 @@ func (c *client) tryExec(id string, argv ...string) (string, string, int, error)
 	}
 	return out, errOut, code, nil
 }
+
+// execLimit bounds one exec of the tests (tryExec).
+const execLimit = 4 * time.Minute
 
 // parseExec reads an exec answer's NDJSON frames: stdout, stderr and the
 // exit code (-1 without one); an error frame is an error.
