@@ -238,7 +238,7 @@ func (c *client) tryExec(id string, argv ...string) (string, string, int, error)
 	defer cancel()
 	st, b, err := c.tryContext(ctx, "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"argv": argv})
 	if err != nil {
-		return "", "", -1, fmt.Errorf("exec %v in %s: %w", argv, id, err)
+		return "", "", -1, fmt.Errorf("exec %v in %s: %w%s", argv, id, err, c.vmmTails(id))
 	}
 	if st != 200 {
 		return "", "", -1, fmt.Errorf("exec %v in %s: %d %s", argv, id, st, b)
@@ -248,6 +248,34 @@ func (c *client) tryExec(id string, argv ...string) (string, string, int, error)
 		return "", "", -1, fmt.Errorf("exec in %s: %w", id, err)
 	}
 	return out, errOut, code, nil
+}
+
+// vmmTails returns the ends of sandbox id's VMM log and console, read
+// through its record in the daemon's state directory (the one holding the
+// client's socket), for a failure's message: what the VMM and the guest
+// said last. "" when there is no such record.
+func (c *client) vmmTails(id string) string {
+	recs, _ := filepath.Glob(filepath.Join(filepath.Dir(c.sock), "tenants", "*", "sandboxes", id, "sandbox.json"))
+	if len(recs) == 0 {
+		return ""
+	}
+	b, err := os.ReadFile(recs[0])
+	var rec store.Sandbox
+	if err != nil || json.Unmarshal(b, &rec) != nil {
+		return ""
+	}
+	var out strings.Builder
+	for _, f := range []struct{ what, path string }{{"VMM log", rec.Log}, {"console", rec.Console}} {
+		b, err := os.ReadFile(f.path)
+		if err != nil {
+			continue
+		}
+		if len(b) > 3000 {
+			b = b[len(b)-3000:]
+		}
+		fmt.Fprintf(&out, "\n--- %s's %s (end) ---\n%s", id, f.what, b)
+	}
+	return out.String()
 }
 
 // execLimit bounds one exec of the tests (tryExec).
