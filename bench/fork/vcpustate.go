@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,7 +39,37 @@ func hungState(ch vmmctl.ForkChild, dir string) string {
 		return fmt.Sprintf("no state: %v", err)
 	}
 	defer s.Close()
-	return describeState(s.State)
+	return describeState(s.State) + describeQueues(s.Devices, s.Chain.Reader())
+}
+
+// describeQueues prints each ready virtqueue of devs as the device saved
+// it (its next available and used indices, the used index it last
+// signalled, the interrupt status) against the rings' indices in guest
+// memory (mem: the flat image, which is guest-physical below the MMIO
+// hole): a ring whose avail index is ahead of the device's has buffers the
+// device never took, one whose used index is ahead of what the driver
+// has seen has answers the guest was not told of.
+func describeQueues(devs []vmsnap.DeviceState, mem io.ReaderAt) string {
+	var b strings.Builder
+	idx := func(gpa uint64) string {
+		var v [2]byte
+		if _, err := mem.ReadAt(v[:], int64(gpa)+2); err != nil {
+			return "?"
+		}
+		return fmt.Sprint(binary.LittleEndian.Uint16(v[:]))
+	}
+	for _, d := range devs {
+		fmt.Fprintf(&b, "device %s: status %#x interrupt status %#x\n", d.Name, d.State.Status, d.State.IntStatus)
+		for i, q := range d.State.Queues {
+			if !q.Ready {
+				continue
+			}
+			// Both rings start with a 16-bit flags word, then the index.
+			fmt.Fprintf(&b, "  queue %d: device next avail %d next used %d signalled %d event-idx %v; ring avail idx %s used idx %s\n",
+				i, q.NextAvail, q.NextUsed, q.Signalled, q.EventIdx, idx(q.Avail), idx(q.Used))
+		}
+	}
+	return b.String()
 }
 
 // LAPIC register offsets (Intel SDM vol. 3, table 11-1) and the MSRs

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"encoding/binary"
 	"strings"
 	"testing"
 
+	"github.com/warrenvm/warren/devices/virtio"
+	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 )
 
@@ -29,10 +32,30 @@ func TestDescribeState(t *testing.T) {
 	}
 	binary.LittleEndian.PutUint64(ioapic[24+8*5:], 1<<15|1<<14|0x25)
 	got := describeState(&vmm.State{VCPUs: []vmm.VCPUState{c}, PICMaster: pic, IOAPIC: ioapic})
-	for _, want := range []string{"pic master: irr 0x20 imr 0xdf isr 0x00 elcr 0x20", "ioapic: irr 0x20; pin 5 vector 0x25 level remote-irr 1 pending 0\n","rip 0xffffffff81000000", "IF true", "(halted)", "isr 0xec", "irr 0x21",
+	for _, want := range []string{"pic master: irr 0x20 imr 0xdf isr 0x00 elcr 0x20", "ioapic: irr 0x20; pin 5 vector 0x25 level remote-irr 1 pending 0\n", "rip 0xffffffff81000000", "IF true", "(halted)", "isr 0xec", "irr 0x21",
 		"vector 0xec, tsc-deadline, masked false", "(enabled true)", "deadline - tsc -600"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("report lacks %q:\n%s", want, got)
 		}
+	}
+}
+
+// TestDescribeQueues: each ready queue's saved indices are printed beside
+// the ring indices read from guest memory.
+func TestDescribeQueues(t *testing.T) {
+	mem := make([]byte, 0x3000)
+	binary.LittleEndian.PutUint16(mem[0x1000+2:], 7) // avail idx
+	binary.LittleEndian.PutUint16(mem[0x2000+2:], 5) // used idx
+	devs := []vmsnap.DeviceState{{Name: "vsock", State: virtio.TransportState{Status: 0xf, IntStatus: 1,
+		Queues: []virtio.QueueState{{Ready: true, Avail: 0x1000, Used: 0x2000, NextAvail: 5, NextUsed: 5, Signalled: 4}, {Ready: false}}}}}
+	got := describeQueues(devs, bytes.NewReader(mem))
+	for _, want := range []string{"device vsock: status 0xf interrupt status 0x1",
+		"queue 0: device next avail 5 next used 5 signalled 4 event-idx false; ring avail idx 7 used idx 5"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "queue 1") {
+		t.Errorf("a queue that is not ready is printed:\n%s", got)
 	}
 }
