@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/warrenvm/warren/hostd/wire"
 	"github.com/warrenvm/warren/internal/kvmtest"
 	"github.com/warrenvm/warren/vmm/testguest"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // testDaemon is a Daemon served on a unix socket in a temp dir.
@@ -238,7 +240,7 @@ func (c *client) tryExec(id string, argv ...string) (string, string, int, error)
 	defer cancel()
 	st, b, err := c.tryContext(ctx, "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"argv": argv})
 	if err != nil {
-		return "", "", -1, fmt.Errorf("exec %v in %s: %w%s", argv, id, err, c.vmmTails(id))
+		return "", "", -1, fmt.Errorf("exec %v in %s: %w%s%s", argv, id, err, c.vmmTails(id), c.describeGuest(id))
 	}
 	if st != 200 {
 		return "", "", -1, fmt.Errorf("exec %v in %s: %d %s", argv, id, st, b)
@@ -276,6 +278,37 @@ func (c *client) vmmTails(id string) string {
 		fmt.Fprintf(&out, "\n--- %s's %s (end) ---\n%s", id, f.what, b)
 	}
 	return out.String()
+}
+
+// describeGuest describes sandbox id's guest for a failure's message
+// (vmmctl's DescribeGuest through its VMM's control socket, into a
+// directory of the sandbox's given to the VMM's uid, removed after): its
+// vCPUs, irqchip and virtqueues, where a hung guest or device shows. ""
+// when there is no record or VMM.
+func (c *client) describeGuest(id string) string {
+	recs, _ := filepath.Glob(filepath.Join(filepath.Dir(c.sock), "tenants", "*", "sandboxes", id, "sandbox.json"))
+	if len(recs) == 0 {
+		return ""
+	}
+	b, err := os.ReadFile(recs[0])
+	var rec store.Sandbox
+	if err != nil || json.Unmarshal(b, &rec) != nil || rec.API == "" || rec.PID == 0 {
+		return ""
+	}
+	dir := filepath.Join(filepath.Dir(recs[0]), "describe")
+	os.RemoveAll(dir)
+	defer os.RemoveAll(dir)
+	var st syscall.Stat_t
+	if os.Mkdir(dir, 0o700) != nil || syscall.Stat(fmt.Sprintf("/proc/%d", rec.PID), &st) != nil || os.Chown(dir, int(st.Uid), int(st.Gid)) != nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := (vmmctl.Client{Socket: rec.API}).DescribeGuest(ctx, dir)
+	if err != nil {
+		return fmt.Sprintf("\n--- %s's guest: %v", id, err)
+	}
+	return fmt.Sprintf("\n--- %s's guest (a snapshot of it) ---\n%s", id, d)
 }
 
 // execLimit bounds one exec of the tests (tryExec).

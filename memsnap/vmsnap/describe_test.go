@@ -1,4 +1,4 @@
-package main
+package vmsnap
 
 import (
 	"bytes"
@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/warrenvm/warren/devices/virtio"
-	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
 )
 
@@ -46,7 +45,7 @@ func TestDescribeQueues(t *testing.T) {
 	mem := make([]byte, 0x3000)
 	binary.LittleEndian.PutUint16(mem[0x1000+2:], 7) // avail idx
 	binary.LittleEndian.PutUint16(mem[0x2000+2:], 5) // used idx
-	devs := []vmsnap.DeviceState{{Name: "vsock", State: virtio.TransportState{Status: 0xf, IntStatus: 1,
+	devs := []DeviceState{{Name: "vsock", State: virtio.TransportState{Status: 0xf, IntStatus: 1,
 		Queues: []virtio.QueueState{{Ready: true, Avail: 0x1000, Used: 0x2000, NextAvail: 5, NextUsed: 5, Signalled: 4}, {Ready: false}}}}}
 	got := describeQueues(devs, bytes.NewReader(mem))
 	for _, want := range []string{"device vsock: status 0xf interrupt status 0x1",

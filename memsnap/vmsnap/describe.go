@@ -1,44 +1,24 @@
-package main
+package vmsnap
 
 import (
-	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
-	"time"
 
-	"github.com/warrenvm/warren/memsnap/vmsnap"
 	"github.com/warrenvm/warren/vmm"
-	"github.com/warrenvm/warren/vmmctl"
 )
 
-// hungState snapshots a live child whose agent never answered (the
-// snapshot pauses its vCPUs out of KVM_RUN, so it answers even when the
-// guest has stopped taking interrupts) into dir and returns each vCPU's
-// state as describeState prints it: where the guest is stuck, whether it
-// halted with interrupts on, and what its local APIC still owes it (issue
-// 18's fork hang: a child whose VMM lives while its guest is silent).
-// The snapshot is removed afterwards.
-func hungState(ch vmmctl.ForkChild, dir string) string {
-	snapDir, err := os.MkdirTemp(dir, "hung-")
-	if err != nil {
-		return fmt.Sprintf("no state: %v", err)
-	}
-	defer os.RemoveAll(snapDir)
-	path := filepath.Join(snapDir, "state")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := (vmmctl.Client{Socket: ch.API}).Snapshot(ctx, vmmctl.SnapshotRequest{Path: path, Kind: vmsnap.Full}); err != nil {
-		return fmt.Sprintf("no state: snapshot of the child: %v", err)
-	}
-	s, err := vmsnap.Load(path, nil)
-	if err != nil {
-		return fmt.Sprintf("no state: %v", err)
-	}
-	defer s.Close()
+// Describe prints what a snapshot holds of a guest's liveness, for a
+// person studying a guest that went silent (a fork child whose agent
+// never answered, a restore that hung): per vCPU its RIP and RFLAGS.IF,
+// MP state (halted or runnable), pending or injected events, and its local
+// APIC's priority, in-service and requested vectors and timer (mode,
+// count, TSC deadline against the TSC); the in-kernel PIC and IOAPIC as
+// far as a lost device interrupt would show in them; and every ready
+// virtqueue's saved indices against the ring indices in the snapshot's
+// memory. It reads only what Load verified; s's chain must be open.
+func (s *Snapshot) Describe() string {
 	return describeState(s.State) + describeQueues(s.Devices, s.Chain.Reader())
 }
 
@@ -49,7 +29,7 @@ func hungState(ch vmmctl.ForkChild, dir string) string {
 // hole): a ring whose avail index is ahead of the device's has buffers the
 // device never took, one whose used index is ahead of what the driver
 // has seen has answers the guest was not told of.
-func describeQueues(devs []vmsnap.DeviceState, mem io.ReaderAt) string {
+func describeQueues(devs []DeviceState, mem io.ReaderAt) string {
 	var b strings.Builder
 	idx := func(gpa uint64) string {
 		var v [2]byte
