@@ -37,6 +37,13 @@ func TestSnapshotEndToEnd(t *testing.T) {
 		t.Errorf("warren resume: %q", out)
 	}
 	t.Logf("%s", run("compact", filepath.Join(snaps, "two"), filepath.Join(snaps, "two-flat")))
+	// A running guest's snapshot: its vCPU and its vsock and disk queues.
+	desc := run("describe", filepath.Join(snaps, "two"))
+	for _, want := range []string{"vcpu 0: rip ", "lapic: ", "ioapic: ", "device vsock: status 0xf", "queue 0: device next avail "} {
+		if !strings.Contains(desc, want) {
+			t.Errorf("warren describe lacks %q:\n%s", want, desc)
+		}
+	}
 	// Rolling snapshots: full, incremental, and full again at --max-chain 2.
 	roll := run("snapshot", "--every", "200ms", "--max-chain", "2", "--count", "3", api, filepath.Join(snaps, "roll"))
 	t.Logf("%s", roll)

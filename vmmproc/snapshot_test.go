@@ -101,6 +101,8 @@ func TestSnapshotVerbsRefuse(t *testing.T) {
 		{[]string{"restore", "--kvm", "/nonexistent", filepath.Join(dir, "missing")}, 1, "no such file"},
 		{[]string{"compact", bad}, 2, "usage"},
 		{[]string{"compact", bad, filepath.Join(dir, "new")}, 1, "corrupt"},
+		{[]string{"describe"}, 2, "usage"},
+		{[]string{"describe", bad}, 1, "corrupt"},
 	}
 	for _, c := range cases {
 		code, _, errOut := cli(t, nil, c.args...)

@@ -30,6 +30,7 @@ const usage = `VM-level commands (warren [vm] <command> [flags]):
   flatten  write a fork's disk overlay and the images under it as one raw image: warren flatten OVERLAY OUT
   rollback put a running VM back to one of its snapshots in place: warren rollback API DIR/NAME
   compact  merge a snapshot's memory chain into a new full snapshot: warren compact DIR/NAME DIR/NEW
+  describe a snapshot's vCPUs, irqchip and virtqueues (why a guest is silent): warren describe DIR/NAME
 
 VM is the path of the VM's vsock unix socket (warren run --vsock PATH); API the
 path of its control socket (warren run --api PATH).

@@ -52,6 +52,9 @@ var vmVerbs = map[string]vmVerb{
 		"whose control socket is API; with --policy, replaces the policy first (live).", 1, egressCmd},
 	"compact": {"compact DIR/NAME DIR/NEW\n\nwrites one full snapshot NEW equal to NAME (its memory chain merged, and each disk's own\n" +
 		"layers merged into one overlay beside them).", 2, compactCmd},
+	"describe": {"describe DIR/NAME\n\nprints what the snapshot DIR/NAME holds of its guest's liveness: each vCPU's RIP, interrupt\n" +
+		"flag, MP state, pending events, local APIC vectors and timer; the PIC and IOAPIC; and each\n" +
+		"virtqueue's saved indices against its rings in the snapshot's memory (a silent guest's why).", 1, describeCmd},
 	"flatten": {"flatten OVERLAY OUT\n\nwrites the disk an overlay (DISK.<id>.wcow, made by warren fork) shows as one raw image OUT.", 2, flattenCmd},
 }
 
@@ -221,6 +224,19 @@ func compactCmd(c *vmCmd) func() int {
 			}
 			s.Close()
 		}
+		return 0
+	}
+}
+
+// describeCmd is `warren describe DIR/NAME`.
+func describeCmd(c *vmCmd) func() int {
+	return func() int {
+		s, err := vmsnap.Load(c.fs.Arg(0), nil)
+		if err != nil {
+			return c.fail(err)
+		}
+		defer s.Close()
+		fmt.Fprint(c.stdout, s.Describe())
 		return 0
 	}
 }
