@@ -34,6 +34,13 @@ HAVE_KVM := $(shell test -c /dev/kvm && echo yes)
 KVM_WHERE = if [ -n "$${WARREN_KVM:-}" ]; then echo "make: KVM work runs $$WARREN_KVM (WARREN_KVM)" >&2; echo "$$WARREN_KVM"; \
 	else mkdir -p $(BUILD) && CGO_ENABLED=0 $(GO) build -o $(BUILD)/kvmprobe ./.ci/kvmhost/probe && $(BUILD)/kvmprobe -choose; fi
 KVMHOST := bash .ci/kvmhost/run.sh --timeout 900
+# build_bin OUT PKG: go build to a temporary file, then rename it over OUT.
+# go build -o rewrites an existing file in place, and VMMs running from
+# bin/warren start their fork children from that file: a rebuild while they
+# run would hand those children a half-written or mixed binary (the nested
+# host's 9p mount caches the old pages: the children died of SIGSEGV).
+# Renamed, the new binary is a new file and the running ones keep theirs.
+build_bin = CGO_ENABLED=0 $(GO) build -o $(1).tmp $(2) && mv -f $(1).tmp $(1)
 RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"
 
 .PHONY: all warren hostd run boot test unit vet kernel initramfs testguests testdisk test-kvm test-sdk sdk-build bench clean rootfs testsum kubetools crds
@@ -41,7 +48,7 @@ RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"
 all: warren
 
 warren:
-	CGO_ENABLED=0 $(GO) build -o bin/warren ./cmd/warren
+	$(call build_bin,bin/warren,./cmd/warren)
 
 kernel:
 	bash kernel/build.sh $(BUILD)
@@ -75,8 +82,8 @@ testdisk:
 	bash guestinit/mkdisk.sh $(TESTDISK) 16
 
 hostd:
-	CGO_ENABLED=0 $(GO) build -o bin/warren-hostd ./cmd/warren-hostd
-	CGO_ENABLED=0 $(GO) build -o bin/warren-controller ./cmd/warren-controller
+	$(call build_bin,bin/warren-hostd,./cmd/warren-hostd)
+	$(call build_bin,bin/warren-controller,./cmd/warren-controller)
 
 # The fleet's CRDs, deep copies and RBAC roles, from the Go types and
 # markers (controller-gen, through the Go module proxy).
@@ -222,14 +229,14 @@ BENCH_HOSTD_ARGS ?= --runs 20 --concurrency 1,16
 # on a PVM host.
 BENCH_IMAGE_ARGS ?= --builds 2 --creates 8 --snapshots 4 --python-runs 5
 bench: warren hostd kernel initramfs rootfs
-	CGO_ENABLED=0 $(GO) build -o bin/bench-boot ./bench/boot
-	CGO_ENABLED=0 $(GO) build -o bin/bench-devices ./bench/devices
-	CGO_ENABLED=0 $(GO) build -o bin/bench-agent ./bench/agent
-	CGO_ENABLED=0 $(GO) build -o bin/bench-snapshot ./bench/snapshot
-	CGO_ENABLED=0 $(GO) build -o bin/bench-fork ./bench/fork
-	CGO_ENABLED=0 $(GO) build -o bin/bench-egress ./bench/egress
-	CGO_ENABLED=0 $(GO) build -o bin/bench-hostd ./bench/hostd
-	CGO_ENABLED=0 $(GO) build -o bin/bench-image ./bench/image
+	$(call build_bin,bin/bench-boot,./bench/boot)
+	$(call build_bin,bin/bench-devices,./bench/devices)
+	$(call build_bin,bin/bench-agent,./bench/agent)
+	$(call build_bin,bin/bench-snapshot,./bench/snapshot)
+	$(call build_bin,bin/bench-fork,./bench/fork)
+	$(call build_bin,bin/bench-egress,./bench/egress)
+	$(call build_bin,bin/bench-hostd,./bench/hostd)
+	$(call build_bin,bin/bench-image,./bench/image)
 	# No VM in it (a fake guest writes frames into a tap): runs here, as root.
 	./bin/bench-egress --json $(BUILD)/bench-egress.json
 ifeq ($(HAVE_KVM),yes)
