@@ -79,11 +79,13 @@ const selfExe = "/proc/self/exe"
 
 // executable is the program p's fork children are started from: the
 // running executable itself (selfExe), so that a child runs the code that
-// wrote its spec even when the warren binary at the parent's path was
-// replaced meanwhile (an upgrade; a rebuild of bin/warren, which go build
-// rewrites in place), or, in a jail whose root hides /proc, the path
-// fixExecutable resolved before it (tests run their own binary, which
-// dispatches fork-child).
+// wrote its spec even when a new warren binary was renamed over the
+// parent's path meanwhile (an upgrade; make's build_bin), or, in a jail
+// whose root hides /proc, the path fixExecutable resolved before it
+// (tests run their own binary, which dispatches fork-child). A binary
+// rewritten in place is another matter: a local file system refuses that
+// while it runs (ETXTBSY), and over the nested host's 9p mount it leaves
+// a mix of old and new pages that no path choice avoids.
 func (p *process) executable() (string, error) {
 	if p != nil && p.exe != "" {
 		return p.exe, nil
