@@ -61,7 +61,9 @@ import (
 // unsealed in place before a VMM that needs them starts (diskseal.go).
 //
 // What stays plaintext: a running sandbox's guest memory (in RAM, in the
-// VMM's memfd), the disk files its VMM may open while it runs (its chain:
+// VMM's memfd), a template's working set, beside its decrypted copy on
+// the tmpfs (workingset.go), the disk files its VMM may open while it
+// runs (its chain:
 // its template's base, its overlay, its fork ancestors' layers), the
 // secrets file of a running network sandbox's VMM (on the tmpfs), the
 // decrypted working copy of a snapshot for the seconds a restore reads
@@ -118,7 +120,9 @@ type atRest struct {
 // tenant without a key): the first flattens the chain into the copy's
 // .wraw (zero pages as holes), and every later one maps that file
 // copy-on-write, sharing its page cache with the template's other
-// sandboxes. The copy is plaintext on the tmpfs (RAM, never a disk, as the
+// sandboxes. (With Config.RestoreMemory "uffd" creates restore the copy
+// by userfaultfd instead, and the template's working set lives beside
+// the copy: workingset.go.) The copy is plaintext on the tmpfs (RAM, never a disk, as the
 // running guests' memory is); it is removed when the template is deleted,
 // when the tenant's key is revoked (BeforeRestore asks the provider before
 // every use, so a key revoked elsewhere stops creates too) and when the
@@ -380,8 +384,8 @@ func (e *atRest) open(tenant, src, dst string) error {
 }
 
 // sealTenant seals every plaintext snapshot file under root (a tenant's
-// directory) and removes its flattened .wraw caches; for a tenant without
-// a key it does nothing.
+// directory) and removes its flattened .wraw caches and its working sets
+// (.wset: workingset.go); for a tenant without a key it does nothing.
 func (e *atRest) sealTenant(tenant, root string) error {
 	key, ok, err := e.key(tenant)
 	if err != nil || !ok {
@@ -401,7 +405,7 @@ func (e *atRest) sealTenant(tenant, root string) error {
 			if err := sealFile(p, key); err != nil {
 				errs = append(errs, err)
 			}
-		case vmsnap.RawExt:
+		case vmsnap.RawExt, workingSetExt:
 			os.Remove(p)
 		}
 		return nil

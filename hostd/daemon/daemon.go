@@ -101,6 +101,14 @@ type Config struct {
 	// start until their guest's agent answers (default: the host's CPUs);
 	// further creates and resumes queue (admission.go).
 	MaxRestores int
+	// RestoreMemory is how creates restore their template's memory:
+	// RestoreMmap ("mmap", the default when empty: `warren restore
+	// --lazy=mmap`, the snapshot flattened once and mapped copy-on-write)
+	// or RestoreUffd ("uffd": `--lazy=uffd`, pages filled by userfaultfd
+	// as the guest touches them, the template's recorded working set
+	// prefetched; see workingset.go). Other restores keep theirs. New
+	// refuses any other value.
+	RestoreMemory string
 	// Keys, when set, turns on at-rest encryption of the snapshots and
 	// the secrets file of every tenant that has a key there (see
 	// atrest.go and secrets.go), the /v1/keys API, and the Hooks that are
@@ -203,9 +211,14 @@ type Daemon struct {
 type tplState struct {
 	mu  sync.Mutex // held while the template is built or deleted
 	rec *store.Template
-	// warm is held by the first restore of the template: a lazy restore
-	// flattens the snapshot once, and concurrent first restores would all
-	// flatten it.
+	// warm is held by the first restore of the template since the daemon
+	// started (until warmed, which it guards, is set by one that
+	// succeeded): a lazy restore flattens the snapshot once, and
+	// concurrent first restores would all flatten it; in uffd mode the
+	// first restore records the template's working set, which the others
+	// wait for (workingset.go). It also guards rec.WorkingSetPages, the
+	// only field of a ready template's record that changes (written with
+	// warm held, by that restore or forgetWorkingSets).
 	warm   sync.Mutex
 	warmed bool
 	// view is a copy of rec as last saved.
@@ -282,6 +295,11 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}
 	}
+	mode, err := checkRestoreMemory(cfg.RestoreMemory)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RestoreMemory = mode
 	st, err := store.Open(cfg.State)
 	if err != nil {
 		return nil, err
@@ -362,6 +380,7 @@ func New(cfg Config) (*Daemon, error) {
 	d.adopt()
 	d.ingestAllPages()
 	d.sealAll()
+	d.settleWorkingSets()
 	d.sweepWorkSecrets()
 	d.wg.Add(1)
 	go d.monitor()

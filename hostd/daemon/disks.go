@@ -332,7 +332,7 @@ func (d *Daemon) resumeFrom(o *op, s *sbState, snap store.Snapshot) error {
 	if err != nil {
 		return fmt.Errorf("disks: %w", err)
 	}
-	if err := d.startVMM(o, s, snap.Path, paths); err != nil {
+	if err := d.startVMM(o, s, snap.Path, paths, nil); err != nil {
 		for _, p := range made {
 			os.Remove(p)
 		}

@@ -41,6 +41,8 @@ type fakeLauncher struct {
 	starts atomic.Int32
 	// failRestore makes `restore` fail to start.
 	failRestore atomic.Bool
+	// failSave makes POST /v1/working-set/save fail (workingset_test.go).
+	failSave atomic.Bool
 	// muteForkChildren starts fork children whose agent never answers
 	// (it listens elsewhere than the vsock path the fork reply names).
 	muteForkChildren atomic.Bool
@@ -96,7 +98,10 @@ type fakeVM struct {
 	denied atomic.Uint64
 	// balloon is its memory balloon (nil: none): a `run --balloon`'s, or
 	// the one its snapshot or fork parent had.
-	balloon  *fakeBalloon
+	balloon *fakeBalloon
+	// restore is the `restore` it was started with (nil: a `run` or a
+	// fork child): its working-set calls answer from it.
+	restore  *vmmctl.Restore
 	closers  []func()
 	launcher *fakeLauncher
 }
@@ -205,6 +210,7 @@ func (f *fakeLauncher) Start(spec LaunchSpec) (Proc, error) {
 	vm.mu.Lock()
 	vm.egress = egress
 	vm.balloon = bal
+	vm.restore = spec.Launch.Restore
 	vm.mu.Unlock()
 	st, err := procStartTime(vm.cmd.Process.Pid)
 	return Proc{PID: vm.cmd.Process.Pid, StartTime: st}, err
@@ -388,6 +394,7 @@ func (vm *fakeVM) serve() error {
 		}
 		balloonReply(w, &req)
 	})
+	vm.serveWorkingSet(mux, reply)
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(al)
 

@@ -116,6 +116,7 @@ func (d *Daemon) postKey(w http.ResponseWriter, r *http.Request, tenant string) 
 		s.chainOK = false
 		s.mu.Unlock()
 	}
+	d.forgetWorkingSets(tenant)
 	if err != nil {
 		d.log.Error("sealing snapshots", "tenant", tenant, "err", err)
 		writeErr(w, errf(500, "key created, but sealing the existing snapshots or secrets failed: %v", err))

@@ -65,6 +65,7 @@ func Main(args []string, stderr io.Writer) int {
 	fs.IntVar(&cfg.ImageDiskMiB, "image-disk-mib", 0, "default size of an image template's root file system in MiB (sparse; default 4096)")
 	fs.Int64Var(&cfg.MaxImageBytes, "max-image-bytes", 0, "most uncompressed bytes an image's layers may hold (default: package image's, 16 GiB)")
 	fs.Var((*stringList)(&cfg.Registries), "registry", "a registry HOST[:PORT] that may be pulled from at a loopback or private address and over plain HTTP (repeatable; e.g. a registry on 127.0.0.1)")
+	fs.StringVar(&cfg.RestoreMemory, "restore-memory", RestoreMmap, "how creates restore their template's memory: mmap (the snapshot flattened once and mapped copy-on-write) or uffd (filled by userfaultfd as the guest touches it, mmap where the host cannot; the template's first create records the pages its guest touches until it runs a first command, beside the template's snapshot, and later creates prefetch them); resumes from disk keep theirs")
 	fs.IntVar(&cfg.MaxRestores, "max-restores", 0, "how many VMMs may restore at once (from start until the guest's agent answers); more creates and resumes queue (default: the host's CPUs)")
 	var kc kubeFlags
 	kc.register(fs)
@@ -147,6 +148,9 @@ func Main(args []string, stderr io.Writer) int {
 		}
 	}
 	cfg.VMMUIDs, cfg.Warren, cfg.Log, cfg.Audit = vmmUIDs, bin, log, auditW
+	if _, err := checkRestoreMemory(cfg.RestoreMemory); err != nil {
+		return fail(fmt.Errorf("--restore-memory %q: want %s or %s", cfg.RestoreMemory, RestoreMmap, RestoreUffd))
+	}
 	if cfg.ImageDiskMiB != 0 && (cfg.ImageDiskMiB < 64 || cfg.ImageDiskMiB > maxImageDiskMiB) {
 		return fail(fmt.Errorf("--image-disk-mib: want 64 to %d", maxImageDiskMiB))
 	}

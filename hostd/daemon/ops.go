@@ -417,9 +417,11 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 	d.mu.Lock()
 	d.sandboxes[id] = s
 	d.mu.Unlock()
-	// The first restore of a template flattens its snapshot: the others wait for it.
+	// The first restore of a template flattens its snapshot (mmap) or
+	// records its working set (uffd: workingset.go): the others wait for it.
 	ts.warm.Lock()
-	if ts.warmed {
+	first := !ts.warmed
+	if !first {
 		ts.warm.Unlock()
 	} else {
 		defer func() {
@@ -438,7 +440,7 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 		err = cryptStatus(fmt.Errorf("disks: %w", err))
 	}
 	if err == nil {
-		err = d.startVMM(o, s, tp.Snapshot, diskPaths)
+		err = d.startVMM(o, s, tp.Snapshot, diskPaths, &templateCreate{ts: ts, first: first})
 	}
 	if err != nil {
 		sb.Status, sb.Reason = store.Failed, err.Error()
@@ -458,8 +460,11 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 // diskPaths are the restore's disk paths (vmmctl.Restore.DiskPaths): the
 // sandbox's own overlays over the template's bases (a create) or over its
 // snapshot's disk layers (a resume). Once the agent answers, the record
-// gets the VMM's live disks (GET /v1/disks).
-func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskPaths map[int]string) error {
+// gets the VMM's live disks (GET /v1/disks). tc is the template of a
+// create (nil for a resume): a create's memory is restored in
+// Config.RestoreMemory's mode, and the template's first restore in uffd
+// mode records its working set (workingset.go).
+func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskPaths map[int]string, tc *templateCreate) error {
 	sb := s.rec
 	if err := d.admitRestore(o); err != nil {
 		return err
@@ -512,6 +517,11 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskPaths map[int]stri
 		// atrest.go).
 		rs.Lazy = false
 	}
+	var recording string
+	if tc != nil && rs.Lazy && d.cfg.RestoreMemory == RestoreUffd {
+		// A create from the template's snapshot or its lasting copy.
+		recording = uffdCreate(rs, d.store.SandboxDir(sb.Tenant, sb.ID), use, tc)
+	}
 	p, err := d.launcher.Start(LaunchSpec{Tenant: sb.Tenant, ID: sb.ID, Kind: "sandbox", Launch: vmmctl.Launch{Restore: rs}, Log: sb.Log, Network: sb.Network, Confine: confine,
 		Cgroup: d.sandboxCgroup(s)})
 	if err != nil {
@@ -535,6 +545,9 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskPaths map[int]stri
 	sb.Status, sb.Reason = store.Running, ""
 	d.refreshDisks(s)
 	d.save(s)
+	if recording != "" {
+		d.recordWorkingSet(o, s, tc.ts, recording, use)
+	}
 	o.progress("running", 100)
 	return nil
 }

@@ -45,8 +45,9 @@ import (
 // again after. Not carried: network templates (their snapshot's egress
 // settings name this host's files and the operator's egress
 // configuration): refused with 409, and the fleet builds those on each
-// host. A template records no working set (the daemon's
-// builds take none), so there is none to carry.
+// host. Nor is a template's working set (workingset.go): the importing
+// host records its own at its first create in uffd mode (an imported
+// template's record starts without one).
 
 // bundleTemplate is a template bundle's template record (bundle.json's
 // "template_record"): what its store.Template says but its id, tenant,

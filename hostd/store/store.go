@@ -92,6 +92,12 @@ type Template struct {
 	StartTime uint64    `json:"start_time,omitempty"`
 	Created   time.Time `json:"created"`
 	BuildMS   float64   `json:"build_ms,omitempty"`
+	// WorkingSetPages is the number of pages of the template's working
+	// set (the pages its first create's guest touched until its agent
+	// answered and a first command ran, recorded by a daemon that
+	// restores by userfaultfd, warren-hostd --restore-memory uffd, and
+	// prefetched by the later creates); 0: none recorded.
+	WorkingSetPages uint64 `json:"working_set_pages,omitempty"`
 	// Image is set for a template made from a container image: its
 	// root file system is disk 0 (DiskBases[0], an overlay of the
 	// template's own over the image's shared base).

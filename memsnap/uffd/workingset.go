@@ -43,6 +43,14 @@ import (
 // MaxWorkingSetRuns bounds the runs of a working set file (48 MiB of runs).
 const MaxWorkingSetRuns = 1 << 22
 
+// WorkingSetFileLimit is the size in bytes of the largest working set
+// file of a memory of pages pages: one run per page, at most
+// MaxWorkingSetRuns. A reader of a file another process wrote reads no
+// more than this.
+func WorkingSetFileLimit(pages uint64) int64 {
+	return int64(wsHeaderLen + min(pages, MaxWorkingSetRuns)*wsRunLen + 4)
+}
+
 // Errors of ParseWorkingSet and ReadWorkingSet.
 var (
 	// ErrCorruptWorkingSet: the bytes are not a well-formed working set.
