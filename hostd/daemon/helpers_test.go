@@ -252,18 +252,28 @@ func (c *client) tryExec(id string, argv ...string) (string, string, int, error)
 	return out, errOut, code, nil
 }
 
+// record reads sandbox id's record from the daemon's state directory (the
+// one holding the client's socket) and returns it and the sandbox's
+// directory; ok is false when there is none (or it is sealed).
+func (c *client) record(id string) (rec store.Sandbox, dir string, ok bool) {
+	recs, _ := filepath.Glob(filepath.Join(filepath.Dir(c.sock), "tenants", "*", "sandboxes", id, "sandbox.json"))
+	if len(recs) == 0 {
+		return rec, "", false
+	}
+	b, err := os.ReadFile(recs[0])
+	if err != nil || json.Unmarshal(b, &rec) != nil {
+		return rec, "", false
+	}
+	return rec, filepath.Dir(recs[0]), true
+}
+
 // vmmTails returns the ends of sandbox id's VMM log and console, read
 // through its record in the daemon's state directory (the one holding the
 // client's socket), for a failure's message: what the VMM and the guest
 // said last. "" when there is no such record.
 func (c *client) vmmTails(id string) string {
-	recs, _ := filepath.Glob(filepath.Join(filepath.Dir(c.sock), "tenants", "*", "sandboxes", id, "sandbox.json"))
-	if len(recs) == 0 {
-		return ""
-	}
-	b, err := os.ReadFile(recs[0])
-	var rec store.Sandbox
-	if err != nil || json.Unmarshal(b, &rec) != nil {
+	rec, _, ok := c.record(id)
+	if !ok {
 		return ""
 	}
 	var out strings.Builder
@@ -286,16 +296,11 @@ func (c *client) vmmTails(id string) string {
 // vCPUs, irqchip and virtqueues, where a hung guest or device shows. ""
 // when there is no record or VMM.
 func (c *client) describeGuest(id string) string {
-	recs, _ := filepath.Glob(filepath.Join(filepath.Dir(c.sock), "tenants", "*", "sandboxes", id, "sandbox.json"))
-	if len(recs) == 0 {
+	rec, sbDir, ok := c.record(id)
+	if !ok || rec.API == "" || rec.PID == 0 {
 		return ""
 	}
-	b, err := os.ReadFile(recs[0])
-	var rec store.Sandbox
-	if err != nil || json.Unmarshal(b, &rec) != nil || rec.API == "" || rec.PID == 0 {
-		return ""
-	}
-	dir := filepath.Join(filepath.Dir(recs[0]), "describe")
+	dir := filepath.Join(sbDir, "describe")
 	os.RemoveAll(dir)
 	defer os.RemoveAll(dir)
 	var st syscall.Stat_t
