@@ -19,7 +19,8 @@ import (
 // virtqueue's saved indices against the ring indices in the snapshot's
 // memory. It reads only what Load verified; s's chain must be open.
 func (s *Snapshot) Describe() string {
-	return describeState(s.State) + describeQueues(s.Devices, s.Chain.Reader())
+	mem := s.Chain.Reader()
+	return describeState(s.State, mem) + describeQueues(s.Devices, mem)
 }
 
 // describeQueues prints each ready virtqueue of devs as the device saved
@@ -64,18 +65,30 @@ const (
 
 // describeState prints, per vCPU, what says why a guest went silent: its
 // RIP and RFLAGS.IF, its MP state (halted or runnable), pending or
-// injected events, and its local APIC's priority, in-service and pending
-// vectors and timer (mode, count, TSC deadline against the TSC).
-func describeState(st *vmm.State) string {
+// injected events, CR2 and CR3 and, when an exception is under way, the
+// guest's own page-table walk of CR2 and RIP read from mem (a guest
+// looping on a page fault its tables do not explain is not the guest's
+// doing), and its local APIC's priority, in-service and pending vectors
+// and timer (mode, count, TSC deadline against the TSC). mem may be nil.
+func describeState(st *vmm.State, mem io.ReaderAt) string {
 	var b strings.Builder
 	for _, c := range st.VCPUs {
 		ifl := c.Regs.RFLAGS&(1<<9) != 0
 		fmt.Fprintf(&b, "vcpu %d: rip %#x rflags %#x (IF %v) cs.dpl %d mp_state %d (%s)\n", c.ID, c.Regs.RIP, c.Regs.RFLAGS, ifl,
 			c.Sregs.CS.DPL, c.MPState, mpStateName(c.MPState))
 		e := c.Events
-		fmt.Fprintf(&b, "  events: exception injected %d pending %d nr %d; interrupt injected %d nr %#x shadow %d; nmi injected %d pending %d masked %d\n",
-			e.Exception.Injected, e.Exception.Pending, e.Exception.Nr, e.Interrupt.Injected, e.Interrupt.Nr, e.Interrupt.Shadow,
-			e.NMI.Injected, e.NMI.Pending, e.NMI.Masked)
+		fmt.Fprintf(&b, "  events: exception injected %d pending %d nr %d error code %#x; interrupt injected %d nr %#x shadow %d; nmi injected %d pending %d masked %d\n",
+			e.Exception.Injected, e.Exception.Pending, e.Exception.Nr, e.Exception.ErrorCode, e.Interrupt.Injected, e.Interrupt.Nr,
+			e.Interrupt.Shadow, e.NMI.Injected, e.NMI.Pending, e.NMI.Masked)
+		fmt.Fprintf(&b, "  cr0 %#x cr2 %#x cr3 %#x cr4 %#x efer %#x\n", c.Sregs.CR0, c.Sregs.CR2, c.Sregs.CR3, c.Sregs.CR4, c.Sregs.EFER)
+		if mem != nil && (e.Exception.Injected != 0 || e.Exception.Pending != 0) {
+			for _, va := range []struct {
+				what string
+				addr uint64
+			}{{"cr2", c.Sregs.CR2}, {"rip", c.Regs.RIP}} {
+				fmt.Fprintf(&b, "  walk of %s %#x: %s\n", va.what, va.addr, walk(mem, c.Sregs.CR3, c.Sregs.CR4, va.addr))
+			}
+		}
 		var tsc, deadline uint64
 		for _, m := range c.MSRs {
 			switch m.Index {
@@ -134,6 +147,35 @@ func describeChips(st *vmm.State) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// walk reads the guest's 4-level page-table walk of virtual address va
+// under cr3 from mem (guest-physical below the MMIO hole), entry by entry,
+// until one is not present or maps a large page.
+func walk(mem io.ReaderAt, cr3, cr4, va uint64) string {
+	if cr4&(1<<12) != 0 {
+		return "5-level paging: not walked"
+	}
+	const addrMask = 0x000f_ffff_ffff_f000
+	table := cr3 & addrMask
+	var out []string
+	for level, name := range []string{"pml4e", "pdpte", "pde", "pte"} {
+		idx := va >> (39 - 9*uint(level)) & 511
+		var v [8]byte
+		if _, err := mem.ReadAt(v[:], int64(table+idx*8)); err != nil {
+			return strings.Join(append(out, fmt.Sprintf("%s at %#x: %v", name, table+idx*8, err)), " ")
+		}
+		e := binary.LittleEndian.Uint64(v[:])
+		out = append(out, fmt.Sprintf("%s %#x", name, e))
+		if e&1 == 0 {
+			return strings.Join(append(out, "(not present)"), " ")
+		}
+		if level > 0 && level < 3 && e&(1<<7) != 0 {
+			return strings.Join(append(out, "(large page)"), " ")
+		}
+		table = e & addrMask
+	}
+	return strings.Join(append(out, "(present)"), " ")
 }
 
 // vectors lists the vectors set in the 256-bit LAPIC register array at

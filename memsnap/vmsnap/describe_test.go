@@ -30,7 +30,7 @@ func TestDescribeState(t *testing.T) {
 		binary.LittleEndian.PutUint64(ioapic[24+8*pin:], 1<<16) // masked
 	}
 	binary.LittleEndian.PutUint64(ioapic[24+8*5:], 1<<15|1<<14|0x25)
-	got := describeState(&vmm.State{VCPUs: []vmm.VCPUState{c}, PICMaster: pic, IOAPIC: ioapic})
+	got := describeState(&vmm.State{VCPUs: []vmm.VCPUState{c}, PICMaster: pic, IOAPIC: ioapic}, nil)
 	for _, want := range []string{"pic master: irr 0x20 imr 0xdf isr 0x00 elcr 0x20", "ioapic: irr 0x20; pin 5 vector 0x25 level remote-irr 1 pending 0\n", "rip 0xffffffff81000000", "IF true", "(halted)", "isr 0xec", "irr 0x21",
 		"vector 0xec, tsc-deadline, masked false", "(enabled true)", "deadline - tsc -600"} {
 		if !strings.Contains(got, want) {
@@ -56,5 +56,35 @@ func TestDescribeQueues(t *testing.T) {
 	}
 	if strings.Contains(got, "queue 1") {
 		t.Errorf("a queue that is not ready is printed:\n%s", got)
+	}
+}
+
+// TestWalk: the page-table walk follows present entries to the page, and
+// stops at one not present or mapping a large page.
+func TestWalk(t *testing.T) {
+	mem := make([]byte, 0x6000)
+	va := uint64(0xffffffffc035120c)
+	put := func(table, level uint64, e uint64) {
+		idx := va >> (39 - 9*level) & 511
+		binary.LittleEndian.PutUint64(mem[table+idx*8:], e)
+	}
+	put(0x1000, 0, 0x2000|1)
+	put(0x2000, 1, 0x3000|1)
+	put(0x3000, 2, 0x4000|1)
+	put(0x4000, 3, 0x5000|3)
+	r := bytes.NewReader(mem)
+	if got := walk(r, 0x1000, 0, va); !strings.HasSuffix(got, "pte 0x5003 (present)") {
+		t.Errorf("walk: %s", got)
+	}
+	put(0x3000, 2, 0x4000|1|1<<7)
+	if got := walk(r, 0x1000, 0, va); !strings.HasSuffix(got, "pde 0x4081 (large page)") {
+		t.Errorf("walk over a large page: %s", got)
+	}
+	put(0x2000, 1, 0)
+	if got := walk(r, 0x1000, 0, va); !strings.HasSuffix(got, "pdpte 0x0 (not present)") {
+		t.Errorf("walk to a hole: %s", got)
+	}
+	if got := walk(r, 0x1000, 1<<12, va); !strings.Contains(got, "5-level") {
+		t.Errorf("walk under LA57: %s", got)
 	}
 }
