@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/warrenvm/warren/internal/strictjson"
+	"github.com/warrenvm/warren/vmm/guestmem"
 	"github.com/warrenvm/warren/vmm/hostprofile"
 	"github.com/warrenvm/warren/vmm/kvm"
 	"github.com/warrenvm/warren/vmm/serial"
@@ -157,8 +158,31 @@ func (s *State) Validate() error {
 		if c.MPState > kvm.MPStateSipiReceived {
 			return fmt.Errorf("vmm: state: vCPU %d: MP state %d", i, c.MPState)
 		}
+		if err := checkPaging(c, m.MemBytes); err != nil {
+			return fmt.Errorf("vmm: state: vCPU %d: %w", i, err)
+		}
 	}
 	return nil
+}
+
+// checkPaging refuses a vCPU state with paging on whose CR3 names a page
+// table outside guest RAM of memBytes: a guest running on it faults on
+// every fetch, and the MMIO-space walks its vCPU then loops on never end
+// (in the nested KVM host such a state was read back from KVM at a fork:
+// the child hung with CR3 0x101d58000 in a 128 MiB guest and RIP, equal
+// to CR2, off every mapping; vmsnap's Describe shows it).
+func checkPaging(c VCPUState, memBytes uint64) error {
+	const cr0PG = 1 << 31
+	if c.Sregs.CR0&cr0PG == 0 {
+		return nil
+	}
+	base := c.Sregs.CR3 &^ 0xfff
+	for _, r := range guestmem.Layout(memBytes) {
+		if base >= r.GPA && base < r.GPA+r.Size {
+			return nil
+		}
+	}
+	return fmt.Errorf("CR3 %#x is outside guest RAM (%d MiB), with paging on", c.Sregs.CR3, memBytes>>20)
 }
 
 // matches reports why cfg cannot host s, or nil.

@@ -78,16 +78,20 @@ func TestUnmarshalStateRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	cases := map[string]func(*State){
-		"version":        func(s *State) { s.Version = StateVersion + 1 },
-		"cpu count":      func(s *State) { s.Machine.CPUs = 2 },
-		"no cpus":        func(s *State) { s.Machine.CPUs, s.VCPUs = 0, nil },
-		"vcpu id":        func(s *State) { s.VCPUs[0].ID = 3 },
-		"lapic size":     func(s *State) { s.VCPUs[0].LAPIC = s.VCPUs[0].LAPIC[:100] },
-		"irqchip size":   func(s *State) { s.IOAPIC = nil },
-		"xsave size":     func(s *State) { s.VCPUs[0].Xsave = make([]byte, 100) },
-		"no cpuid":       func(s *State) { s.VCPUs[0].CPUID = nil },
-		"too many msrs":  func(s *State) { s.VCPUs[0].MSRs = make([]MSR, maxStateMSRs+1) },
-		"mp state":       func(s *State) { s.VCPUs[0].MPState = 99 },
+		"version":       func(s *State) { s.Version = StateVersion + 1 },
+		"cpu count":     func(s *State) { s.Machine.CPUs = 2 },
+		"no cpus":       func(s *State) { s.Machine.CPUs, s.VCPUs = 0, nil },
+		"vcpu id":       func(s *State) { s.VCPUs[0].ID = 3 },
+		"lapic size":    func(s *State) { s.VCPUs[0].LAPIC = s.VCPUs[0].LAPIC[:100] },
+		"irqchip size":  func(s *State) { s.IOAPIC = nil },
+		"xsave size":    func(s *State) { s.VCPUs[0].Xsave = make([]byte, 100) },
+		"no cpuid":      func(s *State) { s.VCPUs[0].CPUID = nil },
+		"too many msrs": func(s *State) { s.VCPUs[0].MSRs = make([]MSR, maxStateMSRs+1) },
+		"mp state":      func(s *State) { s.VCPUs[0].MPState = 99 },
+		"cr3 past ram": func(s *State) {
+			s.VCPUs[0].Sregs.CR0 |= 1 << 31
+			s.VCPUs[0].Sregs.CR3 = s.Machine.MemBytes + 0x1000
+		},
 		"xcr count":      func(s *State) { s.VCPUs[0].XCRs.NrXCRs = 17 },
 		"uart registers": func(s *State) { s.UART.IER = 0xff },
 	}
