@@ -102,10 +102,9 @@ func (v *VM) saveVCPU(c *kvm.VCPU, msrs []uint32, s *VCPUState) error {
 	if s.Sregs, err = kvm.Get(c, kvm.StateSregs); err != nil {
 		return err
 	}
-	// A CR3 outside guest RAM would hang the restored guest; in the nested
-	// KVM host one was read once at a fork. Read the registers again to
-	// tell a bad read (logged, the second read kept) from a bad vCPU
-	// (refused).
+	// A CR3 outside guest RAM would hang the restored guest (checkPaging).
+	// Read the registers again to tell a bad read (logged, the good read
+	// kept) from a bad vCPU (refused).
 	for try := 0; checkPaging(*s, v.cfg.MemBytes) != nil && try < 3; try++ {
 		bad := s.Sregs.CR3
 		if s.Regs, err = kvm.Get(c, kvm.StateRegs); err != nil {
@@ -305,8 +304,8 @@ func (v *VM) loadVCPUState(c *kvm.VCPU, s *VCPUState, withCPUID bool) error {
 	if err := kvm.Set(c, kvm.StateRegs, s.Regs); err != nil {
 		return err
 	}
-	// Read back what KVM took: a restored vCPU whose CR3 or RIP differ
-	// from the state's would run another guest (see checkPaging).
+	// Read back what KVM took: a restored vCPU whose CR3 differs from the
+	// state's would run on other page tables (see checkPaging).
 	if sr, err := kvm.Get(c, kvm.StateSregs); err == nil && sr.CR3 != s.Sregs.CR3 {
 		return fmt.Errorf("vCPU %d: KVM_SET_SREGS took CR3 %#x, read back %#x", c.ID(), s.Sregs.CR3, sr.CR3)
 	}

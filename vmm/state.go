@@ -167,10 +167,10 @@ func (s *State) Validate() error {
 
 // checkPaging refuses a vCPU state with paging on whose CR3 names a page
 // table outside guest RAM of memBytes: a guest running on it faults on
-// every fetch, and the MMIO-space walks its vCPU then loops on never end
-// (in the nested KVM host such a state was read back from KVM at a fork:
-// the child hung with CR3 0x101d58000 in a 128 MiB guest and RIP, equal
-// to CR2, off every mapping; vmsnap's Describe shows it).
+// every fetch, and its page walks through MMIO space never end. (Fork
+// children in the nested KVM host hung so, CR3 0x101d58000 in a 128 MiB
+// guest and RIP in L1's own KVM: the emulated nested SVM's host state in
+// the guest's vCPU; see .ci/kvmhost/README.md and vmsnap's Describe.)
 func checkPaging(c VCPUState, memBytes uint64) error {
 	const cr0PG = 1 << 31
 	if c.Sregs.CR0&cr0PG == 0 {

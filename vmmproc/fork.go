@@ -360,10 +360,11 @@ func (a *apiServer) doFork(ctx context.Context, req vmmctl.ForkRequest) (*vmmctl
 }
 
 // childExit says how a child this process started ended, when it ended
-// within a second (", signal: killed"): a child killed before it could
-// write a word (the OOM killer, a seccomp kill) leaves an empty log, and
-// its wait status is then the only trace. It reaps the child; "" when
-// cmd is nil (a child the family's helper started) or still runs.
+// within a second (", segmentation fault", ", exit status 2"): a child
+// killed before it could write a word (the OOM killer, a seccomp kill, a
+// binary replaced under it) leaves an empty log, and its wait status is
+// then the only trace. It reaps the child; "" when cmd is nil (a child
+// the family's helper started) or still runs.
 func childExit(cmd *exec.Cmd) string {
 	if cmd == nil || cmd.Process == nil {
 		return ""
