@@ -158,12 +158,7 @@ func TestCreateMmapUnchanged(t *testing.T) {
 			t.Errorf("create's restore\n got %+v\nwant %+v", got, want)
 		}
 	}
-	if _, err := os.Stat(workingSetPath(tp.Snapshot)); !os.IsNotExist(err) {
-		t.Errorf("a working set beside the template's snapshot in mmap mode: %v", err)
-	}
-	if n := c.templateRec(tp.ID).WorkingSetPages; n != 0 {
-		t.Errorf("working_set_pages %d in mmap mode", n)
-	}
+	checkNoWorkingSet(t, c, tp.ID, workingSetPath(tp.Snapshot), "in mmap mode")
 }
 
 // TestCreateUffdRecordsAndPrefetches drives creates of a daemon with
@@ -255,16 +250,14 @@ func TestCreateUffdRecordFails(t *testing.T) {
 	if got := f.lastRestoreOf(); got.RecordWorkingSet == "" {
 		t.Fatalf("first create: %+v, want a recording", got)
 	}
-	if _, err := os.Stat(workingSetPath(tp.Snapshot)); !os.IsNotExist(err) {
-		t.Errorf("working set after a failed recording: %v", err)
-	}
+	checkNoWorkingSet(t, c, tp.ID, workingSetPath(tp.Snapshot), "after a failed recording")
 	f.failSave.Store(false)
 	c.create(tp.ID)
 	if got := f.lastRestoreOf(); got.LazyMode != vmsnap.Uffd || got.RecordWorkingSet != "" || got.Prefetch != "" {
 		t.Errorf("create after a failed recording: %+v, want uffd without a working set", got)
 	}
 	if n := c.templateRec(tp.ID).WorkingSetPages; n != 0 {
-		t.Errorf("working_set_pages %d after a failed recording", n)
+		t.Errorf("working_set_pages %d after a failed recording and a create without one", n)
 	}
 }
 
@@ -289,12 +282,7 @@ func TestCreateUffdKeyedTenant(t *testing.T) {
 	// The key: the plaintext working set goes, the next create records
 	// beside the copy.
 	c.ok(201, "POST", "/v1/keys", nil, nil)
-	if _, err := os.Lstat(plain); !os.IsNotExist(err) {
-		t.Fatalf("the working set beside the sealed snapshot: %v", err)
-	}
-	if n := c.templateRec(tp.ID).WorkingSetPages; n != 0 {
-		t.Errorf("working_set_pages %d once the snapshot is sealed", n)
-	}
+	checkNoWorkingSet(t, c, tp.ID, plain, "once the snapshot is sealed")
 	c.create(tp.ID)
 	got := f.lastRestoreOf()
 	tplCopy := filepath.Join(td.cfg.DecryptDir, tplCopyPrefix+"alice."+tp.ID, "base")
@@ -411,4 +399,17 @@ func TestImportWorkingSetRefuses(t *testing.T) {
 		}
 	}
 	checkWorkingSetFile(t, workingSetPath(snap), snap)
+}
+
+// checkNoWorkingSet fails t unless there is no file at path (not even a
+// link) and template id's record counts no working set pages; when says
+// at which step.
+func checkNoWorkingSet(t *testing.T, c *client, id, path, when string) {
+	t.Helper()
+	if _, err := os.Lstat(path); !os.IsNotExist(err) {
+		t.Errorf("a working set at %s %s: %v", path, when, err)
+	}
+	if n := c.templateRec(id).WorkingSetPages; n != 0 {
+		t.Errorf("working_set_pages %d %s", n, when)
+	}
 }
