@@ -171,17 +171,17 @@ unit: testguests
 # tests); a second failure fails the build, except that an attempt whose
 # only L2 failures are triple faults with the emulated host's known
 # signature in L1's KVM trace (.ci/kvmhost/l2faults.sh) is excused up to
-# twice, as is an early boot stall (QEMU's L2 guests on memfd memory stall
-# as often); a triple fault without that signature is not.
+# twice, as is a boot stall whose guest's vCPU was found holding L1's own
+# state (the same emulator's leak); a triple fault without that signature,
+# or a stall without it, is not.
 # When L1 itself dies or freezes (its kernel has died of a kernel-stack
 # overflow in KVM, reported soft lockups, or stalled silently:
 # .ci/kvmhost/README.md), it boots a fresh L1 and resumes: passed packages
 # and passed tests are not run again. L1 writes a heartbeat every 5 s; 90 s
 # without it (or any output) is a frozen L1. A console silent for 300 s
-# while the heartbeat goes on is an L2 guest or a test hung (no test is quiet
-# that long; each binary has its -test.timeout, 400 s to 1500 s): also taken for the nested
-# host's failure, so a test that really hangs fails the build only once
-# every boot has hung on it.
+# while the heartbeat goes on is a hung test (every test bounds its own
+# waits far below that): L1 is stopped and it counts as a failure of the
+# package that was running, like any other.
 # The skipped tests of every attempt are summarized at the end (testsum).
 # TestE2EKill9 makes 4 concurrent creates here, not 32: in the nested host
 # about one restore in 30 of such a burst triple-faults (2026-12-03: 2 of 3

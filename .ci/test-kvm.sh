@@ -19,14 +19,18 @@
 # idle timeout, not by this); a whole run takes about 25 minutes.
 #
 # Test verdicts are strict: a package that fails is run once more (only its
-# failed and not yet run tests), and a second failure fails the build. The
+# failed and not yet run tests), and a second failure fails the build. A
+# test silent for the idle timeout while L1's heartbeat goes on has hung:
+# L1 is stopped (the test cannot be), and that is a failure of its package
+# like any other, not the nested host's; a fresh L1 resumes the run. The
 # one exception is a failure explained: the emulated host makes about one
 # L2 guest start in a hundred triple-fault (KVM_EXIT_SHUTDOWN; QEMU's L2
 # guests as often, in the same L1), always with one signature in L1's KVM
 # trace (.ci/kvmhost/l2faults.sh). An attempt whose triple faults all carry it
-# does not count toward those two, nor does an early boot stall (QEMU's
-# guests on the same kind of memory stall as often there), at most twice
-# per package (so a package runs at most four times). A triple fault
+# does not count toward those two, nor does a boot stall whose guest's vCPU
+# was found holding L1's own state (the same emulator's leak, caught before
+# it faults), at most twice per package (so a package runs at most four
+# times). A triple fault
 # without the signature counts like any failure. Every failure stays in
 # the log.
 #
@@ -65,6 +69,9 @@ if [ "${1:-}" = --inner ]; then
 			n=$(ls "$STATE/$key".log.* 2>/dev/null | wc -l)
 			log=$STATE/$key.log.$((n + 1))
 			rm -f "$STATE/$key.rc"
+			# Which package is running, for the outer half when L1 is
+			# stopped for silence (a hung test: a failure of this package).
+			echo "$p" >"$STATE/running"
 			if [ -n "$passed" ]; then
 				echo "=== package $p (nested KVM), attempt $((n + 1)); skipping tests passed before: $passed"
 				{ (cd "$p" && "$TESTS/$key.test" -test.count=1 -test.v -test.timeout "$timeout" -test.skip "^($passed)\$"); echo $? >"$STATE/$key.rc"; } 2>&1 | tee "$log"
@@ -73,6 +80,7 @@ if [ "${1:-}" = --inner ]; then
 				{ (cd "$p" && "$TESTS/$key.test" -test.count=1 -test.v -test.timeout "$timeout"); echo $? >"$STATE/$key.rc"; } 2>&1 | tee "$log"
 			fi
 			rc=$(cat "$STATE/$key.rc" 2>/dev/null || echo 1)
+			rm -f "$STATE/running"
 			l2trace_dump | tee -a "$log"
 			if [ "$rc" = 0 ]; then
 				touch "$STATE/$key.done"
@@ -128,6 +136,9 @@ if [ -n "${WARREN_CI_DEADLINE:-}" ]; then
 	echo "test-kvm: $BUDGET s for the nested KVM host (CI deadline $(date -u -d "@$WARREN_CI_DEADLINE" +%T) UTC)"
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# What boots L1 and runs a command there (a stand-in in this script's own
+# test, internal/kvmtest's TestKVMRunVerdicts).
+RUN_SH=${WARREN_KVMHOST_RUN:-$ROOT/.ci/kvmhost/run.sh}
 
 rm -rf "$STATE"
 mkdir -p "$STATE"
@@ -152,7 +163,7 @@ for ((boot = 1; boot <= MAX_BOOTS; boot++)); do
 	((left < BOOT_TIMEOUT)) || left=$BOOT_TIMEOUT
 	t0=$SECONDS
 	# Its output is kept (and shown as it comes) for the summary.
-	bash "$ROOT/.ci/kvmhost/run.sh" "$@" --timeout "$left" \
+	bash "$RUN_SH" "$@" --timeout "$left" \
 		--env "STATE=$STATE" --env "TESTS=$TESTS" --env "PKGS=${PKGS[*]}" \
 		"$ROOT" -- 'sh .ci/test-kvm.sh --inner' 2>&1 | tee "$STATE/boot$boot.log"
 	rc=${PIPESTATUS[0]}
@@ -165,8 +176,32 @@ for ((boot = 1; boot <= MAX_BOOTS; boot++)); do
 		exit "$rc"
 		;;
 	esac
+	# Stopped because the test printed nothing for the idle timeout while
+	# L1's heartbeat went on: L1 was alive, so a test hung. Every test
+	# bounds its own waits far below that (a boot or an exec fails, with
+	# the guest described, within 4 minutes), so this is a test failure of
+	# the package that was running, counted like any other.
+	hung=
+	if grep -q 'printed nothing for .*taking L1 for frozen' "$STATE/boot$boot.log" && [ -s "$STATE/running" ]; then
+		hung=1
+		p=$(cat "$STATE/running")
+		key=$(echo "$p" | tr / _)
+		rm -f "$STATE/running"
+		fails=$(($(cat "$STATE/$key.fails" 2>/dev/null || echo 0) + 1))
+		echo "$fails" >"$STATE/$key.fails"
+		echo "=== package $p: a test printed nothing while L1 lived (last started: $(grep -a -E '^=== RUN' "$STATE/boot$boot.log" | tail -n1 | sed 's/^=== RUN *//' | cut -c1-100)): a hung test, a test failure"
+		if ((fails >= 2)); then
+			echo "=== package $p failed twice in the nested KVM host: failing the build"
+			summary
+			exit 1
+		fi
+	fi
 	done_pkgs=$(cd "$STATE" && ls -- *.done 2>/dev/null | sed 's/\.done$//' | tr '\n' ' ')
-	echo "test-kvm: the nested KVM host failed or froze in boot $boot (exit $rc, not a test verdict); packages done: ${done_pkgs:-none}"
+	if [ -n "$hung" ]; then
+		echo "test-kvm: L1 was stopped in boot $boot for a hung test (counted above); packages done: ${done_pkgs:-none}"
+	else
+		echo "test-kvm: the nested KVM host failed or froze in boot $boot (exit $rc, not a test verdict); packages done: ${done_pkgs:-none}"
+	fi
 	if ((boot == MAX_BOOTS)); then
 		echo "test-kvm: giving up after $MAX_BOOTS L1 boots"
 		break

@@ -2,6 +2,7 @@ package vmm
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/warrenvm/warren/internal/strictjson"
@@ -165,6 +166,12 @@ func (s *State) Validate() error {
 	return nil
 }
 
+// ErrPagingOutsideRAM is wrapped by the error of a save, a load or a
+// Validate that found a vCPU with paging on and CR3 outside guest RAM: a
+// state no guest of the VM can have made (checkPaging). Test harnesses in
+// the nested KVM host tell the emulator's fault from the guest's by it.
+var ErrPagingOutsideRAM = errors.New("CR3 outside guest RAM with paging on")
+
 // checkPaging refuses a vCPU state with paging on whose CR3 names a page
 // table outside guest RAM of memBytes: a guest running on it faults on
 // every fetch, and its page walks through MMIO space never end. (Fork
@@ -182,7 +189,7 @@ func checkPaging(c VCPUState, memBytes uint64) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("CR3 %#x is outside guest RAM (%d MiB), with paging on", c.Sregs.CR3, memBytes>>20)
+	return fmt.Errorf("%w: CR3 %#x, guest RAM %d MiB", ErrPagingOutsideRAM, c.Sregs.CR3, memBytes>>20)
 }
 
 // matches reports why cfg cannot host s, or nil.

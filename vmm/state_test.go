@@ -2,6 +2,7 @@ package vmm
 
 import (
 	"bytes"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -102,8 +103,13 @@ func TestUnmarshalStateRefuses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := UnmarshalState(b); err == nil {
+		_, err = UnmarshalState(b)
+		if err == nil {
 			t.Errorf("%s: accepted", name)
+		}
+		// Only the paging case says it is the emulated host's signature.
+		if errors.Is(err, ErrPagingOutsideRAM) != (name == "cr3 past ram") {
+			t.Errorf("%s: %v: errors.Is ErrPagingOutsideRAM %v", name, err, errors.Is(err, ErrPagingOutsideRAM))
 		}
 	}
 	for name, b := range map[string]string{

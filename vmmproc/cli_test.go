@@ -3,13 +3,20 @@ package vmmproc
 import (
 	"bytes"
 	"context"
-	"github.com/warrenvm/warren/internal/kvmtest"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/warrenvm/warren/internal/kvmtest"
+	"github.com/warrenvm/warren/vmm"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 // cliMain is the warren command's cli.Main, set by cliMainHook
@@ -81,15 +88,24 @@ func TestBootLinux(t *testing.T) {
 			// fails here, with the console, instead of going silent until
 			// the package's timeout (CI took a hang of pvh-2cpu for the
 			// nested host frozen).
-			ctx, cancel := context.WithTimeout(context.Background(), bootDeadline)
+			// Its guest is described first (through the API socket).
+			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
+			api := filepath.Join(t.TempDir(), "api.sock")
+			var described atomic.Value
+			deadline := time.AfterFunc(bootDeadline, func() {
+				described.Store(describeStalled(api, t.TempDir()))
+				cancel()
+			})
+			defer deadline.Stop()
 			var stderr bytes.Buffer
 			cmd := cliProcess(ctx, "run", "--kernel", c.kernel, "--initramfs", initramfs, "--mem", "256",
-				"--cpus", c.cpus, "--cmdline", "warren.poweroff=1 warren.hostname=e2e", "--console", console)
+				"--cpus", c.cpus, "--api", api, "--cmdline", "warren.poweroff=1 warren.hostname=e2e", "--console", console)
 			cmd.Stderr = &stderr
 			err := cmd.Run()
 			log, _ := os.ReadFile(console)
 			if ctx.Err() != nil {
+				t.Logf("the stalled guest: %v\nits VMM's log:\n%s", described.Load(), tail(stderr.Bytes()))
 				t.Fatalf("%s: warren run did not end within %v (killed); console:\n%s", bootStalled, bootDeadline, tail(log))
 			}
 			if err != nil {
@@ -103,6 +119,24 @@ func TestBootLinux(t *testing.T) {
 			}
 		})
 	}
+}
+
+// describeStalled describes the guest of the VMM whose API socket is api
+// (vmmctl's DescribeGuest, its snapshot under dir), starting with
+// hostStateInGuest when the VMM refused to save a vCPU for the emulated
+// host's signature (vmm.ErrPagingOutsideRAM; the error crosses the API as
+// text).
+func describeStalled(api, dir string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := (vmmctl.Client{Socket: api}).DescribeGuest(ctx, dir)
+	if err != nil && strings.Contains(err.Error(), vmm.ErrPagingOutsideRAM.Error()) {
+		return fmt.Sprintf("%s: %v", hostStateInGuest, err)
+	}
+	if err != nil {
+		return "no description: " + err.Error()
+	}
+	return d
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
