@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestFailureKind(t *testing.T) {
@@ -24,5 +25,24 @@ func TestTailBuffer(t *testing.T) {
 	b.Write([]byte("end"))
 	if s := b.String(); len(s) != 2048 || !strings.HasSuffix(s, "aend") {
 		t.Errorf("tail of %d bytes ending %q", len(s), s[len(s)-4:])
+	}
+}
+
+// A boot that never gets ready is described before it is killed, and the
+// description ends the error; a ready one is never described.
+func TestTimeToReadyDescribesStall(t *testing.T) {
+	described := 0
+	describe := func() string { described++; return "; the guest: vcpu 0 halted" }
+	_, _, err := timeToReady([]string{"sh", "-c", "echo booting; exec sleep 30"}, 300*time.Millisecond, describe)
+	if err == nil || !strings.HasPrefix(err.Error(), "timed out") || !strings.HasSuffix(err.Error(), "vcpu 0 halted") {
+		t.Fatalf("stalled boot: %v", err)
+	}
+	if failureKind(err) != "timeout" || described != 1 {
+		t.Fatalf("kind %s, described %d times", failureKind(err), described)
+	}
+	described = 0
+	d, up, err := timeToReady([]string{"sh", "-c", "echo 'warren-init: ready uptime=1.25'"}, 5*time.Second, describe)
+	if err != nil || up != 1.25 || d <= 0 || described != 0 {
+		t.Fatalf("ready boot: %v, %v, uptime %v, described %d times", d, err, up, described)
 	}
 }

@@ -5,22 +5,27 @@
 //	go run ./bench/boot --kernel build/vmlinux --initramfs build/initramfs.cpio [--runs 3]
 //
 // It prints both systems' median/p50/p90/p99 and the Warren/QEMU ratio, and
-// with --json writes the samples for the record.
+// with --json writes the samples for the record. With --keep-going it counts
+// failed boots instead of stopping (the nested host's L2 failure rates,
+// --skip-qemu for Warren's alone); a Warren guest that is not ready within
+// --timeout is described through its API socket (vmmctl's DescribeGuest:
+// its vCPUs, interrupt controllers and virtqueues) before it is killed.
 package main
 
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/warrenvm/warren/bench/rig"
@@ -28,6 +33,7 @@ import (
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/boot"
 	"github.com/warrenvm/warren/vmm/hostprofile"
+	"github.com/warrenvm/warren/vmmctl"
 )
 
 var readyLine = regexp.MustCompile(`warren-init: ready uptime=([0-9.]+)`)
@@ -41,20 +47,25 @@ func main() {
 	timeout := flag.Duration("timeout", 10*time.Minute, "limit for one boot")
 	jsonOut := flag.String("json", "", "also write results as JSON to this file")
 	qemuMem := flag.String("qemu-mem", "anon", "QEMU's guest RAM: anon (its default, private anonymous memory) or memfd (a shared memfd, as Warren's guest RAM is): tells the memory's kind from the VMM's code when their L2 fault rates differ in the nested host")
+	skipQEMU := flag.Bool("skip-qemu", false, "boot Warren only (with --keep-going: its failure rate in the nested host, each stalled guest described; no ratio is printed)")
 	keepGoing := flag.Bool("keep-going", false, "count a failed boot (triple fault, no ready line, timeout) and go on, then report each system's failure rate: the nested host's L2 fault rates, Warren's against QEMU's on the same kernel (issue 18)")
 	flag.Parse()
 	if *qemuMem != "anon" && *qemuMem != "memfd" {
 		fmt.Fprintf(os.Stderr, "bench/boot: --qemu-mem %q: want anon or memfd\n", *qemuMem)
 		os.Exit(2)
 	}
-	if err := run(f, *runs, *mem, *cpus, *timeout, *jsonOut, *keepGoing, *qemuMem == "memfd"); err != nil {
+	if *skipQEMU && !*keepGoing {
+		fmt.Fprintln(os.Stderr, "bench/boot: --skip-qemu measures failure rates only: use it with --keep-going")
+		os.Exit(2)
+	}
+	if err := run(f, *runs, *mem, *cpus, *timeout, *jsonOut, *keepGoing, *skipQEMU, *qemuMem == "memfd"); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/boot:", err)
 		os.Exit(1)
 	}
 }
 
-func run(f rig.Files, runs, mem, cpus int, timeout time.Duration, jsonOut string, keepGoing, qemuMemfd bool) error {
-	if err := f.Check(rig.Needs{Files: true, QEMU: true}); err != nil {
+func run(f rig.Files, runs, mem, cpus int, timeout time.Duration, jsonOut string, keepGoing, skipQEMU, qemuMemfd bool) error {
+	if err := f.Check(rig.Needs{Files: true, QEMU: !skipQEMU}); err != nil {
 		return err
 	}
 	profile := hostprofile.Detect("/sys/module")
@@ -70,11 +81,20 @@ func run(f rig.Files, runs, mem, cpus int, timeout time.Duration, jsonOut string
 		machine += ",memory-backend=ram"
 		ram = []string{"-object", "memory-backend-memfd,id=ram,size=" + m + "M,share=on"}
 	}
+	// Warren's API socket, through which a guest that never gets ready is
+	// described before it is stopped (where its vCPU is: issue 18's
+	// stalls).
+	dir, err := os.MkdirTemp("", "bench-boot-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	api := filepath.Join(dir, "api.sock")
 	systems := []struct {
 		name string
 		argv []string
 	}{
-		{"warren", []string{f.Warren, "run", "--kernel", f.Kernel, "--initramfs", f.Initramfs, "--mem", m, "--cpus", c, "--cmdline", userArgs}},
+		{"warren", []string{f.Warren, "run", "--kernel", f.Kernel, "--initramfs", f.Initramfs, "--mem", m, "--cpus", c, "--api", api, "--cmdline", userArgs}},
 		{"qemu", append([]string{f.QEMU, "-M", machine, "-accel", "kvm", "-cpu", "host,-arch-capabilities", "-m", m, "-smp", c,
 			"-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio",
 			"-kernel", f.Kernel, "-initrd", f.Initramfs, "-append", full.String()}, ram...)},
@@ -88,7 +108,15 @@ func run(f rig.Files, runs, mem, cpus int, timeout time.Duration, jsonOut string
 	}
 	for r := 0; r < runs; r++ {
 		for i, s := range systems { // alternate, so drift hits both alike
-			d, up, err := timeToReady(s.argv, timeout)
+			if skipQEMU && s.name == "qemu" {
+				continue
+			}
+			var describe func() string
+			if s.name == "warren" {
+				os.Remove(api)
+				describe = func() string { return describeGuest(api, dir) }
+			}
+			d, up, err := timeToReady(s.argv, timeout, describe)
 			if err != nil && keepGoing {
 				kind := failureKind(err)
 				failures[i][kind]++
@@ -106,11 +134,19 @@ func run(f rig.Files, runs, mem, cpus int, timeout time.Duration, jsonOut string
 	if keepGoing {
 		fmt.Println()
 		for i, s := range systems {
+			if skipQEMU && s.name == "qemu" {
+				continue
+			}
 			n := 0
 			for _, c := range failures[i] {
 				n += c
 			}
 			fmt.Printf("%-6s %d of %d boots failed (%.2f%%): %v\n", s.name, n, runs, 100*float64(n)/float64(max(runs, 1)), failures[i])
+		}
+		if skipQEMU {
+			return writeJSON(jsonOut, map[string]any{"benchmark": "boot-failures", "host_profile": profile.String(),
+				"cmdline": full.String(), "runs": runs, "failures": map[string]map[string]int{"warren": failures[0]},
+				"warren": stats.Summarise("warren", samples[0]), "guest_uptime_s": map[string][]float64{"warren": guest[0]}})
 		}
 		if len(samples[0]) == 0 || len(samples[1]) == 0 {
 			return errors.New("a system never reached ready")
@@ -121,26 +157,43 @@ func run(f rig.Files, runs, mem, cpus int, timeout time.Duration, jsonOut string
 	stats.Table(os.Stdout, "time from process start to 'warren-init: ready'", ours, peer)
 	fmt.Printf("\nmedian warren %s, median qemu %s, ratio warren/qemu %.2f\n",
 		ours.Median.Round(time.Millisecond), peer.Median.Round(time.Millisecond), stats.Ratio(ours.Median, peer.Median))
-	if jsonOut != "" {
-		b, _ := json.MarshalIndent(map[string]any{
-			"benchmark": "boot-to-ready", "host_profile": profile.String(), "cmdline": full.String(),
-			"warren": ours, "qemu": peer, "guest_uptime_s": map[string][]float64{"warren": guest[0], "qemu": guest[1]},
-			"ratio_median": stats.Ratio(ours.Median, peer.Median),
-			"runs":         runs, "failures": map[string]map[string]int{"warren": failures[0], "qemu": failures[1]},
-		}, "", "  ")
-		if err := os.WriteFile(jsonOut, b, 0o644); err != nil {
-			return err
-		}
+	return writeJSON(jsonOut, map[string]any{
+		"benchmark": "boot-to-ready", "host_profile": profile.String(), "cmdline": full.String(),
+		"warren": ours, "qemu": peer, "guest_uptime_s": map[string][]float64{"warren": guest[0], "qemu": guest[1]},
+		"ratio_median": stats.Ratio(ours.Median, peer.Median),
+		"runs":         runs, "failures": map[string]map[string]int{"warren": failures[0], "qemu": failures[1]},
+	})
+}
+
+// writeJSON writes v to path (stats.WriteJSON); an empty path writes
+// nothing.
+func writeJSON(path string, v any) error {
+	if path == "" {
+		return nil
 	}
-	return nil
+	return stats.WriteJSON(path, v)
 }
 
 // timeToReady starts argv and returns the time until its output shows the
 // ready line, and the guest uptime the line reports. It then waits briefly
-// for the guest to power off and kills it otherwise.
-func timeToReady(argv []string, timeout time.Duration) (time.Duration, float64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+// for the guest to power off and kills it otherwise. A guest not ready
+// within timeout is described by describe (when not nil) before it is
+// killed, and the description ends the error.
+func timeToReady(argv []string, timeout time.Duration, describe func() string) (time.Duration, float64, error) {
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	var (
+		timedOut  atomic.Bool
+		described string
+	)
+	timer := time.AfterFunc(timeout, func() {
+		if describe != nil {
+			described = describe()
+		}
+		timedOut.Store(true)
+		cancel()
+	})
+	defer timer.Stop()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -161,7 +214,7 @@ func timeToReady(argv []string, timeout time.Duration) (time.Duration, float64, 
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
 		line := sc.Text()
-		if m := readyLine.FindStringSubmatch(line); m != nil && !found {
+		if m := readyLine.FindStringSubmatch(line); m != nil && !found && timer.Stop() {
 			d, found = time.Since(start), true
 			up, _ = strconv.ParseFloat(m[1], 64)
 			// Only the time to ready is measured. Warren then powers off by
@@ -176,12 +229,30 @@ func timeToReady(argv []string, timeout time.Duration) (time.Duration, float64, 
 	io.Copy(io.Discard, out)
 	cmd.Wait()
 	if !found {
-		if ctx.Err() != nil {
-			return 0, 0, fmt.Errorf("timed out after %v with no ready line (last output: %q; stderr: %q)", timeout, tail, errTail.String())
+		if timedOut.Load() {
+			return 0, 0, fmt.Errorf("timed out after %v with no ready line (last output: %q; stderr: %q)%s", timeout, tail, errTail.String(), described)
 		}
 		return 0, 0, fmt.Errorf("no ready line (last output: %q; stderr: %q)", tail, errTail.String())
 	}
 	return d, up, nil
+}
+
+// describeGuest describes the guest of the Warren VMM whose API socket is
+// api (vmmctl's DescribeGuest, its snapshot in a directory under dir),
+// as the end of a stalled boot's error.
+func describeGuest(api, dir string) string {
+	snap, err := os.MkdirTemp(dir, "stalled-")
+	if err != nil {
+		return "; no description: " + err.Error()
+	}
+	defer os.RemoveAll(snap)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := (vmmctl.Client{Socket: api}).DescribeGuest(ctx, snap)
+	if err != nil {
+		return "; no description: " + err.Error()
+	}
+	return "; the guest:\n" + d
 }
 
 // failureKind names how a boot failed, from timeToReady's error: a
