@@ -3,6 +3,7 @@ package benchplot
 import (
 	"image/color"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"gonum.org/v1/plot/vg"
@@ -39,5 +40,26 @@ func TestSavePNG(t *testing.T) {
 	}
 	if r, g, b, _ := img.At(150, 20).RGBA(); r>>8 != 255 || g>>8 != 255 || b>>8 != 255 {
 		t.Errorf("top right is %v, want white", img.At(150, 20))
+	}
+}
+
+func TestStepTicks(t *testing.T) {
+	for _, tc := range []struct {
+		lo, hi float64
+		want   string
+	}{
+		{0, 66, "0 10 20 30 40 50 60"},
+		{0, 860, "0 100 200 300 400 500 600 700 800"},
+		{0, 0.7, "0 0.1 0.2 0.3 0.4 0.5 0.6 0.7"},
+		{0, 250, "0 50 100 150 200 250"},
+		{3, 3, ""},
+	} {
+		var got []string
+		for _, tk := range (StepTicks{}).Ticks(tc.lo, tc.hi) {
+			got = append(got, tk.Label)
+		}
+		if strings.Join(got, " ") != tc.want {
+			t.Errorf("Ticks(%v, %v) = %v, want %s", tc.lo, tc.hi, got, tc.want)
+		}
 	}
 }

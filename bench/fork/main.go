@@ -43,7 +43,13 @@
 //
 // It prints one table per guest size with p50/p90/p99 of Warren and QEMU
 // side by side and their ratio (warren/qemu), and with --json writes every
-// sample. Needs /dev/kvm, and for QEMU /dev/vhost-vsock (usually root) and
+// sample; --latency-png and --density-png draw measurements 1 and 2 as
+// PNGs, and --replot draws them from earlier runs' JSON files without
+// running anything (several runs in one picture, each named by a label):
+//
+//	go run ./bench/fork --replot --latency-png fork.png "before=old.json" "after=new.json"
+//
+// Needs /dev/kvm, and for QEMU /dev/vhost-vsock (usually root) and
 // qemu-system-x86. Every VMM it started is killed when it ends, fails or
 // is interrupted.
 package main
@@ -85,6 +91,8 @@ type config struct {
 	// (false), with it (true), or both in turn.
 	densityBalloon []bool
 	densityPNG     string
+	// latencyPNG is where measurement 1 is drawn ("": not drawn).
+	latencyPNG string
 }
 
 func main() {
@@ -104,15 +112,16 @@ func main() {
 	flag.BoolVar(&c.skipDensity, "skip-density", false, "skip measurement 2")
 	points := flag.String("density-points", "16,64,256", "child counts at which measurement 2 stops to measure memory per child, its split between guest RAM and the VMM process, and the host's CPU use")
 	flag.StringVar(&c.densityPNG, "density-png", "", "also draw measurement 2 into this PNG")
-	replot := flag.Bool("replot", false, "draw --density-png from the JSON files given as arguments (earlier runs' --json), run nothing")
+	flag.StringVar(&c.latencyPNG, "latency-png", "", "also draw measurement 1 into this PNG: parent pause, child's first KVM_RUN and fork to agent answer, p50/p90/p99 against guest size")
+	replotFlag := flag.Bool("replot", false, "draw --density-png and/or --latency-png from the JSON files given as arguments (earlier runs' --json, each PATH or LABEL=PATH), run nothing")
 	balloon := flag.String("density-balloon", "off", "measurement 2 with the parent's (and so its children's) virtio-balloon reporting free pages: off, on, or both (one after the other)")
 	flag.Parse()
-	if *replot {
-		if c.densityPNG == "" || flag.NArg() == 0 {
-			fmt.Fprintln(os.Stderr, "bench/fork: --replot needs --density-png and JSON files")
+	if *replotFlag {
+		if (c.densityPNG == "" && c.latencyPNG == "") || flag.NArg() == 0 {
+			fmt.Fprintln(os.Stderr, "bench/fork: --replot needs --density-png or --latency-png (or both) and JSON files")
 			os.Exit(2)
 		}
-		if err := replotDensity(c.densityPNG, flag.Args()); err != nil {
+		if err := replot(c, flag.Args()); err != nil {
 			fmt.Fprintln(os.Stderr, "bench/fork:", err)
 			os.Exit(1)
 		}
@@ -159,6 +168,20 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench/fork:", err)
 		os.Exit(1)
 	}
+}
+
+// replot draws c's PNGs (--density-png, --latency-png: those set) from
+// the JSON files earlier runs wrote.
+func replot(c config, files []string) error {
+	if c.densityPNG != "" {
+		if err := replotDensity(c.densityPNG, files); err != nil {
+			return err
+		}
+	}
+	if c.latencyPNG != "" {
+		return replotLatency(c.latencyPNG, files)
+	}
+	return nil
 }
 
 // parseSizes reads a comma-separated list of positive MiB counts.
@@ -250,6 +273,9 @@ func run(c config, reg *registry) error {
 		if err := stats.WriteJSON(c.jsonOut, out); err != nil {
 			return err
 		}
+	}
+	if c.latencyPNG != "" && len(c.sizes) > 0 { // after the JSON: a plot that fails loses no sample
+		return writeLatencyPlot(c.latencyPNG, []latencyRun{latencyRunOf(results)})
 	}
 	return nil
 }

@@ -70,11 +70,8 @@ func writeDensityPlot(path string, all []*densityResult) error {
 // given as LABEL=PATH names its lines LABEL.
 func replotDensity(path string, files []string) error {
 	var all []*densityResult
-	for _, f := range files {
-		label := ""
-		if l, p, ok := strings.Cut(f, "="); ok {
-			label, f = l, p
-		}
+	for _, arg := range files {
+		label, f := replotArg(arg)
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return err
@@ -94,4 +91,13 @@ func replotDensity(path string, files []string) error {
 		}
 	}
 	return writeDensityPlot(path, all)
+}
+
+// replotArg splits a --replot argument, LABEL=PATH or PATH, into its
+// label ("" when none) and path.
+func replotArg(arg string) (label, path string) {
+	if l, p, ok := strings.Cut(arg, "="); ok {
+		return l, p
+	}
+	return "", arg
 }

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"image"
 	"image/color"
-	"math"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -37,23 +35,6 @@ func syntheticPlot(w, h int) plot {
 	}
 }
 
-// near counts img's pixels within tol (the sum of the channels'
-// differences) of c: drawn lines are anti-aliased, so only some take c
-// exactly.
-func near(img image.Image, c color.RGBA, tol float64) int {
-	n := 0
-	for y := img.Bounds().Min.Y; y < img.Bounds().Max.Y; y++ {
-		for x := img.Bounds().Min.X; x < img.Bounds().Max.X; x++ {
-			r, g, b, _ := img.At(x, y).RGBA()
-			d := math.Abs(float64(r>>8)-float64(c.R)) + math.Abs(float64(g>>8)-float64(c.G)) + math.Abs(float64(b>>8)-float64(c.B))
-			if d <= tol {
-				n++
-			}
-		}
-	}
-	return n
-}
-
 func TestRenderWritesPNG(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sub", "p.png")   // creating its directory
 	if out := os.Getenv("BENCH_HOSTD_PLOT"); out != "" { // to look at it
@@ -73,21 +54,21 @@ func TestRenderWritesPNG(t *testing.T) {
 	// reference lines' red are drawn: curves over a few hundred pixels,
 	// thin lines and their labels over fewer.
 	for _, c := range palette[:2] {
-		if n := near(img, c, 24); n < 300 {
+		if n := benchplot.CountNear(img, c, 24); n < 300 {
 			t.Errorf("colour %v drawn on %d pixels", c, n)
 		}
 	}
-	if n := near(img, red, 24); n < 200 {
+	if n := benchplot.CountNear(img, red, 24); n < 200 {
 		t.Errorf("red drawn on %d pixels", n)
 	}
-	if n := near(img, palette[2], 24); n != 0 {
+	if n := benchplot.CountNear(img, palette[2], 24); n != 0 {
 		t.Errorf("colour %v of no series drawn on %d pixels", palette[2], n)
 	}
 	// Mostly white, with dark text.
-	if n := near(img, color.RGBA{255, 255, 255, 255}, 0); n < 960*600/2 || n > 960*600*99/100 {
+	if n := benchplot.CountNear(img, color.RGBA{255, 255, 255, 255}, 0); n < 960*600/2 || n > 960*600*99/100 {
 		t.Errorf("%d white pixels", n)
 	}
-	if n := near(img, color.RGBA{0, 0, 0, 255}, 150); n < 500 {
+	if n := benchplot.CountNear(img, color.RGBA{0, 0, 0, 255}, 150); n < 500 {
 		t.Errorf("%d dark pixels", n)
 	}
 }
@@ -102,20 +83,20 @@ func TestRenderSeries(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, c := range palette[:3] {
-		if n := near(img, c, 24); n < 150 {
+		if n := benchplot.CountNear(img, c, 24); n < 150 {
 			t.Errorf("series %d's colour %v drawn on %d pixels", i, c, n)
 		}
 	}
-	if n := near(img, red, 24); n != 0 {
+	if n := benchplot.CountNear(img, red, 24); n != 0 {
 		t.Errorf("no reference lines, but red on %d pixels", n)
 	}
 	// Without samples a series is in the legend only: far fewer pixels.
-	withSamples := near(img, palette[2], 24)
+	withSamples := benchplot.CountNear(img, palette[2], 24)
 	p.Series[2].Samples = nil
 	if img, err = render(p); err != nil {
 		t.Fatal(err)
 	}
-	if n := near(img, palette[2], 24); n == 0 || n*3 > withSamples {
+	if n := benchplot.CountNear(img, palette[2], 24); n == 0 || n*3 > withSamples {
 		t.Errorf("empty series drawn on %d pixels, %d with samples", n, withSamples)
 	}
 }

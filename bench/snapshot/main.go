@@ -39,8 +39,14 @@
 //     go run ./bench/snapshot --kernel build/vmlinux --initramfs build/initramfs.cpio [--reps 5] [--restore-runs 50]
 //
 // It prints one table per measurement with p50/p90/p99 of Warren and QEMU
-// side by side and their ratio (warren/qemu), and with --json writes the
-// samples. Needs root, /dev/kvm, /dev/vhost-vsock and qemu-system-x86.
+// side by side and their ratio (warren/qemu), with --json writes the
+// samples, and with --png draws measurement 2 (per variant: the agent's
+// answer, bytes read, faults and resident pages); --replot draws that
+// PNG from earlier runs' JSON files without running anything:
+//
+//	go run ./bench/snapshot --replot restore.json --png restore.png
+//
+// Needs root, /dev/kvm, /dev/vhost-vsock and qemu-system-x86.
 package main
 
 import (
@@ -73,6 +79,8 @@ type config struct {
 	skipIncremental, skipRestore bool
 	variants                     map[string]bool // restore variants: eager, lazy (mmap), uffd, uffd-prefetch, qemu
 	caches                       map[string]bool // restore cache states: warm, cold
+	// png is where measurement 2 is drawn ("": not drawn).
+	png string
 }
 
 func main() {
@@ -96,7 +104,24 @@ func main() {
 	variants := flag.String("variants", "eager,lazy,uffd,uffd-prefetch,qemu", "restore variants to run: warren eager, lazy (or mmap: --lazy), uffd (--lazy=uffd), uffd-prefetch (--lazy=uffd --prefetch of a working set recorded by one uffd restore), qemu")
 	caches := flag.String("caches", "warm,cold", "restore cache states to run: warm, cold")
 	merge := flag.String("merge", "", "print one restore table from these --json files of earlier invocations (comma-separated) and exit")
+	flag.StringVar(&c.png, "png", "", "also draw measurement 2 into this PNG: per restore variant, the agent's answer p50/p90, the bytes read, and the faults and resident pages at the answer")
+	replot := flag.String("replot", "", "draw --png from these --json files of earlier invocations (comma-separated, joined as --merge does), run nothing")
 	flag.Parse()
+	if *replot != "" {
+		if c.png == "" {
+			fmt.Fprintln(os.Stderr, "bench/snapshot: --replot needs --png")
+			os.Exit(2)
+		}
+		if err := replotRestores(c.png, strings.Split(*replot, ",")); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/snapshot:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if c.png != "" && c.skipRestore {
+		fmt.Fprintln(os.Stderr, "bench/snapshot: --png draws measurement 2, which --skip-restore skips")
+		os.Exit(2)
+	}
 	if *merge != "" {
 		if err := mergeRestores(strings.Split(*merge, ","), c.jsonOut); err != nil {
 			fmt.Fprintln(os.Stderr, "bench/snapshot:", err)
@@ -238,6 +263,7 @@ func run(c config) error {
 	for _, v := range vms {
 		v.stop()
 	}
+	var restored map[string]*restoreSeries // measurement 2's results, for --png
 	if !c.skipRestore {
 		res, err := restores(c, src, work)
 		if err != nil {
@@ -247,11 +273,15 @@ func run(c config) error {
 		printRestores(os.Stdout, c, res, srcInfo)
 		out["restore"] = restoreJSON(c, res)
 		out["restore_sources"] = srcInfo
+		restored = res
 	}
 	if c.jsonOut != "" {
 		if err := stats.WriteJSON(c.jsonOut, out); err != nil {
 			return err
 		}
+	}
+	if c.png != "" && restored != nil { // after the JSON: a plot that fails loses no sample
+		return writeRestorePlot(c.png, restorePlotTitle(c), restored)
 	}
 	return nil
 }

@@ -17,23 +17,53 @@ import (
 // freezes in long ones: .ci/kvmhost/README.md): a series is then made of
 // short invocations whose rounds alternate the variants just the same.
 func mergeRestores(files []string, jsonOut string) error {
+	res, c, srcInfo, err := readRestores(files)
+	if err != nil {
+		return err
+	}
+	var counts []string
+	for _, k := range mergeKeys() {
+		if s := res[k]; s != nil {
+			counts = append(counts, fmt.Sprintf("%s %d", k, len(s.Health)+len(s.Failures)))
+		}
+	}
+	fmt.Printf("merged from %d invocations: %s\n", len(files), strings.Join(files, " "))
+	fmt.Printf("runs: %s\n", strings.Join(counts, ", "))
+	printRestores(os.Stdout, c, res, srcInfo)
+	if jsonOut != "" {
+		return stats.WriteJSON(jsonOut, map[string]any{"merged_from": files, "restore": restoreJSON(c, res), "restore_sources": srcInfo})
+	}
+	return nil
+}
+
+// readRestores reads the restore part (measurement 2) of --json files
+// and joins their series: the results, a config holding what the tables
+// and plot need of the runs (caches, guest size, and as runs per
+// variant the fewest of any series), and the first file's restore
+// sources. A file of another benchmark, or without restore results, is
+// an error.
+func readRestores(files []string) (map[string]*restoreSeries, config, map[string]any, error) {
 	res := map[string]*restoreSeries{}
 	c := config{caches: map[string]bool{}}
 	var srcInfo map[string]any
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
-			return err
+			return nil, c, nil, err
 		}
 		var doc struct {
-			Restore map[string]json.RawMessage `json:"restore"`
-			Sources map[string]any             `json:"restore_sources"`
+			Benchmark string                     `json:"benchmark"` // absent from --merge's output
+			Restore   map[string]json.RawMessage `json:"restore"`
+			Sources   map[string]any             `json:"restore_sources"`
 		}
 		if err := json.Unmarshal(b, &doc); err != nil {
-			return fmt.Errorf("%s: %w", f, err)
+			return nil, c, nil, fmt.Errorf("%s: %w", f, err)
+		}
+		if doc.Benchmark != "" && doc.Benchmark != "snapshot" {
+			return nil, c, nil, fmt.Errorf("%s: not a bench/snapshot --json file (benchmark %q)", f, doc.Benchmark)
 		}
 		if doc.Restore == nil {
-			return fmt.Errorf("%s: no restore results", f)
+			return nil, c, nil, fmt.Errorf("%s: no restore results (not a bench/snapshot --json file, or a run with --skip-restore)", f)
 		}
 		if srcInfo == nil {
 			srcInfo = doc.Sources
@@ -63,7 +93,7 @@ func mergeRestores(files []string, jsonOut string) error {
 				Uffd       []uffd.Stats  `json:"uffd_stats"`
 			}
 			if err := json.Unmarshal(raw, &e); err != nil {
-				return fmt.Errorf("%s: %s: %w", f, k, err)
+				return nil, c, nil, fmt.Errorf("%s: %s: %w", f, k, err)
 			}
 			s := res[k]
 			if s == nil {
@@ -87,25 +117,14 @@ func mergeRestores(files []string, jsonOut string) error {
 			c.caches[cache] = true
 		}
 	}
-	var counts []string
 	for _, k := range mergeKeys() {
-		s := res[k]
-		if s == nil {
-			continue
+		if s := res[k]; s != nil {
+			if n := len(s.Health) + len(s.Failures); c.restoreRuns == 0 || n < c.restoreRuns {
+				c.restoreRuns = n // the header's "runs per variant": the fewest
+			}
 		}
-		n := len(s.Health) + len(s.Failures)
-		if c.restoreRuns == 0 || n < c.restoreRuns {
-			c.restoreRuns = n // the header's "runs per variant": the fewest
-		}
-		counts = append(counts, fmt.Sprintf("%s %d", k, n))
 	}
-	fmt.Printf("merged from %d invocations: %s\n", len(files), strings.Join(files, " "))
-	fmt.Printf("runs: %s\n", strings.Join(counts, ", "))
-	printRestores(os.Stdout, c, res, srcInfo)
-	if jsonOut != "" {
-		return stats.WriteJSON(jsonOut, map[string]any{"merged_from": files, "restore": restoreJSON(c, res), "restore_sources": srcInfo})
-	}
-	return nil
+	return res, c, srcInfo, nil
 }
 
 // mergeKeys are the series keys in table order: every variant, warm then

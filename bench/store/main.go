@@ -30,7 +30,13 @@
 // Materialize) against a hard link of the plain files (what it did), with
 // p50/p90/p99 side by side.
 //
-//	go run ./bench/store [--mem-mib 256] [--sandboxes 16] [--snapshots 10] [--keep 8] [--dir DIR] [--json FILE]
+//	go run ./bench/store [--mem-mib 256] [--sandboxes 16] [--snapshots 10] [--keep 8] [--dir DIR] [--json FILE] [--png FILE]
+//
+// --png draws the bytes on disk before and after per tenant; --replot
+// draws it from earlier runs' --json files (of either kind, each PATH or
+// LABEL=PATH, one bar group each) without running anything:
+//
+//	go run ./bench/store --replot --png store.png a.json "real guests=b.json"
 //
 // With --hostd, real guests through warren-hostd instead (daemon.go; needs
 // /dev/kvm, and in the nested KVM host runs there):
@@ -134,7 +140,18 @@ func main() {
 	flag.StringVar(&dr.initramfs, "initramfs", "build/initramfs.cpio", "with --hostd: the guest initramfs (in the kernel's directory)")
 	encrypted := flag.String("tenants", "plain,keyed", "with --hostd: which tenants to run (plain, keyed)")
 	stats.JSONFlag(&jsonOut)
+	var png string
+	flag.StringVar(&png, "png", "", "also draw the bytes on disk before and after, per tenant, into this PNG")
+	replot := flag.Bool("replot", false, "draw --png from the JSON files given as arguments (earlier runs' --json, each PATH or LABEL=PATH), run nothing")
 	flag.Parse()
+	if *replot {
+		if png == "" || flag.NArg() == 0 {
+			fmt.Fprintln(os.Stderr, "bench/store: --replot needs --png and JSON files")
+			os.Exit(2)
+		}
+		check(replotStore(png, flag.Args()))
+		return
+	}
 	if dir == "" {
 		d, err := os.MkdirTemp("", "bench-store-")
 		check(err)
@@ -159,6 +176,9 @@ func main() {
 				daemonJSON(jsonOut, cfg, rs)
 			}
 		}
+		if png != "" {
+			check(writeStorePlot(png, []storeRun{daemonRunOf("", rs)}))
+		}
 		return
 	}
 	fmt.Printf("template %d MiB (%.0f%% of pages non-zero), %d sandboxes x %d rolling snapshots (keep %d), %.1f%% of pages rewritten between snapshots in runs of %d pages, chunks of %d pages\n\n",
@@ -174,6 +194,9 @@ func main() {
 		b, err := json.MarshalIndent(map[string]any{"config": cfg, "results": results}, "", "  ")
 		check(err)
 		check(os.WriteFile(jsonOut, b, 0o644))
+	}
+	if png != "" {
+		check(writeStorePlot(png, []storeRun{storeRunOf("", cfg, results)}))
 	}
 }
 
