@@ -39,12 +39,21 @@ WARREN_TEST_TEMPLATE=$("$WARREN_BIN" templates create --image "$IMAGE" --mem 512
 export WARREN_TEST_TEMPLATE
 echo "== template $WARREN_TEST_TEMPLATE"
 
+# Each suite is bounded well inside the nested host's 900 s for the whole
+# run, so that a hang shows where it hangs instead of ending in run.sh's
+# timeout with nothing said: the Python suite (about 150 s in the nested
+# host) gets SIGABRT after $PY_LIMIT, which faulthandler answers with every
+# thread's traceback; each TypeScript test (the suite takes about 40 s) is
+# cut after $TEST_LIMIT_MS; the MCP test binary (about 30 s) panics with
+# every goroutine's stack after $MCP_LIMIT.
+PY_LIMIT=${WARREN_SDK_PY_LIMIT:-400s} TEST_LIMIT_MS=${WARREN_SDK_TEST_LIMIT_MS:-180000} MCP_LIMIT=${WARREN_SDK_MCP_LIMIT:-4m}
+
 # suite runs one suite against the daemon.
 suite() {
 	case $1 in
-	python) (cd sdk/python && python3 -m unittest discover -s tests -v) ;;
-	js) (cd sdk/js && node --test test/*.test.mjs) ;;
-	mcp) "$ROOT/build/tests/mcpserver.test" -test.run E2E -test.v -test.timeout 15m ;;
+	python) (cd sdk/python && timeout -s ABRT "$PY_LIMIT" python3 -X faulthandler -m unittest discover -s tests -v) ;;
+	js) (cd sdk/js && node --test --test-timeout="$TEST_LIMIT_MS" test/*.test.mjs) ;;
+	mcp) "$ROOT/build/tests/mcpserver.test" -test.run E2E -test.v -test.timeout "$MCP_LIMIT" ;;
 	*) echo "unknown suite $1" >&2; return 2 ;;
 	esac
 }
