@@ -24,6 +24,9 @@ func TestL2Explained(t *testing.T) {
 		stall    = "    cli_test.go:96: L2 guest boot stalled: warren run did not end within 4m0s (killed); console:"
 		hostLeak = "    cli_test.go:95: the stalled guest: L2 vCPU holds the emulated host's state: describe the guest: vCPU 0: CR3 outside guest RAM with paging on: CR3 0x101d58000, guest RAM 256 MiB"
 		fail     = "--- FAIL: TestBootLinux (12.00s)"
+		vmmTF    = "    fleet_e2e_test.go:749: the VMM (pid 2788) exited: warren run: vmm: vCPU 0: triple fault (KVM_EXIT_SHUTDOWN) at rip 0xfff0 (500 Internal Server Error)"
+		vmmTFLog = `        {"level":"ERROR","msg":"template build failed","err":"the VMM (pid 2788) exited: warren run: vmm: vCPU 0: triple fault (KVM_EXIT_SHUTDOWN) at rip 0xfff0"}`
+		vmmTF2   = "    fleet_e2e_test.go:749: the VMM (pid 2790) exited: warren run: vmm: vCPU 0: triple fault (KVM_EXIT_SHUTDOWN) at rip 0xfff0"
 	)
 	for _, c := range []struct {
 		name    string
@@ -34,6 +37,9 @@ func TestL2Explained(t *testing.T) {
 	}{
 		{"traced known triple fault", []string{tf, knownTF, fail}, true, true, "each the emulated host's known"},
 		{"untraced triple fault", []string{tf, fail}, true, false, "0 shutdown exit(s) traced"},
+		// One VMM's death named by the test and again in the daemon's log.
+		{"one fault reported twice", []string{vmmTF, knownTF, fail, vmmTFLog}, true, true, "1 L2 triple fault(s), each the emulated host's known"},
+		{"two VMMs, one traced", []string{vmmTF, vmmTF2, knownTF, fail}, true, false, "2 L2 triple fault(s), 1 shutdown exit(s) traced"},
 		{"no trace in L1", []string{tf, knownTF, fail}, false, false, "no L1 trace"},
 		{"triple fault of another kind", []string{tf, otherTF, fail}, true, false, "0 of them the known"},
 		{"stall in the emulated host's state", []string{hostLeak, stall, fail}, true, true, "holding L1's own state"},
