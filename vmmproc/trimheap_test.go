@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"runtime/metrics"
 	"testing"
 	"time"
@@ -58,11 +59,26 @@ func checkTrimHeap(t *testing.T) {
 	stop := make(chan struct{})
 	defer close(stop)
 	go trimHeap(20*time.Millisecond, slack, stop)
+	// A trim can release no more than the runtime's own forced release
+	// (debug.FreeOSMemory, what trimHeap calls) does: now and then that
+	// leaves a few MiB of free heap resident (seen: 2.6-3.3 MiB of 8 MiB,
+	// in about one run in six, the scavenger's forced passes releasing
+	// 32 KiB each; a runtime matter). So when most of the garbage is still
+	// resident at the deadline, a forced release here tells the two
+	// apart: it leaves as much (the runtime kept it: no failure) or much
+	// less (the trim did not run: failure).
 	wait := func(what string, from uint64) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); free() > from/4; {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d bytes of free heap still resident (%d before)", what, free(), from)
+				left := free()
+				debug.FreeOSMemory()
+				if floor := free(); left > floor+slack {
+					t.Fatalf("%s: %d bytes of free heap still resident (%d before; a forced release leaves %d)", what, left, from, floor)
+				} else {
+					t.Logf("%s: %d bytes of free heap still resident (%d before), as a forced release leaves (%d): kept by the runtime", what, left, from, floor)
+				}
+				return
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
