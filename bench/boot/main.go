@@ -33,7 +33,6 @@ import (
 	"github.com/warrenvm/warren/vmm"
 	"github.com/warrenvm/warren/vmm/boot"
 	"github.com/warrenvm/warren/vmm/hostprofile"
-	"github.com/warrenvm/warren/vmmctl"
 )
 
 var readyLine = regexp.MustCompile(`warren-init: ready uptime=([0-9.]+)`)
@@ -241,14 +240,7 @@ func timeToReady(argv []string, timeout time.Duration, describe func() string) (
 // api (vmmctl's DescribeGuest, its snapshot in a directory under dir),
 // as the end of a stalled boot's error.
 func describeGuest(api, dir string) string {
-	snap, err := os.MkdirTemp(dir, "stalled-")
-	if err != nil {
-		return "; no description: " + err.Error()
-	}
-	defer os.RemoveAll(snap)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	d, err := (vmmctl.Client{Socket: api}).DescribeGuest(ctx, snap)
+	d, err := rig.DescribeGuest(api, dir)
 	if err != nil {
 		return "; no description: " + err.Error()
 	}

@@ -1,11 +1,7 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"os"
-	"time"
-
+	"github.com/warrenvm/warren/bench/rig"
 	"github.com/warrenvm/warren/vmmctl"
 )
 
@@ -16,14 +12,7 @@ import (
 // against their rings (issue 18's fork hang: a child whose VMM lives while
 // its guest is silent).
 func hungState(ch vmmctl.ForkChild, dir string) string {
-	snapDir, err := os.MkdirTemp(dir, "hung-")
-	if err != nil {
-		return fmt.Sprintf("no state: %v", err)
-	}
-	defer os.RemoveAll(snapDir)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	d, err := (vmmctl.Client{Socket: ch.API}).DescribeGuest(ctx, snapDir)
+	d, err := rig.DescribeGuest(ch.API, dir)
 	if err != nil {
 		return "no state: " + err.Error()
 	}
