@@ -415,6 +415,12 @@ func (d *Daemon) adopt() {
 		d.templates[t.ID] = ts
 	}
 	for _, sb := range sbs {
+		if isRecorder(sb.ID) {
+			// A build's working-set recorder, cut short: never a
+			// tenant's sandbox (workingset_build.go).
+			d.discardRecorderRecord(sb)
+			continue
+		}
 		s := &sbState{rec: sb, agent: agentclient.New(sb.Vsock)}
 		if d.cg != nil && len(sb.Cgroup) > 0 && sb.Cgroup[0] != "none" {
 			s.cgroup = d.cg.Open(sb.ID)
@@ -471,6 +477,7 @@ func (d *Daemon) adopt() {
 			d.log.Error("remove a sandbox directory that no record owns", "sandbox", r.ID, "err", err)
 		}
 	}
+	d.sweepRecorders()
 }
 
 // markStopped records that s's VMM is gone and removes the secrets file

@@ -265,8 +265,19 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	}
 	t.Status, t.Snapshot, t.PID, t.StartTime = store.TemplateReady, snap, 0, 0
 	t.BuildMS = float64(time.Since(start).Milliseconds())
+	record := d.recordsAtBuild(t)
+	if record {
+		// In uffd mode the build ends by recording the working set
+		// (workingset_build.go): ready from here on, but creates wait
+		// for warm until the recording ended, and then prefetch.
+		ts.warm.Lock()
+		defer ts.warm.Unlock()
+	}
 	if err := d.saveTemplate(ts); err != nil {
 		return fail(err)
+	}
+	if record {
+		d.recordAtBuild(o, ts)
 	}
 	d.sealIdleDisks(tenant) // its frozen disk bases
 	d.obs.ObserveOp("template_build", time.Since(start), nil)
@@ -461,9 +472,9 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 // sandbox's own overlays over the template's bases (a create) or over its
 // snapshot's disk layers (a resume). Once the agent answers, the record
 // gets the VMM's live disks (GET /v1/disks). tc is the template of a
-// create (nil for a resume): a create's memory is restored in
-// Config.RestoreMemory's mode, and the template's first restore in uffd
-// mode records its working set (workingset.go).
+// create or of a build's recorder (nil for a resume): its memory is
+// restored in Config.RestoreMemory's mode, and the template's first
+// restore in uffd mode records its working set (workingset.go).
 func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskPaths map[int]string, tc *templateCreate) error {
 	sb := s.rec
 	if err := d.admitRestore(o); err != nil {

@@ -34,9 +34,16 @@ import (
 // running VMM) and fork children (the VMM's own) restore as before, and
 // a decrypted working copy is restored eagerly (startVMM).
 //
-// The working set. Recorded by the template's first create in uffd mode
-// since the daemon started (the one holding tplState.warm with warmed
-// false) when its file is not there yet: that restore gets
+// The working set. Recorded when the template is built: in uffd mode the
+// build ends by restoring its new snapshot once, in a recorder that no
+// tenant sees and that is removed at once, which records as a first
+// create does (workingset_build.go says how, when and for whom; not for a
+// tenant with a key). Where the build recorded none (a tenant with a key,
+// a recording that failed, a daemon killed while it ran, working sets
+// forgotten since), by the template's first create in uffd mode since the
+// daemon started (the one holding tplState.warm with warmed false) when
+// its file is not there yet; the build's recorder is such a first
+// restore too, holding warm for the build. That restore gets
 // --record-working-set SANDBOXDIR/working-set.wset (recordingName, in the
 // sandbox's own directory, which a confined VMM may write: the template's
 // is bound read-only into its jail); once the guest's agent answered,
@@ -51,8 +58,9 @@ import (
 // the VMM's file. The template's record then says how many pages it
 // holds (store.Template.WorkingSetPages). All of it happens under
 // tplState.warm, so concurrent creates wait for the file and prefetch
-// it; a failure to record is logged and shown in the create's progress,
-// never fails the create, and is not retried before the daemon starts
+// it; a failure to record is logged and shown in the create's (the
+// build's) progress, never fails the create (the build), and a create's
+// is not retried before the daemon starts
 // again (warmed is set by the create that ran). Later creates get
 // --prefetch with the file when it exists; the VMM reads it before it
 // drops its privileges (so the file needs no permission a confined VMM
@@ -72,7 +80,7 @@ import (
 // start, clears the record's count of a template whose file is gone.
 //
 // Template bundles carry no working set: the importing host records its
-// own at its first uffd create.
+// own at its first uffd create (a bundle's import is not a build).
 
 // Config.RestoreMemory's values.
 const (
@@ -113,9 +121,10 @@ const (
 	saveTimeout     = 30 * time.Second
 )
 
-// templateCreate is what startVMM needs of a create: its template, and
-// whether the restore is the template's first since the daemon started
-// (the caller then holds ts.warm).
+// templateCreate is what startVMM needs of a create (or of a build's
+// recorder, workingset_build.go): its template, and whether the restore
+// is the template's first since the daemon started (the caller then
+// holds ts.warm; a recorder's always is).
 type templateCreate struct {
 	ts    *tplState
 	first bool
