@@ -292,6 +292,7 @@ type ChunkRef struct {
 	Offset int64    // file offset of the compressed bytes
 	Length uint32   // compressed length
 	Pages  uint32   // pages stored in it
+	First  uint64   // the first page it stores (chunks are in page order)
 	Sum    [32]byte // SHA-256 of the compressed bytes
 }
 
@@ -299,9 +300,35 @@ type ChunkRef struct {
 func (l *Layer) ChunkRefs() []ChunkRef {
 	out := make([]ChunkRef, len(l.ix.chunks))
 	for i, c := range l.ix.chunks {
-		out[i] = ChunkRef{Offset: c.off, Length: c.clen, Pages: c.npages, Sum: c.sum}
+		out[i] = ChunkRef{Offset: c.off, Length: c.clen, Pages: c.npages, First: c.runs[0].first, Sum: c.sum}
 	}
 	return out
+}
+
+// ChunkCuts returns where the layer's file may be cut so that a chunk, or
+// an aligned group of them, is a piece of its own: at 0, at the end of
+// the header, at the first chunk of each group of group bytes of guest
+// memory (aligned to group; at least one page), at the start of the index
+// and at the end of the file, increasing. Chunks hold pages of one aligned
+// block of memory each, written deterministically, so two layers whose
+// memory agrees in a group have equal pieces for it, wherever in the file
+// they lie: what a store keeping pieces by content (hostd/daemon's
+// bundles in fleet/objstore) keeps once.
+func (l *Layer) ChunkCuts(group uint64) []int64 {
+	group = max(group, uint64(l.hdr.PageSize))
+	cuts := []int64{0, l.hdrLen}
+	prev := ^uint64(0)
+	for _, c := range l.ix.chunks {
+		g := c.runs[0].first * uint64(l.hdr.PageSize) / group
+		if g != prev && c.off != cuts[len(cuts)-1] {
+			cuts = append(cuts, c.off)
+		}
+		prev = g
+	}
+	if l.dataEnd != cuts[len(cuts)-1] {
+		cuts = append(cuts, l.dataEnd)
+	}
+	return append(cuts, l.fileSize)
 }
 
 // DataRange returns the file's data region [start, end): the bytes before

@@ -59,6 +59,7 @@ import (
 	"time"
 
 	"github.com/warrenvm/warren/bench/stats"
+	"github.com/warrenvm/warren/bench/synthmem"
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/hostd/pagestore"
 	"github.com/warrenvm/warren/memsnap"
@@ -119,6 +120,10 @@ type result struct {
 	Rebuild     stats.Summary   `json:"rebuild_chain"`
 	Link        stats.Summary   `json:"link_chain"`
 	Store       pagestore.Stats `json:"store_stats"`
+	// ObjectStore is the fleet's object store's share of a bundle of
+	// each snapshot and of the template (plain tenant only: a key
+	// changes the blobs' names, not which are shared).
+	ObjectStore *objectStore `json:"object_store,omitempty"`
 }
 
 func main() {
@@ -208,32 +213,10 @@ func check(err error) {
 }
 
 // fillPage writes a page of mixed random and repetitive 64-byte lines.
-func fillPage(pg []byte, r *rand.Rand) {
-	for i := 0; i < len(pg); i += 64 {
-		line := pg[i : i+64]
-		if r.IntN(3) == 0 {
-			for j := range line {
-				line[j] = byte(r.Uint32())
-			}
-		} else {
-			v := byte(r.Uint32())
-			for j := range line {
-				line[j] = v + byte(j&3)
-			}
-		}
-	}
-}
+func fillPage(pg []byte, r *rand.Rand) { synthmem.Fill(pg, r) }
 
-func templateMemory(cfg config) []byte {
-	r := rand.New(rand.NewPCG(1, 1))
-	mem := make([]byte, cfg.MemMiB<<20)
-	for p := 0; p < len(mem)/pageSize; p++ {
-		if r.Float64() < cfg.Used {
-			fillPage(mem[p*pageSize:(p+1)*pageSize], r)
-		}
-	}
-	return mem
-}
+// templateMemory is the template's memory image.
+func templateMemory(cfg config) []byte { return synthmem.Image(cfg.MemMiB, cfg.Used, 1) }
 
 func run(cfg config, tmpl []byte, dir string, keyed bool) result {
 	res := result{Tenant: map[bool]string{false: "plain (no key)", true: "keyed (at-rest encryption)"}[keyed]}
@@ -260,6 +243,12 @@ func run(cfg config, tmpl []byte, dir string, keyed bool) result {
 	tl.Close()
 	if keyed {
 		check(crypt.EncryptFile(tl.Path(), tl.Path(), key))
+	}
+	var obj *objectStore
+	if !keyed {
+		obj = &objectStore{}
+		res.ObjectStore = obj
+		obj.upload(tl.Path())
 	}
 	res.Template.addFile(tl.Path())
 	res.Before.add(res.Template)
@@ -306,6 +295,21 @@ func run(cfg config, tmpl []byte, dir string, keyed bool) result {
 				chain++
 			}
 			check(err)
+			if obj != nil {
+				// The bundle of this snapshot: its memory flattened into
+				// one full layer, as an export writes it.
+				full := path
+				if l.Kind() != memsnap.KindBase {
+					full = filepath.Join(sdir, ".bundle"+memsnap.Ext)
+					fl, err := memsnap.WriteBase(full, bytes.NewReader(mem), uint64(len(mem)), opts)
+					check(err)
+					fl.Close()
+				}
+				obj.upload(full)
+				if full != path {
+					os.Remove(full)
+				}
+			}
 			clear(dirty)
 			if parent != nil {
 				parent.Close()
@@ -423,4 +427,15 @@ func print(r result) {
 	fmt.Println()
 	stats.Table(os.Stdout, "per restore: working copy of the snapshot's chain, rebuilt from the store vs hard links", r.Rebuild, r.Link)
 	fmt.Println()
+	if o := r.ObjectStore; o != nil {
+		fmt.Printf("fleet object store: %d bundles (every snapshot's, the template's), memory %s in all\n", o.Bundles, mib(o.Logical))
+		fmt.Printf("%-34s %8s %8s %14s %8s\n", "bundles' memory cut", "pieces", "blobs", "stored", "ratio")
+		for _, v := range []struct {
+			name string
+			p    pieces
+		}{{"every 4 MiB (version 1)", o.V1}, {"at its chunks (version 2)", o.V2}} {
+			fmt.Printf("%-34s %8d %8d %14s %8.2f\n", v.name, v.p.Pieces, v.p.Blobs, mib(v.p.Stored), float64(o.Logical)/float64(max(v.p.Stored, 1)))
+		}
+		fmt.Printf("  version 2 keeps %.2fx less than version 1\n\n", float64(o.V1.Stored)/float64(max(o.V2.Stored, 1)))
+	}
 }

@@ -27,6 +27,10 @@ type diskBytes struct {
 type storeRun struct {
 	label        string
 	plain, keyed *diskBytes
+	// objstore is the fleet's object store's bytes of the bundles'
+	// memory: before, cut every 4 MiB (version 1); after, at the chunks
+	// (nil: not run).
+	objstore *diskBytes
 }
 
 // storeRunOf is a synthetic run's (results) figures: before, the layer
@@ -43,6 +47,9 @@ func storeRunOf(label string, cfg config, results []result) storeRun {
 	r := storeRun{label: label}
 	for _, res := range results {
 		r.set(res.Tenant, diskBytes{res.Before.Bytes, res.After.Bytes})
+		if o := res.ObjectStore; o != nil {
+			r.objstore = &diskBytes{o.V1.Stored, o.V2.Stored}
+		}
 	}
 	return r
 }
@@ -139,9 +146,11 @@ func writeStorePlot(path string, runs []storeRun) error {
 	for _, t := range []struct {
 		title string
 		get   func(storeRun) *diskBytes
+		bars  storeBars
 	}{
-		{"plain tenant (no key): a full snapshot every 8, incremental ones between", func(r storeRun) *diskBytes { return r.plain }},
-		{"keyed tenant (at-rest encryption): every snapshot full, sealed", func(r storeRun) *diskBytes { return r.keyed }},
+		{"plain tenant (no key): a full snapshot every 8, incremental ones between", func(r storeRun) *diskBytes { return r.plain }, pageStoreBars},
+		{"keyed tenant (at-rest encryption): every snapshot full, sealed", func(r storeRun) *diskBytes { return r.keyed }, pageStoreBars},
+		{"fleet object store: a bundle of every snapshot and of the template, one tenant", func(r storeRun) *diskBytes { return r.objstore }, objectStoreBars},
 	} {
 		has := false
 		for _, r := range runs {
@@ -150,7 +159,7 @@ func writeStorePlot(path string, runs []storeRun) error {
 		if !has {
 			continue
 		}
-		p, err := storePanel(t.title, runs, t.get)
+		p, err := storePanel(t.title, t.bars, runs, t.get)
 		if err != nil {
 			return err
 		}
@@ -162,13 +171,26 @@ func writeStorePlot(path string, runs []storeRun) error {
 	return benchplot.SaveGrid(path, col, storePanelW, storePanelH(len(runs)))
 }
 
+// storeBars names a panel's two bars and its axis.
+type storeBars struct {
+	before, after, axis string
+}
+
+// The panels' bars: the page store's, and the object store's.
+var (
+	pageStoreBars = storeBars{"before: a memsnap file per layer (keyed: each sealed whole)",
+		"after: the page store (chunks, reference files) + the layers left out of it", "memory layers on disk, MiB (file bytes)"}
+	objectStoreBars = storeBars{"before: bundles' memory cut every 4 MiB (bundle version 1)",
+		"after: cut at its memsnap chunks (version 2): the page store's chunks", "bundles' memory in the bucket, MiB (distinct blobs)"}
+)
+
 // storePanel draws one tenant kind of runs: the first run at the top, a
 // run without this tenant's figures left empty.
-func storePanel(title string, runs []storeRun, get func(storeRun) *diskBytes) (*plot.Plot, error) {
+func storePanel(title string, bars storeBars, runs []storeRun, get func(storeRun) *diskBytes) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = title
 	p.Title.TextStyle.Font.Size = vg.Points(12)
-	p.X.Label.Text = "memory layers on disk, MiB (file bytes)"
+	p.X.Label.Text = bars.axis
 	p.X.Tick.Marker = benchplot.StepTicks{}
 	n := len(runs)
 	names := make([]string, n)
@@ -189,10 +211,10 @@ func storePanel(title string, runs []storeRun, get func(storeRun) *diskBytes) (*
 		value  func(diskBytes) float64
 		label  func(diskBytes) string
 	}{
-		{"before: a memsnap file per layer (keyed: each sealed whole)", beforeColour,
+		{bars.before, beforeColour,
 			func(d diskBytes) float64 { return mibf(d.before) },
 			func(d diskBytes) string { return fmt.Sprintf("%.1f MiB", mibf(d.before)) }},
-		{"after: the page store (chunks, reference files) + the layers left out of it", afterColour,
+		{bars.after, afterColour,
 			func(d diskBytes) float64 { return mibf(d.after) },
 			func(d diskBytes) string {
 				return fmt.Sprintf("%.1f MiB (%.2f× smaller)", mibf(d.after), float64(d.before)/float64(max(d.after, 1)))

@@ -19,7 +19,8 @@ const storeResultsDir = "../results/2026-12-05-store"
 // sampleResults are a synthetic run's results: a plain and a keyed tenant.
 func sampleResults() []result {
 	return []result{
-		{Tenant: "plain (no key)", Before: usage{Files: 161, Bytes: 1700 << 20}, After: usage{Files: 900, Bytes: 600 << 20}},
+		{Tenant: "plain (no key)", Before: usage{Files: 161, Bytes: 1700 << 20}, After: usage{Files: 900, Bytes: 600 << 20},
+			ObjectStore: &objectStore{Bundles: 161, Logical: 9000 << 20, V1: pieces{Stored: 8900 << 20}, V2: pieces{Stored: 900 << 20}}},
 		{Tenant: "keyed (at-rest encryption)", Before: usage{Files: 161, Bytes: 7400 << 20}, After: usage{Files: 800, Bytes: 750 << 20}},
 	}
 }
@@ -54,7 +55,7 @@ func TestWriteStorePlot(t *testing.T) {
 	if err := writeStorePlot(path, runs); err != nil {
 		t.Fatal(err)
 	}
-	img := readStorePlot(t, path, 2, 2) // plain and keyed panels
+	img := readStorePlot(t, path, 3, 2) // plain, keyed and object store panels
 	for _, c := range []color.RGBA{beforeColour, afterColour} {
 		if n := benchplot.CountNear(img, c, 12); n < 5000 {
 			t.Errorf("colour %v drawn on %d pixels", c, n)
@@ -69,8 +70,9 @@ func TestWriteStorePlot(t *testing.T) {
 
 func TestStoreRunLabels(t *testing.T) {
 	r := storeRunOf("", sampleConfig, sampleResults())
-	if r.label != "synthetic memory\nwrites in runs of 16 pages, 64-page chunks" || r.plain.before != 1700<<20 || r.keyed.after != 750<<20 {
-		t.Errorf("run %q %+v %+v", r.label, r.plain, r.keyed)
+	if r.label != "synthetic memory\nwrites in runs of 16 pages, 64-page chunks" || r.plain.before != 1700<<20 || r.keyed.after != 750<<20 ||
+		r.objstore == nil || *r.objstore != (diskBytes{8900 << 20, 900 << 20}) {
+		t.Errorf("run %q %+v %+v %+v", r.label, r.plain, r.keyed, r.objstore)
 	}
 	scattered := sampleConfig
 	scattered.RunPages, scattered.ChunkPages = 1, 256
@@ -103,7 +105,7 @@ func TestStoreJSONRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.label != tc.want.label || !equalBytes(got.plain, tc.want.plain) || !equalBytes(got.keyed, tc.want.keyed) {
+		if got.label != tc.want.label || !equalBytes(got.plain, tc.want.plain) || !equalBytes(got.keyed, tc.want.keyed) || !equalBytes(got.objstore, tc.want.objstore) {
 			t.Errorf("%s: read %q %+v %+v, want %q %+v %+v", tc.file, got.label, got.plain, got.keyed, tc.want.label, tc.want.plain, tc.want.keyed)
 		}
 	}

@@ -3,7 +3,10 @@
 // tenant's key when it has one.
 //
 // A bundle is a tar stream of regular files (hostd/daemon's sandbox
-// bundles: a few small records and many chunks of at most MaxBlob bytes).
+// bundles: a few small records and many chunks of at most MaxBlob bytes;
+// the guest memory's chunks are the memsnap layer's own, the pieces the
+// host's page store keeps, so the bucket keeps each of them once per
+// tenant and key whichever snapshots, sandboxes and templates hold it).
 // PutBundle stores each file as a blob and then one manifest listing them
 // in order; GetBundle writes the same tar stream back from a manifest. In
 // the bucket:

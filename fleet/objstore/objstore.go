@@ -16,9 +16,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/internal/atomicfile"
@@ -33,6 +35,11 @@ const (
 	MaxEntries = 1 << 17
 	// MaxManifest is the most bytes a manifest may take (encoded).
 	MaxManifest = 32 << 20
+	// Parallel is how many blobs a PutBundle or a GetBundle has in
+	// flight at once (each at most MaxBlob bytes in memory): a bundle's
+	// memory is one blob per memsnap chunk, hundreds to thousands of
+	// requests, whose round trips overlap.
+	Parallel = 8
 	// maxNameLen bounds a file name in a bundle.
 	maxNameLen = 200
 )
@@ -386,7 +393,16 @@ func (s *Store) PutBundle(ctx context.Context, tenant string, r io.Reader) (Ref,
 	}
 	m := Manifest{Version: ManifestVersion, Tenant: tenant}
 	tr := tar.NewReader(r)
-	for {
+	// Each file is put by a goroutine of its own, Parallel at most (Go
+	// waits for a slot: the stream is read no further ahead), and its
+	// blob's name written into its entry's slot of names.
+	ctx, cancel := context.WithCancel(ctx) // a return stops the puts in flight
+	defer cancel()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(Parallel)
+	var mu sync.Mutex
+	names := map[int]string{}
+	for gctx.Err() == nil {
 		h, err := tr.Next()
 		if err == io.EOF {
 			break
@@ -404,11 +420,24 @@ func (s *Store) PutBundle(ctx context.Context, tenant string, r io.Reader) (Ref,
 		if _, err := io.ReadFull(tr, b); err != nil {
 			return Ref{}, fmt.Errorf("objstore: bundle file %s: %w", h.Name, err)
 		}
-		name, err := s.put(ctx, tk, "blobs", b)
-		if err != nil {
-			return Ref{}, err
-		}
-		m.Entries = append(m.Entries, Entry{Name: h.Name, Blob: name, Size: h.Size})
+		i := len(m.Entries)
+		m.Entries = append(m.Entries, Entry{Name: h.Name, Size: h.Size})
+		g.Go(func() error {
+			name, err := s.put(gctx, tk, "blobs", b)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			names[i] = name
+			mu.Unlock()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return Ref{}, err
+	}
+	for i := range m.Entries {
+		m.Entries[i].Blob = names[i]
 	}
 	mb, err := json.Marshal(m)
 	if err != nil {
@@ -467,9 +496,30 @@ func (s *Store) GetBundle(ctx context.Context, ref Ref, tenant string, w io.Writ
 	if err != nil {
 		return err
 	}
+	// Up to Parallel blobs are fetched ahead of the one written next,
+	// each into a channel of its own; a return cancels the rest.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type fetched struct {
+		b   []byte
+		err error
+	}
+	ahead := make([]chan fetched, len(m.Entries))
+	started := 0
 	tw := tar.NewWriter(w)
-	for _, e := range m.Entries {
-		b, err := s.get(ctx, tk, "blobs", e.Blob, MaxBlob)
+	for i, e := range m.Entries {
+		for ; started < len(m.Entries) && started <= i+Parallel-1; started++ {
+			c := make(chan fetched, 1)
+			ahead[started] = c
+			blob := m.Entries[started].Blob
+			go func() {
+				b, err := s.get(ctx, tk, "blobs", blob, MaxBlob)
+				c <- fetched{b, err}
+			}()
+		}
+		f := <-ahead[i]
+		ahead[i] = nil
+		b, err := f.b, f.err
 		if err != nil {
 			return err
 		}

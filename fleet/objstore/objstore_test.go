@@ -179,6 +179,43 @@ func TestObjstore(t *testing.T) {
 		}
 	})
 
+	t.Run("ManyFilesInOrder", func(t *testing.T) {
+		// More files than Parallel, several times over, some equal: put
+		// and fetched concurrently, they come back in their order.
+		var many []file
+		for i := range 5*Parallel + 3 {
+			data := bytes.Repeat([]byte{byte(i % 7)}, 1000+i)
+			if i%5 == 0 {
+				data = []byte("the same piece again")
+			}
+			many = append(many, file{fmt.Sprintf("memory/%016x", i*4096), data})
+		}
+		ref, err := s.PutBundle(ctx, "plain", bytes.NewReader(tarOf(t, many)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := s.Manifest(ctx, ref, "plain")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m.Entries) != len(many) || m.Entries[0].Blob != m.Entries[5].Blob || m.Entries[1].Blob == m.Entries[2].Blob {
+			t.Fatalf("manifest of %d entries for %d files", len(m.Entries), len(many))
+		}
+		var out bytes.Buffer
+		if err := s.GetBundle(ctx, ref, "plain", &out); err != nil {
+			t.Fatal(err)
+		}
+		got := untar(t, out.Bytes())
+		if len(got) != len(many) {
+			t.Fatalf("%d files back, want %d", len(got), len(many))
+		}
+		for i := range many {
+			if got[i].name != many[i].name || !bytes.Equal(got[i].data, many[i].data) {
+				t.Fatalf("file %d: %s, want %s", i, got[i].name, many[i].name)
+			}
+		}
+	})
+
 	t.Run("NamesDifferAcrossTenants", func(t *testing.T) {
 		names := map[string]string{}
 		for _, tenant := range []string{"plain", "sealed"} {

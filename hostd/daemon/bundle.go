@@ -23,6 +23,7 @@ import (
 	"github.com/warrenvm/warren/hostd/store"
 	"github.com/warrenvm/warren/hostd/wire"
 	"github.com/warrenvm/warren/internal/strictjson"
+	"github.com/warrenvm/warren/memsnap"
 	"github.com/warrenvm/warren/memsnap/vmsnap"
 )
 
@@ -56,11 +57,24 @@ import (
 // keeps them once.
 //
 // The stream is a tar of regular files: "bundle.json" (bundleHeader)
-// first, then each part in chunks of bundleChunk bytes named
-// PART/<offset, 16 hex digits>, in increasing offsets (all-zero chunks
-// left out: the parts are sparse), then "end" (bundleEnd: every file
-// before it and its SHA-256, in order). Chunks of equal contents are
-// equal files, which the object store keeps once.
+// first, then each part as pieces named PART/<offset, 16 hex digits>, in
+// increasing offsets, then "end" (bundleEnd: every file before it and its
+// SHA-256, in order). The state and the disks are cut every bundleChunk
+// bytes (all-zero pieces left out: the parts are sparse). The memory
+// layer is cut where its memsnap chunks are (memoryCuts): its header,
+// then one piece per chunk, then its index and footer. Memsnap writes a
+// chunk for each aligned block of guest memory with non-zero pages, and
+// writes it deterministically, so a block that did not change between two
+// snapshots, or since the template, is the same piece, byte for byte,
+// whose SHA-256 is the one the layer's index records: the chunk the host's
+// page store (hostd/pagestore) keeps under that digest. The fleet's object
+// store (fleet/objstore), which keeps every file of a bundle as a blob
+// named by its contents, per tenant and key, thus holds the page store's
+// chunks, each once per tenant and key, whichever sandboxes, snapshots
+// and templates share it (version 1 bundles cut the memory every
+// bundleChunk bytes too, so one changed block changed every piece after
+// it). A guest too large for one piece per chunk within memoryPiecesMax
+// has its memory cut at aligned groups of blocks instead (memoryCuts).
 //
 // Import trusts nothing of it: the header's fields are bounded, the part
 // names are a fixed set and become fixed file names in the new sandbox's
@@ -77,9 +91,19 @@ import (
 // and the record's history (other snapshots, rolling settings, forks).
 
 const (
-	bundleVersion = 1
-	// bundleChunk is the size of a part's chunks.
+	// bundleVersion is the version exports write: 2 cuts the memory at
+	// its chunks. Imports read 1 and 2.
+	bundleVersion = 2
+	// bundleChunk is the size of the state's and disks' pieces and the
+	// most bytes any piece holds.
 	bundleChunk = 4 << 20
+	// memoryPiecesMax is how many pieces memoryCuts aims to cut a guest's
+	// memory into at most: one per memsnap chunk for guests up to 4 GiB
+	// (at its default 256 KiB chunks), aligned groups of chunks beyond.
+	memoryPiecesMax = 16384
+	// memoryGroupMin is the least memory, in bytes, one piece of the
+	// memory part covers: memsnap's default chunk.
+	memoryGroupMin = memsnap.DefaultChunkPages * memsnap.DefaultPageSize
 	// bundleHeaderMax and bundleEndMax bound the two records.
 	bundleHeaderMax = 1 << 20
 	bundleEndMax    = 32 << 20
@@ -336,6 +360,10 @@ func (d *Daemon) streamBundle(w io.Writer, tenant, name string, ls *vmsnap.Snaps
 	if !memLayerRE.MatchString(hdr.MemoryLayer) {
 		return false, fmt.Errorf("memory layer %q: unexpected name", hdr.MemoryLayer)
 	}
+	memCuts, err := memoryCuts(memF, hdr.MemoryBytes)
+	if err != nil {
+		return false, fmt.Errorf("snapshot %s: %w", name, err)
+	}
 	// The stream.
 	bw := &bundleWriter{tw: tar.NewWriter(w)}
 	hb, _ := json.Marshal(hdr)
@@ -346,7 +374,7 @@ func (d *Daemon) streamBundle(w io.Writer, tenant, name string, ls *vmsnap.Snaps
 	if err := bw.part("state", stateF, hdr.StateBytes); err != nil {
 		return true, err
 	}
-	if err := bw.part("memory", memF, hdr.MemoryBytes); err != nil {
+	if err := bw.pieces("memory", memF, memCuts); err != nil {
 		return true, err
 	}
 	for i, b := range backs {
@@ -445,22 +473,55 @@ func (b *bundleWriter) file(name string, data []byte) error {
 	return nil
 }
 
-// part writes r's size bytes as chunks, leaving out all-zero ones.
+// part writes r's size bytes as pieces of bundleChunk bytes, leaving out
+// all-zero ones.
 func (b *bundleWriter) part(name string, r io.ReaderAt, size int64) error {
+	return b.pieces(name, r, []int64{0, size})
+}
+
+// pieces writes the bytes of r between each two consecutive offsets of
+// cuts (increasing, from 0 to the part's size) as pieces, one between
+// each two cuts, cut again every bundleChunk bytes, leaving out all-zero
+// ones.
+func (b *bundleWriter) pieces(name string, r io.ReaderAt, cuts []int64) error {
 	buf := make([]byte, bundleChunk)
-	for off := int64(0); off < size; off += bundleChunk {
-		n := int(min(bundleChunk, size-off))
-		if _, err := r.ReadAt(buf[:n], off); err != nil && !(errors.Is(err, io.EOF)) {
-			return fmt.Errorf("%s at %d: %w", name, off, err)
-		}
-		if allZero(buf[:n]) {
-			continue
-		}
-		if err := b.file(fmt.Sprintf("%s/%016x", name, off), buf[:n]); err != nil {
-			return err
+	for i := 0; i+1 < len(cuts); i++ {
+		for off := cuts[i]; off < cuts[i+1]; off += bundleChunk {
+			n := int(min(bundleChunk, cuts[i+1]-off))
+			if _, err := r.ReadAt(buf[:n], off); err != nil && !(errors.Is(err, io.EOF)) {
+				return fmt.Errorf("%s at %d: %w", name, off, err)
+			}
+			if allZero(buf[:n]) {
+				continue
+			}
+			if err := b.file(fmt.Sprintf("%s/%016x", name, off), buf[:n]); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// memoryCuts returns where a bundle cuts the memsnap layer f (size bytes,
+// written by this export and opened again to be checked): at its chunks
+// (memsnap's ChunkCuts) grouped by aligned spans of memoryGroupMin bytes
+// of guest memory, doubled until the guest's memory has at most
+// memoryPiecesMax spans or a span reaches bundleChunk. For memsnap's
+// default chunks each chunk is a piece of its own up to 4 GiB of guest
+// memory. The cuts depend only on the layer's chunks and the guest's
+// memory size, so equal chunks are equal pieces in any two bundles of
+// guests of one size.
+func memoryCuts(f io.ReaderAt, size int64) ([]int64, error) {
+	l, err := memsnap.OpenReaderAt("memory", f, size)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	group := uint64(memoryGroupMin)
+	for l.Header().MemSize/group > memoryPiecesMax && group < bundleChunk {
+		group *= 2
+	}
+	return l.ChunkCuts(group), nil
 }
 
 func allZero(b []byte) bool {
@@ -481,8 +542,8 @@ func allZero(b []byte) bool {
 // checkHeader validates a bundle's header.
 func (h *bundleHeader) check() error {
 	switch {
-	case h.Version != bundleVersion:
-		return fmt.Errorf("version %d, this daemon reads %d", h.Version, bundleVersion)
+	case h.Version < 1 || h.Version > bundleVersion:
+		return fmt.Errorf("version %d, this daemon reads 1 to %d", h.Version, bundleVersion)
 	case !snapNameRE.MatchString(h.Snapshot) || strings.HasSuffix(h.Snapshot, ".wstate"):
 		return fmt.Errorf("bad snapshot name %q", h.Snapshot)
 	case h.Template != "" && !store.ValidID(h.Template):
@@ -645,7 +706,13 @@ func receiveBundle(r io.Reader, dir, staging, kind, vsock string) (rb *received,
 		}
 		maxFiles += (dk.Bytes + bundleChunk - 1) / bundleChunk
 	}
-	maxFiles += (hdr.StateBytes+bundleChunk-1)/bundleChunk + (hdr.MemoryBytes+bundleChunk-1)/bundleChunk
+	// The memory is cut at its chunks (or groups of them: memoryCuts),
+	// each piece cut again every bundleChunk bytes: at most a piece per
+	// group, its header's and its index's, and one more for each
+	// bundleChunk of the layer.
+	memBytes := int64(hdr.MemMiB) << 20
+	groups := min(memBytes/memoryGroupMin, max(memoryPiecesMax, memBytes/bundleChunk)) + 1
+	maxFiles += (hdr.StateBytes+bundleChunk-1)/bundleChunk + (hdr.MemoryBytes+bundleChunk-1)/bundleChunk + groups + 2
 	// The chunks, then "end".
 	buf := make([]byte, bundleChunk)
 	for {
@@ -682,7 +749,11 @@ func receiveBundle(r io.Reader, dir, staging, kind, vsock string) (rb *received,
 			return nil, bad("unexpected file %.80q", h.Name)
 		}
 		o := int64(off)
-		if o%bundleChunk != 0 || o < p.next || o >= p.size || h.Size > bundleChunk || o+h.Size > p.size || h.Size == 0 {
+		// Pieces lie in their part, in increasing offsets, without
+		// overlap; the memory's at its chunks, the others' every
+		// bundleChunk bytes.
+		aligned := pname == "memory" || o%bundleChunk == 0
+		if !aligned || o < p.next || o >= p.size || h.Size > bundleChunk || o+h.Size > p.size || h.Size == 0 {
 			return nil, bad("chunk %.80q of %d bytes out of place", h.Name, h.Size)
 		}
 		n, err := io.ReadFull(tr, buf[:h.Size])

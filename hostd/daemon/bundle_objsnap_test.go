@@ -74,6 +74,36 @@ func objectSnapshots(t *testing.T, s3 *fleettest.S3, keyed bool) {
 	if !strings.HasPrefix(ref, "s3://"+bucket+"/alice/") {
 		t.Fatalf("ref %s", ref)
 	}
+	// The bucket keeps the memory's chunks once: a snapshot that changed
+	// one page of memory adds that page's chunk (and the files that name
+	// the new layer: bundle.json, the state, the layer's header and
+	// index, "end"), not the others.
+	mc, err := minio.New(s3.Endpoint, &minio.Options{Creds: credentialsFor(s3), Region: s3.Region})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blobs := func() int {
+		n := 0
+		for range mc.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: "alice/blobs/", Recursive: true}) {
+			n++
+		}
+		return n
+	}
+	before := blobs()
+	s := f.td.sandbox("alice", f.id)
+	s.mu.Lock()
+	mem := bytes.Clone(f.mem)
+	copy(mem[len(mem)/2:], "changed since the first upload")
+	f.writeSnapshot(t, s, mem)
+	s.mu.Unlock()
+	if _, err := snaps.Upload(ctx, hA, f.id); err != nil {
+		t.Fatal(err)
+	}
+	// (Every chunk of the fixture's memory holds data: the first upload
+	// made a blob of each.)
+	if added, chunks := blobs()-before, bundleTestMem/memoryGroupMin; before < chunks || added > 7 || added < 2 {
+		t.Fatalf("a second upload with one page changed added %d blobs to %d (the memory alone is %d chunks)", added, before, chunks)
+	}
 	// Another tenant's client may not restore it.
 	hBob, _ := hc.New(tdB.sock, "bob", "")
 	if _, err := snaps.Restore(ctx, hBob, ref, nil); err == nil {
@@ -84,10 +114,6 @@ func objectSnapshots(t *testing.T, s3 *fleettest.S3, keyed bool) {
 		t.Fatal("bob restored alice's snapshot under his own prefix")
 	}
 	// A tampered blob: refused, nothing imported.
-	mc, err := minio.New(s3.Endpoint, &minio.Options{Creds: credentialsFor(s3), Region: s3.Region})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var victim string
 	var orig []byte
 	for o := range mc.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: "alice/blobs/", Recursive: true}) {

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -62,6 +63,7 @@ type bundleFixture struct {
 	mem         []byte
 	rw, ro      []byte
 	layer, base string
+	opts        json.RawMessage // the snapshot's run options
 }
 
 func newBundleFixture(t *testing.T, mod ...func(*Config)) *bundleFixture {
@@ -106,13 +108,22 @@ func newBundleFixture(t *testing.T, mod ...func(*Config)) *bundleFixture {
 		t.Fatal(err)
 	}
 	// The snapshot.
-	f.mem = noisy(bundleTestMem, 3)
-	snap := s.rec.Latest()
-	opts, _ := json.Marshal(map[string]any{"version": 2, "mem_mib": 8, "cpus": 1, "rng": true, "vsock": s.rec.Vsock, "cid": 3,
+	f.opts, _ = json.Marshal(map[string]any{"version": 2, "mem_mib": 8, "cpus": 1, "rng": true, "vsock": s.rec.Vsock, "cid": 3,
 		"disks": []map[string]any{{"path": f.base}, {"path": roPath, "ro": true}}})
+	f.writeSnapshot(t, s, noisy(bundleTestMem, 3))
+	return f
+}
+
+// writeSnapshot replaces the fixture sandbox's snapshot (s, its state,
+// locked) with one of memory mem and the fixture's disks.
+func (f *bundleFixture) writeSnapshot(t *testing.T, s *sbState, mem []byte) {
+	t.Helper()
+	td := f.td
+	f.mem = mem
+	snap := s.rec.Latest()
 	layers := []vmsnap.DiskLayer{{Index: 0, Layer: f.layer, Chain: []string{f.layer, f.base}}}
 	os.Remove(snap.Path + ".wstate")
-	if _, err := vmsnap.Write(snap.Path, &vmsnap.Capture{Kind: vmsnap.Full, State: bundleState(), Devices: []vmsnap.DeviceState{}, Options: opts,
+	if _, err := vmsnap.Write(snap.Path, &vmsnap.Capture{Kind: vmsnap.Full, State: bundleState(), Devices: []vmsnap.DeviceState{}, Options: f.opts,
 		Fingerprint: []byte("fake-host"), Memory: bytes.NewReader(f.mem), Disks: layers}); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +134,6 @@ func newBundleFixture(t *testing.T, mod ...func(*Config)) *bundleFixture {
 		}
 	}
 	td.save(s)
-	return f
 }
 
 // export fetches the sandbox's bundle.
@@ -293,7 +303,8 @@ func TestBundleImportRefusals(t *testing.T) {
 		}(),
 		"flipped memory byte, end resigned": func() []tarFile {
 			fs := clone()
-			fs[idx("memory/")].data[len(fs[idx("memory/")].data)/2] ^= 1
+			c := idx("memory/") + 1 // a chunk (the first piece is the layer's header)
+			fs[c].data[len(fs[c].data)/2] ^= 1
 			return resignTar(fs)
 		}(),
 		"flipped state byte, end resigned": func() []tarFile {
@@ -315,8 +326,26 @@ func TestBundleImportRefusals(t *testing.T) {
 			fs = append(fs[:i+1], fs[i:]...)
 			return resignTar(fs)
 		}(),
+		"memory pieces overlapping": func() []tarFile {
+			fs := clone()
+			i := idx("memory/")
+			extra := tarFile{fmt.Sprintf("memory/%016x", len(fs[i].data)-1), []byte{1, 2}}
+			return resignTar(append(fs[:i+1], append([]tarFile{extra}, fs[i+1:]...)...))
+		}(),
+		"memory in tiny pieces": func() []tarFile {
+			// The index and footer, a byte a piece: more files than a
+			// layer of its memory is cut into.
+			fs := clone()
+			last := idx("disk0/") - 1
+			off, _ := strconv.ParseInt(strings.TrimPrefix(fs[last].name, "memory/"), 16, 64)
+			var tiny []tarFile
+			for j, c := range fs[last].data {
+				tiny = append(tiny, tarFile{fmt.Sprintf("memory/%016x", off+int64(j)), []byte{c}})
+			}
+			return resignTar(append(fs[:last], append(tiny, fs[last+1:]...)...))
+		}(),
 		"header not first": resignTar(append(clone()[1:2], append(clone()[:1], clone()[2:]...)...)),
-		"version":          header(func(h map[string]any) { h["version"] = 2 }),
+		"version":          header(func(h map[string]any) { h["version"] = bundleVersion + 1 }),
 		"huge memory":      header(func(h map[string]any) { h["memory_bytes"] = 1 << 40 }),
 		"huge disk": header(func(h map[string]any) {
 			h["disks"] = []map[string]any{{"bytes": int64(1) << 50}, {"bytes": 10, "ro": true}}

@@ -8,7 +8,10 @@
 // deterministic, so a block that did not change between two snapshots,
 // or between a template and a sandbox's snapshot, is the same chunk,
 // byte for byte, with the same SHA-256 in both layers' indexes. Zero pages
-// are never stored (memsnap leaves them out of chunks).
+// are never stored (memsnap leaves them out of chunks). The fleet's object
+// store keeps the same chunks: a bundle cuts its memory layer at them
+// (hostd/daemon bundle.go), and fleet/objstore keeps each piece once per
+// tenant and key.
 //
 // # Namespaces and encryption
 //
