@@ -12,22 +12,20 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/warrenvm/warren/internal/atomicfile"
+	"github.com/warrenvm/warren/internal/ident"
 )
 
 // ErrKeyExists: Create was asked for a tenant that already has a key.
 var ErrKeyExists = errors.New("tenant already has a key")
 
-var tenantRE = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)
-
 // ValidTenant checks a tenant name: 1..63 of [a-z0-9-].
 func ValidTenant(tenant string) error {
-	if !tenantRE.MatchString(tenant) {
+	if !ident.Tenant(tenant) {
 		return fmt.Errorf("crypt: invalid tenant name %q: want 1..63 of [a-z0-9-]", tenant)
 	}
 	return nil

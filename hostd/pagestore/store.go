@@ -13,7 +13,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 
@@ -21,6 +20,7 @@ import (
 
 	"github.com/warrenvm/warren/hostd/crypt"
 	"github.com/warrenvm/warren/internal/atomicfile"
+	"github.com/warrenvm/warren/internal/ident"
 	"github.com/warrenvm/warren/memsnap"
 )
 
@@ -47,10 +47,9 @@ func Open(root string) (*Store, error) {
 // Root returns the store's directory.
 func (s *Store) Root() string { return s.root }
 
-var (
-	tenantRE = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)
-	nsRE     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
-)
+// validNS reports whether name is a namespace's directory name (plain, or
+// a key's ID).
+func validNS(name string) bool { return ident.Name(name, 64) }
 
 // Namespace is one tenant's part of the store under one key (or none).
 type Namespace struct {
@@ -108,10 +107,10 @@ func (s *Store) Keyed(ctx context.Context, tenant string, p crypt.Provider) (*Na
 }
 
 func (s *Store) namespace(tenant, name string, p crypt.Provider) (*Namespace, error) {
-	if !tenantRE.MatchString(tenant) {
+	if !ident.Tenant(tenant) {
 		return nil, fmt.Errorf("pagestore: bad tenant name %q", tenant)
 	}
-	if !nsRE.MatchString(name) {
+	if !validNS(name) {
 		return nil, fmt.Errorf("pagestore: bad namespace name %q", name)
 	}
 	dir := filepath.Join(s.root, tenant, name)
@@ -687,12 +686,12 @@ func (s *Store) Namespaces() ([]NamespaceDir, error) {
 	}
 	var out []NamespaceDir
 	for _, t := range tenants {
-		if !t.IsDir() || !tenantRE.MatchString(t.Name()) {
+		if !t.IsDir() || !ident.Tenant(t.Name()) {
 			continue
 		}
 		nss, _ := os.ReadDir(filepath.Join(s.root, t.Name()))
 		for _, n := range nss {
-			if n.IsDir() && nsRE.MatchString(n.Name()) {
+			if n.IsDir() && validNS(n.Name()) {
 				out = append(out, NamespaceDir{Tenant: t.Name(), Name: n.Name()})
 			}
 		}

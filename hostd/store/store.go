@@ -23,10 +23,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
+	"strings"
 	"time"
 
 	"github.com/warrenvm/warren/internal/atomicfile"
+	"github.com/warrenvm/warren/internal/ident"
 )
 
 // Record file names.
@@ -251,15 +252,14 @@ func (s *Sandbox) Latest() *Snapshot {
 	return &s.Snapshots[len(s.Snapshots)-1]
 }
 
-var tenantRE = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)
-
 // ValidTenant reports whether name is a tenant name: [a-z0-9-]{1,63}.
-func ValidTenant(name string) bool { return tenantRE.MatchString(name) }
-
-var idRE = regexp.MustCompile(`^[a-z]{2,3}-[0-9a-f]{12}$`)
+func ValidTenant(name string) bool { return ident.Tenant(name) }
 
 // ValidID reports whether id looks like an id the daemon makes.
-func ValidID(id string) bool { return idRE.MatchString(id) }
+func ValidID(id string) bool {
+	kind, hex, ok := strings.Cut(id, "-")
+	return ok && ident.Lower(kind, 2, 3) && ident.LowerHex(hex, 12)
+}
 
 // Store is a state directory.
 type Store struct {

@@ -12,11 +12,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/warrenvm/warren/internal/ident"
 	"github.com/warrenvm/warren/internal/strictjson"
 )
 
@@ -60,10 +60,6 @@ const (
 	// maxGroups bounds a grant's supplementary groups.
 	maxGroups = 64
 )
-
-// cgroupNameRE is what a grant's cgroup may be called: one path
-// component, as the daemon names sandboxes' groups.
-var cgroupNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
 // FamilyKey derives a family's grant key from the daemon's secret and the
 // family's name (any string that names it for the daemon's life and
@@ -112,7 +108,8 @@ func (g *Grant) check() error {
 		return fmt.Errorf("grant: uid %d, gid %d: want neither root nor out of range", g.UID, g.GID)
 	case len(g.Groups) > maxGroups:
 		return fmt.Errorf("grant: %d groups, at most %d", len(g.Groups), maxGroups)
-	case g.Cgroup != "" && (!cgroupNameRE.MatchString(g.Cgroup) || g.Cgroup == "." || g.Cgroup == ".."):
+	// A cgroup: one path component, as the daemon names sandboxes' groups.
+	case g.Cgroup != "" && (!ident.Name(g.Cgroup, 128) || g.Cgroup == "." || g.Cgroup == ".."):
 		return fmt.Errorf("grant: cgroup %q is not a plain name", g.Cgroup)
 	case len(g.Nonce) < 16:
 		return errors.New("grant: no nonce")
