@@ -422,9 +422,7 @@ func (d *Daemon) adopt() {
 			continue
 		}
 		s := &sbState{rec: sb, agent: agentclient.New(sb.Vsock)}
-		if d.cg != nil && len(sb.Cgroup) > 0 && sb.Cgroup[0] != "none" {
-			s.cgroup = d.cg.Open(sb.ID)
-		}
+		s.cgroup = d.adoptCgroup(sb)
 		c := copyRec(sb)
 		s.view.Store(&c)
 		d.sandboxes[sb.ID] = s
@@ -478,6 +476,26 @@ func (d *Daemon) adopt() {
 		}
 	}
 	d.sweepRecorders()
+}
+
+// adoptCgroup returns the cgroup of sandbox sb found at start: the one its
+// record names, or, when the record names none, one bearing its id all
+// the same (the group is made before the VMM starts and recorded after:
+// a daemon killed between the two left it, and no record said so), so
+// that the sandbox's stop or delete removes it. nil without cgroups or
+// without such a group.
+func (d *Daemon) adoptCgroup(sb *store.Sandbox) *cgroup.Group {
+	if d.cg == nil {
+		return nil
+	}
+	g := d.cg.Open(sb.ID)
+	if len(sb.Cgroup) > 0 && sb.Cgroup[0] != "none" {
+		return g
+	}
+	if _, err := os.Stat(g.Dirs[0]); err != nil {
+		return nil
+	}
+	return g
 }
 
 // markStopped records that s's VMM is gone and removes the secrets file

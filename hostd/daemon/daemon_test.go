@@ -581,6 +581,46 @@ func TestCgroupPlacement(t *testing.T) {
 	}
 }
 
+// TestCgroupUnrecordedRemoved: a sandbox's cgroup is made before its VMM
+// starts and recorded after; a daemon killed between the two leaves a
+// group no record names (TestE2ESoak found one). The next daemon adopts
+// it by the sandbox's id, and the sandbox's delete removes it.
+func TestCgroupUnrecordedRemoved(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("skipped: needs root")
+	}
+	parent := fmt.Sprintf("warren-test-%d", os.Getpid())
+	mod := func(c *Config) { c.CgroupRoot = "/sys/fs/cgroup"; c.CgroupParent = parent }
+	f := newFakeLauncher(t)
+	state := t.TempDir()
+	td := startDaemon(t, state, f, mod)
+	if td.cg == nil {
+		t.Skip("skipped: no usable cgroup hierarchy")
+	}
+	t.Cleanup(func() { td.cg.Open("").Remove() })
+	c := td.client(t, "alice")
+	sb := c.create(c.template(fakeKernel(t)).ID)
+	if len(sb.Cgroup) == 0 || sb.Cgroup[0] == "none" {
+		t.Fatalf("cgroup %v", sb.Cgroup)
+	}
+	dirs := sb.Cgroup
+	td.Close()
+	<-td.done
+	// What a kill between the group's making and the record's save
+	// leaves: the group, and a record that does not name it.
+	sb.Cgroup = nil
+	if err := td.store.SaveSandbox(&sb); err != nil {
+		t.Fatal(err)
+	}
+	td2 := startDaemon(t, state, f, mod)
+	td2.client(t, "alice").ok(200, "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
+	for _, d := range dirs {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s left after the delete (%v)", d, err)
+		}
+	}
+}
+
 // TestForkChildWithoutAgent: a fork child whose agent never answers is
 // recorded as failed, with the reason, and its VMM is stopped at once
 // rather than left holding its memory until a delete; the parent runs on.
