@@ -644,6 +644,11 @@ func TestForkChildWithoutAgent(t *testing.T) {
 	if k.Status != store.Failed || k.Reason == "" || k.PID != 0 {
 		t.Errorf("child %s: status %s, reason %q, pid %d; want failed with a reason and no VMM", k.ID, k.Status, k.Reason, k.PID)
 	}
+	// The reason says where the guest stopped: its console's and its
+	// VMM's log's last lines.
+	if !strings.Contains(k.Reason, "did not answer within") || !strings.Contains(k.Reason, "the guest's console ends") || !strings.Contains(k.Reason, "the VMM's log ends") {
+		t.Errorf("child %s: reason %q", k.ID, k.Reason)
+	}
 	f.mu.Lock()
 	var kids []*fakeVM
 	for pid, vm := range f.vms {

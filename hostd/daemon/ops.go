@@ -220,7 +220,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	t.PID, t.StartTime = p.PID, p.StartTime
 	d.saveTemplate(ts)
 	o.progress("booting the guest; waiting for its agent", 10)
-	if err := d.waitAgent(o, vs, p, d.cfg.BootTimeout, filepath.Join(dir, "vmm.log"), 10, 75); err != nil {
+	if err := d.waitAgent(o, vs, p, d.cfg.BootTimeout, filepath.Join(dir, "vmm.log"), run.Console, 10, 75); err != nil {
 		return fail(err)
 	}
 	if imgBase != nil {
@@ -340,7 +340,7 @@ func (d *Daemon) openBootFiles(boot []bootFile, run *vmmctl.Run) (files []*os.Fi
 
 // waitAgent waits until the agent behind vsock answers, the VMM p ends,
 // or timeout; it reports progress from pct0 towards pct1.
-func (d *Daemon) waitAgent(o *op, vsock string, p Proc, timeout time.Duration, log string, pct0, pct1 int) error {
+func (d *Daemon) waitAgent(o *op, vsock string, p Proc, timeout time.Duration, log, console string, pct0, pct1 int) error {
 	c := agentclient.New(vsock)
 	defer c.Close()
 	start := time.Now()
@@ -357,7 +357,10 @@ func (d *Daemon) waitAgent(o *op, vsock string, p Proc, timeout time.Duration, l
 		}
 		el := time.Since(start)
 		if el > timeout {
-			return fmt.Errorf("the guest agent did not answer within %s: %v", timeout, err)
+			// What the guest printed last says where it stopped (the
+			// tenant's own guest's console, and the VMM's log).
+			return fmt.Errorf("the guest agent did not answer within %s: %v; the guest's console ends: %q; the VMM's log ends: %q",
+				timeout, err, tail(console, 600), tail(log, 400))
 		}
 		if d.ctx.Err() != nil {
 			return d.ctx.Err()
@@ -547,7 +550,7 @@ func (d *Daemon) startVMM(o *op, s *sbState, snap string, diskPaths map[int]stri
 	d.placeInCgroup(s, p.PID)
 	d.save(s)
 	o.progress("restoring; waiting for the guest agent", 30)
-	if err := d.waitAgent(o, sb.Vsock, p, d.cfg.RestoreTimeout, sb.Log, 30, 95); err != nil {
+	if err := d.waitAgent(o, sb.Vsock, p, d.cfg.RestoreTimeout, sb.Log, sb.Console, 30, 95); err != nil {
 		stopProc(p.PID, p.StartTime, StopGrace)
 		sb.PID, sb.StartTime = 0, 0
 		d.dropSecrets(sb, false)
@@ -820,7 +823,7 @@ func (d *Daemon) rollback(ctx context.Context, s *sbState, name string) (*wire.R
 	// The rollback reset the vsock transport: connections to the agent
 	// are gone, and it answers again once it has reconnected.
 	s.agent.Close()
-	if err := d.waitAgent(newOp(), sb.Vsock, Proc{PID: sb.PID, StartTime: sb.StartTime}, 30*time.Second, sb.Log, 0, 0); err != nil {
+	if err := d.waitAgent(newOp(), sb.Vsock, Proc{PID: sb.PID, StartTime: sb.StartTime}, 30*time.Second, sb.Log, sb.Console, 0, 0); err != nil {
 		return nil, fmt.Errorf("after the rollback: %w", err)
 	}
 	d.events.publish(sb.Tenant, wire.Event{Type: "rolled_back", Sandbox: sb.ID, Detail: name})
@@ -933,7 +936,7 @@ func (d *Daemon) fork(o *op, s *sbState, n int) (int, any, error) {
 		d.mu.Lock()
 		d.sandboxes[id] = ks
 		d.mu.Unlock()
-		if err := d.waitAgent(o, ch.Vsock, Proc{PID: ch.PID, StartTime: st}, d.cfg.RestoreTimeout, ch.Log, 50, 95); err != nil {
+		if err := d.waitAgent(o, ch.Vsock, Proc{PID: ch.PID, StartTime: st}, d.cfg.RestoreTimeout, ch.Log, ch.Console, 50, 95); err != nil {
 			// A child whose agent never answered is of no use: its VMM
 			// goes now rather than hold its memory until a delete.
 			stopProc(ch.PID, st, StopGrace)

@@ -245,14 +245,25 @@ func waitDead(pid int, start uint64, d time.Duration) bool {
 	return !alive(pid, start)
 }
 
-// tail returns the last n bytes of the file at path, trimmed.
+// tail returns the last n bytes of the file at path, trimmed ("" when
+// it is not a regular file). The files are a VMM's log and its guest's
+// console, in a directory the VMM's uid owns: a confined VMM could put a
+// link there, so the file is opened without following one (and a FIFO
+// without blocking), and only a regular file is read.
 func tail(path string, n int64) string {
-	f, err := os.Open(path)
+	if path == "" {
+		return ""
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return ""
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return ""
+	}
+	if fi.Size() > n {
 		f.Seek(fi.Size()-n, 0)
 	}
 	b := make([]byte, n)

@@ -271,3 +271,34 @@ func TestExecLauncherBornInCgroup(t *testing.T) {
 		t.Fatalf("the group holds %v, want the VMM %d and its init %d", pids, p.PID, init)
 	}
 }
+
+// TestTailRefusesLinks: tail reads a VMM's log or console from a
+// directory the VMM owns: a link there (to a host file) or a FIFO reads
+// as nothing, a regular file as its last bytes.
+func TestTailRefusesLinks(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(t.TempDir(), "host-secret")
+	os.WriteFile(secret, []byte("a host file's bytes"), 0o600)
+	link := filepath.Join(dir, "console.log")
+	if err := os.Symlink(secret, link); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "vmm.log")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := tail(link, 600); got != "" {
+		t.Errorf("tail through a link: %q", got)
+	}
+	if got := tail(fifo, 600); got != "" {
+		t.Errorf("tail of a FIFO: %q", got)
+	}
+	plain := filepath.Join(dir, "plain.log")
+	os.WriteFile(plain, []byte("early line\nthe last line\n"), 0o600)
+	if got := tail(plain, 14); got != "the last line" {
+		t.Errorf("tail of a file: %q", got)
+	}
+	if got := tail("", 10); got != "" {
+		t.Errorf("tail of no path: %q", got)
+	}
+}
