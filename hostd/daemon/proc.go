@@ -245,24 +245,38 @@ func waitDead(pid int, start uint64, d time.Duration) bool {
 	return !alive(pid, start)
 }
 
+// openVMMFile opens for reading a file a VMM wrote, in a directory its
+// uid owns (a confined VMM could put a link, a FIFO or a device there):
+// not through a link, without blocking on a FIFO, and a regular file
+// only.
+func openVMMFile(path string) (*os.File, os.FileInfo, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s: not a regular file (%v)", path, fi.Mode().Type())
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, fi, nil
+}
+
 // tail returns the last n bytes of the file at path, trimmed ("" when
-// it is not a regular file). The files are a VMM's log and its guest's
-// console, in a directory the VMM's uid owns: a confined VMM could put a
-// link there, so the file is opened without following one (and a FIFO
-// without blocking), and only a regular file is read.
+// it is not a regular file): a VMM's log or its guest's console
+// (openVMMFile).
 func tail(path string, n int64) string {
 	if path == "" {
 		return ""
 	}
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	f, fi, err := openVMMFile(path)
 	if err != nil {
 		return ""
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil || !fi.Mode().IsRegular() {
-		return ""
-	}
 	if fi.Size() > n {
 		f.Seek(fi.Size()-n, 0)
 	}

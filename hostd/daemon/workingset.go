@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/warrenvm/warren/agentwire"
@@ -249,18 +248,11 @@ func importWorkingSet(src, use string) (uint64, error) {
 // through a link, not a FIFO or device, and at most the size of a working
 // set of pages pages in runs of one.
 func readRecorded(path string, pages uint64) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	f, _, err := openVMMFile(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file (%v)", path, fi.Mode().Type())
-	}
 	limit := uffd.WorkingSetFileLimit(pages)
 	b, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
