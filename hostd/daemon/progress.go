@@ -34,12 +34,33 @@ type op struct {
 	// steps: an image template's base build). Set by the op's goroutine
 	// only, between progress calls.
 	from int
+	// scope, when set (scoped), prefixes the steps reported meanwhile
+	// and maps their percentages into [lo, hi] before from applies: a
+	// phase that reports its own steps, 0 to 100, as part of the op's
+	// (a build's working-set recording). Set by the op's goroutine only.
+	scope *stepScope
+}
+
+// stepScope is an op's current phase (op.scope).
+type stepScope struct {
+	prefix string
+	lo, hi int
+}
+
+// scoped makes o's steps, until the returned func is called, those of a
+// phase: each prefixed and its percentage mapped into [lo, hi].
+func (o *op) scoped(prefix string, lo, hi int) (end func()) {
+	o.scope = &stepScope{prefix, lo, hi}
+	return func() { o.scope = nil }
 }
 
 func newOp() *op { return &op{ch: make(chan wire.Progress, 64), done: make(chan struct{})} }
 
 // progress reports a step; dropped when nobody reads fast enough.
 func (o *op) progress(msg string, pct int) {
+	if sc := o.scope; sc != nil {
+		msg, pct = sc.prefix+msg, sc.lo+min(max(pct, 0), 100)*(sc.hi-sc.lo)/100
+	}
 	if o.from > 0 {
 		pct = o.from + pct*(100-o.from)/100
 	}

@@ -94,9 +94,9 @@ func (d *Daemon) recordsAtBuild(t *store.Template) bool {
 // returned (caller holds ts.mu and ts.warm).
 func (d *Daemon) recordAtBuild(o *op, ts *tplState) {
 	t := ts.rec
-	sub, done := stepsOf(o, "working set: ", 95, 99)
-	err := d.runRecorder(sub, ts)
-	done()
+	end := o.scoped("working set: ", 95, 99)
+	err := d.runRecorder(o, ts)
+	end()
 	if err != nil {
 		d.log.Warn("working set not recorded at build", "tenant", t.Tenant, "template", t.ID, "err", err)
 		o.progress("the template's working set was not recorded: "+err.Error(), 99)
@@ -205,37 +205,4 @@ func (d *Daemon) discardRecorderRecord(sb *store.Sandbox) {
 		s.cgroup = d.cg.Open(sb.ID)
 	}
 	d.discardRecorder(s)
-}
-
-// stepsOf returns an op whose progress is reported as o's, each step
-// prefixed and its percentage mapped into [lo, hi] of o's, and a func
-// that forwards what is left and ends it (before o reports anything
-// else).
-func stepsOf(o *op, prefix string, lo, hi int) (*op, func()) {
-	sub := newOp()
-	stop := make(chan struct{})
-	ended := make(chan struct{})
-	forward := func(step string, pct int) { o.progress(prefix+step, lo+min(max(pct, 0), 100)*(hi-lo)/100) }
-	go func() {
-		defer close(ended)
-		for {
-			select {
-			case p := <-sub.ch:
-				forward(p.Step, p.Pct)
-			case <-stop:
-				for {
-					select {
-					case p := <-sub.ch:
-						forward(p.Step, p.Pct)
-					default:
-						return
-					}
-				}
-			}
-		}
-	}()
-	return sub, func() {
-		close(stop)
-		<-ended
-	}
 }
