@@ -169,8 +169,11 @@ func printDaemon(r daemonResult) {
 	}
 	fmt.Printf("  before: template layer %s\n", mib(r.TemplateBytes))
 	for _, n := range r.Store.Namespaces {
-		fmt.Printf("  after (%s): %d layers in the store (logical %s) as %d chunks %s + reference files %s; plain layers %d, %s\n",
-			n.Namespace, n.Refs, mib(n.LogicalBytes), n.Chunks, mib(n.ChunkBytes), mib(n.RefBytes), n.Layers, mib(n.LayerBytes))
+		fmt.Printf("  after (%s): %d layers in the store (logical %s) as %d chunks %s + reference files %s; plain layers %d, %s; caches %d, %s\n",
+			n.Namespace, n.Refs, mib(n.LogicalBytes), n.Chunks, mib(n.ChunkBytes), mib(n.RefBytes), n.Layers, mib(n.LayerBytes), n.Caches, mib(n.CacheBytes))
+	}
+	if r.Store.CacheBytes > 0 {
+		fmt.Printf("  and the caches rebuilt from the store (the template's layer and flattened image), while kept: %s\n", mib(r.Store.CacheBytes))
 	}
 	fmt.Printf("snapshot API call (ingest of the previous layer included): p50 %v p90 %v p99 %v; full ones p50 %v\n",
 		stats.Significant(r.SnapshotLatency.P50), stats.Significant(r.SnapshotLatency.P90), stats.Significant(r.SnapshotLatency.P99),

@@ -94,6 +94,11 @@ type Config struct {
 	BootTimeout, RestoreTimeout time.Duration
 	// MonitorInterval is how often VMM processes are checked (default 1 s).
 	MonitorInterval time.Duration
+	// TemplateCacheIdle is how long a template of a tenant without a key
+	// keeps its memory layer and flattened image, caches of the page
+	// store, after its last create (templatepages.go): default 1 h when
+	// 0; negative, for ever.
+	TemplateCacheIdle time.Duration
 	// MemOverheadMiB is added to a sandbox's memory for its VMM's cgroup
 	// limit (default 128).
 	MemOverheadMiB int
@@ -221,6 +226,13 @@ type tplState struct {
 	// warm held, by that restore or forgetWorkingSets).
 	warm   sync.Mutex
 	warmed bool
+	// creating counts the creates from the template in flight (from
+	// before they take warm to their end), lastUsed is when one last
+	// started or ended, or the template was built, exported or adopted
+	// (Unix ns): a cache is dropped only while creating is 0 and
+	// lastUsed is older than Config.TemplateCacheIdle (templatepages.go).
+	creating atomic.Int32
+	lastUsed atomic.Int64
 	// view is a copy of rec as last saved.
 	view atomic.Pointer[store.Template]
 }
@@ -279,6 +291,9 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if cfg.RestoreTimeout == 0 {
 		cfg.RestoreTimeout = 2 * time.Minute
+	}
+	if cfg.TemplateCacheIdle == 0 {
+		cfg.TemplateCacheIdle = time.Hour
 	}
 	if cfg.MonitorInterval == 0 {
 		cfg.MonitorInterval = time.Second
@@ -379,11 +394,16 @@ func New(cfg Config) (*Daemon, error) {
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.adopt()
 	d.ingestAllPages()
+	d.templatesIntoStore()
 	d.sealAll()
 	d.settleWorkingSets()
 	d.sweepWorkSecrets()
 	d.wg.Add(1)
 	go d.monitor()
+	if d.cfg.TemplateCacheIdle > 0 {
+		d.wg.Add(1)
+		go d.templateCaches(min(d.cfg.TemplateCacheIdle/4, time.Minute))
+	}
 	return d, nil
 }
 
@@ -411,6 +431,7 @@ func (d *Daemon) adopt() {
 			t.Status, t.Error, t.PID, t.StartTime = store.TemplateFailed, "build interrupted by a daemon restart", 0, 0
 		}
 		ts := &tplState{rec: t}
+		ts.lastUsed.Store(time.Now().UnixNano())
 		d.saveTemplate(ts)
 		d.templates[t.ID] = ts
 	}

@@ -66,12 +66,16 @@ func Main(args []string, stderr io.Writer) int {
 	fs.Int64Var(&cfg.MaxImageBytes, "max-image-bytes", 0, "most uncompressed bytes an image's layers may hold (default: package image's, 16 GiB)")
 	fs.Var((*stringList)(&cfg.Registries), "registry", "a registry HOST[:PORT] that may be pulled from at a loopback or private address and over plain HTTP (repeatable; e.g. a registry on 127.0.0.1)")
 	fs.StringVar(&cfg.RestoreMemory, "restore-memory", RestoreMmap, "how creates restore their template's memory: mmap (the snapshot flattened once and mapped copy-on-write) or uffd (filled by userfaultfd as the guest touches it, mmap where the host cannot; the template's first create records the pages its guest touches until it runs a first command, beside the template's snapshot, and later creates prefetch them); resumes from disk keep theirs")
+	fs.DurationVar(&cfg.TemplateCacheIdle, "template-cache-idle", time.Hour, "how long a template (of a tenant without a key) keeps its memory layer and flattened image after its last create; both are caches of the page store, rebuilt by its next create (0: kept for ever)")
 	fs.IntVar(&cfg.MaxRestores, "max-restores", 0, "how many VMMs may restore at once (from start until the guest's agent answers); more creates and resumes queue (default: the host's CPUs)")
 	var kc kubeFlags
 	kc.register(fs)
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics (GET /metrics) on this TCP address, e.g. 127.0.0.1:9464 (default: off)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if cfg.TemplateCacheIdle == 0 {
+		cfg.TemplateCacheIdle = -1 // kept for ever (Config's 0 is the default)
 	}
 	level := slog.LevelInfo
 	if *verbose {

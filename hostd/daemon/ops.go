@@ -245,6 +245,11 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	if err := vmmCall(ctx, api, http.MethodPost, "snapshot", vmmctl.SnapshotRequest{Path: snap, Kind: vmsnap.Full}, &srep); err != nil {
 		return fail(fmt.Errorf("snapshot: %w", err))
 	}
+	// Into the page store before the at-rest hook seals it
+	// (templatepages.go).
+	if err := d.templateIntoStore(tenant, snap); err != nil {
+		d.log.Warn("page store: template layer not ingested", "template", t.ID, "err", err)
+	}
 	if h := d.cfg.Hooks.SnapshotWritten; h != nil {
 		if err := h(tenant, snap); err != nil {
 			return fail(cryptStatus(fmt.Errorf("snapshot hook: %w", err)))
@@ -265,6 +270,7 @@ func (d *Daemon) buildTemplate(o *op, tenant string, req wire.TemplateRequest) (
 	}
 	t.Status, t.Snapshot, t.PID, t.StartTime = store.TemplateReady, snap, 0, 0
 	t.BuildMS = float64(time.Since(start).Milliseconds())
+	ts.lastUsed.Store(time.Now().UnixNano())
 	record := d.recordsAtBuild(t)
 	if record {
 		// In uffd mode the build ends by recording the working set
@@ -432,7 +438,15 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 	d.sandboxes[id] = s
 	d.mu.Unlock()
 	// The first restore of a template flattens its snapshot (mmap) or
-	// records its working set (uffd: workingset.go): the others wait for it.
+	// records its working set (uffd: workingset.go): the others wait for
+	// it. It rebuilds the template's layer first when its cache was
+	// dropped (templatepages.go).
+	ts.creating.Add(1)
+	ts.lastUsed.Store(time.Now().UnixNano())
+	defer func() {
+		ts.lastUsed.Store(time.Now().UnixNano())
+		ts.creating.Add(-1)
+	}()
 	ts.warm.Lock()
 	first := !ts.warmed
 	if !first {
@@ -442,16 +456,19 @@ func (d *Daemon) createSandbox(o *op, tenant string, req wire.SandboxRequest) (i
 			ts.warmed = sb.Status == store.Running
 			ts.warm.Unlock()
 		}()
+		err = d.ensureTemplateLayer(&tp)
 	}
 	// Its own copy-on-write view of each of the template's writable disks
 	// (over bases that are plaintext while it starts: diskseal.go).
-	release, err := d.acquireDisks(*sb)
 	var diskPaths map[int]string
 	if err == nil {
-		defer release()
-		diskPaths, err = createOverlays(dir, tp.DiskBases)
-	} else {
-		err = cryptStatus(fmt.Errorf("disks: %w", err))
+		var release func()
+		if release, err = d.acquireDisks(*sb); err == nil {
+			defer release()
+			diskPaths, err = createOverlays(dir, tp.DiskBases)
+		} else {
+			err = cryptStatus(fmt.Errorf("disks: %w", err))
+		}
 	}
 	if err == nil {
 		err = d.startVMM(o, s, tp.Snapshot, diskPaths, &templateCreate{ts: ts, first: first})
@@ -1029,6 +1046,7 @@ func (d *Daemon) deleteTemplate(ts *tplState) error {
 	if d.atRest != nil {
 		d.atRest.dropTemplateCopies(t.Tenant, t.ID)
 	}
+	d.sweepPagesLater(t.Tenant) // the chunks only its layer named
 	d.mu.Lock()
 	delete(d.templates, t.ID)
 	d.mu.Unlock()

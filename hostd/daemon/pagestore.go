@@ -25,11 +25,11 @@ import (
 // sandboxes' snapshots (their own, rolling, suspend, fork children's) are
 // kept as reference files into one content-addressed store per tenant and
 // key, so a block of guest memory that did not change is stored once
-// however many snapshots hold it. Templates' layers stay plain memsnap
-// layers: every create restores one in place, lazily, and their sandboxes'
-// snapshots share chunks with each other, not with them (one copy of a
-// template's memory more, per template, against a create that materializes
-// nothing; see bench/results/2026-12-05-store).
+// however many snapshots hold it. Templates' layers are in it too
+// (templatepages.go): for a tenant with a key as sealed reference files,
+// for one without as reference files beside the layer, which every create
+// restores in place, lazily, and which is a cache of the store (dropped
+// when the template is idle, rebuilt by its next create).
 //
 // Ingesting. After the VMM wrote a snapshot (takeSnapshot), the plain
 // layers of the sandbox's snapshots directory go into the store, except
@@ -220,6 +220,22 @@ func (d *Daemon) rehomePages(tenant, root string) (keepPlain map[string]bool) {
 		if fi != nil {
 			uid, _ = fileOwner(fi)
 		}
+		if filepath.Base(filepath.Dir(p)) == pagestore.CacheRefDir {
+			// A template's (templatepages.go): its layer, rebuilt where
+			// its cache was dropped, is sealed whole; the reference
+			// file goes.
+			twin := filepath.Join(filepath.Dir(filepath.Dir(p)), filepath.Base(p))
+			if tfi, err := os.Lstat(twin); err != nil || !tfi.Mode().IsRegular() || pagestore.IsRefFile(twin) {
+				if err := ns.Materialize(p, twin, uid); err != nil {
+					d.log.Error("page store: template layer not rebuilt before sealing; its reference kept", "layer", twin, "err", err)
+					keepPlain[p] = true
+					return nil
+				}
+			}
+			os.Remove(p)
+			os.Remove(filepath.Dir(p)) // when empty
+			return nil
+		}
 		if err := ns.Materialize(p, p, uid); err != nil {
 			d.log.Error("page store: layer not rebuilt before sealing; left plaintext", "layer", p, "err", err)
 			keepPlain[p] = true
@@ -313,21 +329,10 @@ func (d *Daemon) materializeSnapshot(tenant, path string) (string, func(), error
 // chain of the plaintext state file state, top first, and how many of
 // them are reference files.
 func snapshotChain(dir, state string) (chain []string, refs int, err error) {
-	sf, err := statefile.Read(state)
+	layer, err := stateLayer(state)
 	if err != nil {
 		return nil, 0, err
 	}
-	b, ok := sf.Section("memory")
-	if !ok {
-		return nil, 0, fmt.Errorf("%s: no memory section", state)
-	}
-	var mem struct {
-		Layer string `json:"layer"`
-	}
-	if err := json.Unmarshal(b, &mem); err != nil {
-		return nil, 0, fmt.Errorf("%s: memory section: %w", state, err)
-	}
-	layer := mem.Layer
 	for range memsnap.MaxChainDepth {
 		if layer == "" || layer != filepath.Base(layer) || strings.HasPrefix(layer, ".") {
 			return nil, 0, fmt.Errorf("%s: bad layer name %q", state, layer)
@@ -361,6 +366,26 @@ func snapshotChain(dir, state string) (chain []string, refs int, err error) {
 		layer = h.ParentName
 	}
 	return nil, 0, fmt.Errorf("%s: memory chain too long", state)
+}
+
+// stateLayer returns the name of the top memory layer that the plaintext
+// state file state names (not checked: snapshotChain checks it).
+func stateLayer(state string) (string, error) {
+	sf, err := statefile.Read(state)
+	if err != nil {
+		return "", err
+	}
+	b, ok := sf.Section("memory")
+	if !ok {
+		return "", fmt.Errorf("%s: no memory section", state)
+	}
+	var mem struct {
+		Layer string `json:"layer"`
+	}
+	if err := json.Unmarshal(b, &mem); err != nil {
+		return "", fmt.Errorf("%s: memory section: %w", state, err)
+	}
+	return mem.Layer, nil
 }
 
 // linkOrCopy hard-links src to dst, or copies it (another file system).

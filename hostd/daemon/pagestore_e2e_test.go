@@ -54,6 +54,14 @@ func TestE2EPageStore(t *testing.T) {
 	var tp store.Template
 	a.ok(201, "POST", "/v1/templates", map[string]any{"kernel": kernel, "initramfs": initrd, "mem_mib": 256, "cpus": 1}, &tp)
 	step("template %s ready in %.0f ms", tp.ID, tp.BuildMS)
+	// Its layer is in the store (templatepages.go), beside its cache.
+	var ss wire.StoreStats
+	a.ok(200, "GET", "/v1/store", nil, &ss)
+	if len(ss.Namespaces) != 1 || ss.Namespaces[0].Refs != 1 || ss.Namespaces[0].Caches != 1 || ss.Namespaces[0].Layers != 0 {
+		t.Fatalf("store after the template's build: %+v", ss)
+	}
+	tplChunks := ss.Namespaces[0].Chunks
+	step("template's layer in the store: %d chunks, %d bytes; its cache %d bytes", tplChunks, ss.Namespaces[0].ChunkBytes, ss.CacheBytes)
 
 	snapshot := func(id, name string, incremental bool) store.Snapshot {
 		var s store.Snapshot
@@ -85,7 +93,6 @@ func TestE2EPageStore(t *testing.T) {
 			}
 		}
 	}
-	var ss wire.StoreStats
 	a.ok(200, "GET", "/v1/store", nil, &ss)
 	if len(ss.Namespaces) != 1 {
 		t.Fatalf("store stats %+v", ss)
@@ -93,7 +100,7 @@ func TestE2EPageStore(t *testing.T) {
 	ns := ss.Namespaces[0]
 	step("store: %d layers in it, logical %d bytes, %d chunks (%d bytes) for %d chunk references; tenant total logical %d, stored %d",
 		ns.Refs, ns.LogicalBytes, ns.Chunks, ns.ChunkBytes, ns.ChunkRefs, ss.LogicalBytes, ss.StoredBytes)
-	if ns.Refs != 4 || ns.Chunks >= ns.ChunkRefs || ns.ChunkBytes >= ns.LogicalBytes || ns.Unreferenced != 0 {
+	if ns.Refs != 5 || ns.Chunks >= ns.ChunkRefs || ns.ChunkBytes >= ns.LogicalBytes || ns.Unreferenced != 0 {
 		t.Errorf("no sharing in the store: %+v", ns)
 	}
 
@@ -154,7 +161,26 @@ func TestE2EPageStore(t *testing.T) {
 	}
 	kvmtest.WaitFor(t, 30*time.Second, "the store swept", func() bool {
 		a.ok(200, "GET", "/v1/store", nil, &ss)
+		return len(ss.Namespaces) == 1 && ss.Namespaces[0].Chunks == tplChunks
+	})
+	step("sandboxes deleted: every chunk but the template's freed")
+
+	// The template idle: its cache dropped, and rebuilt from the store by
+	// the next create, whose guest runs.
+	if n := td.evictTemplateCaches(time.Now().Add(2*time.Hour), time.Hour); n != 1 {
+		t.Fatalf("dropped %d template caches, want 1", n)
+	}
+	sb = a.create(tp.ID)
+	all = append(all, sb)
+	if out, _, _ := a.exec(sb.ID, "sh", "-c", "echo rebuilt"); out != "rebuilt\n" {
+		t.Fatalf("a create from the rebuilt template: %q", out)
+	}
+	step("template cache dropped and rebuilt from the store by a create; its guest answers")
+	a.ok(200, "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
+	a.ok(200, "DELETE", "/v1/templates/"+tp.ID, nil, nil)
+	kvmtest.WaitFor(t, 30*time.Second, "the store swept", func() bool {
+		a.ok(200, "GET", "/v1/store", nil, &ss)
 		return len(ss.Namespaces) == 1 && ss.Namespaces[0].Chunks == 0
 	})
-	step("sandboxes deleted: every chunk freed")
+	step("template deleted: every chunk freed")
 }

@@ -132,7 +132,17 @@ func (d *Daemon) exportTemplateBundle(ts *tplState, w io.Writer) (started bool, 
 		return false, cryptStatus(fmt.Errorf("template %s: disks: %w", t.ID, err))
 	}
 	defer release()
-	ls, closeLS, err := d.loadForExport(t.Tenant, t.Snapshot)
+	// Its layer, rebuilt if its cache was dropped, stays open for the
+	// export once loaded (templatepages.go).
+	ts.lastUsed.Store(time.Now().UnixNano())
+	ts.warm.Lock()
+	err = d.ensureTemplateLayer(t)
+	var ls *vmsnap.Snapshot
+	var closeLS func()
+	if err == nil {
+		ls, closeLS, err = d.loadForExport(t.Tenant, t.Snapshot)
+	}
+	ts.warm.Unlock()
 	if err != nil {
 		return false, fmt.Errorf("template %s: snapshot: %w", t.ID, err)
 	}
@@ -197,6 +207,9 @@ func (d *Daemon) importTemplateBundle(tenant string, r io.Reader) (rec store.Tem
 	ls.Close()
 	if err := os.RemoveAll(staging); err != nil {
 		return rec, err
+	}
+	if err := d.templateIntoStore(tenant, snap); err != nil {
+		d.log.Warn("page store: template layer not ingested", "template", id, "err", err)
 	}
 	if hook := d.cfg.Hooks.SnapshotWritten; hook != nil {
 		if err := hook(tenant, snap); err != nil {

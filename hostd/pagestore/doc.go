@@ -64,6 +64,14 @@
 // layer that was ingested, and the incremental layers that name it as
 // their parent by hash still find it.
 //
+// A layer may also be kept plain with its reference file beside it, in
+// the subdirectory CacheRefDir of its directory (DIR/pages/NAME.<unique>.wsnap
+// for DIR/NAME.<unique>.wsnap): a template's, which every create restores
+// in place. The layer is then a cache of the store: Stats counts it (and
+// flattened *.wraw images) as a cache, not as a plain layer, and it may be
+// removed and rebuilt by Materialize; Check says beforehand whether every
+// chunk is there.
+//
 // For a tenant with a key the daemon seals the reference file itself under
 // the key like any other snapshot file (hostd/daemon atrest.go); the
 // namespace's Provider opens it.

@@ -527,10 +527,26 @@ type Stats struct {
 	ChunkBytes   int64 `json:"chunk_bytes"`
 	Unreferenced int64 `json:"unreferenced"`
 	// Layers and LayerBytes are plain layer files found under the roots
-	// (not in the store: a VMM's latest layer, templates' layers).
+	// (not in the store: a VMM's latest layer).
 	Layers     int   `json:"layers"`
 	LayerBytes int64 `json:"layer_bytes"`
+	// Caches and CacheBytes are what can be dropped and rebuilt from the
+	// store: plain layers kept beside a reference file of their own (a
+	// template's, see CacheRefDir) and flattened images (*.wraw, their
+	// allocated bytes). They are neither logical nor stored bytes.
+	Caches     int   `json:"caches"`
+	CacheBytes int64 `json:"cache_bytes"`
 }
+
+// CacheRefDir is the subdirectory in which a layer kept plain, as a cache,
+// has its reference file: DIR/CacheRefDir/NAME stands for DIR/NAME, which
+// is then counted as a cache (Stats.Caches), not as a plain layer, and may
+// be removed and rebuilt by Materialize (a template's layer: every create
+// restores it in place; hostd/daemon templatepages.go).
+const CacheRefDir = "pages"
+
+// rawExt names flattened images (memsnap/vmsnap's RawExt).
+const rawExt = ".wraw"
 
 // StoredBytes is what the namespace's snapshots take on disk: chunk files,
 // reference files and plain layers.
@@ -549,7 +565,17 @@ func (ns *Namespace) scan(roots []string, live map[Name]bool, st *Stats) error {
 				}
 				return err
 			}
-			if !de.Type().IsRegular() || !strings.HasSuffix(de.Name(), memsnap.Ext) || atomicfile.IsTemp(de.Name()) {
+			if !de.Type().IsRegular() || atomicfile.IsTemp(de.Name()) {
+				return nil
+			}
+			if strings.HasSuffix(de.Name(), rawExt) {
+				if fi, err := de.Info(); err == nil {
+					st.Caches++
+					st.CacheBytes += allocated(fi)
+				}
+				return nil
+			}
+			if !strings.HasSuffix(de.Name(), memsnap.Ext) {
 				return nil
 			}
 			r, err := ns.ReadRef(p)
@@ -558,8 +584,13 @@ func (ns *Namespace) scan(roots []string, live map[Name]bool, st *Stats) error {
 			}
 			if errors.Is(err, ErrNotRef) {
 				if fi, err := de.Info(); err == nil {
-					st.Layers++
-					st.LayerBytes += fi.Size()
+					if IsRefFile(filepath.Join(filepath.Dir(p), CacheRefDir, de.Name())) {
+						st.Caches++
+						st.CacheBytes += fi.Size()
+					} else {
+						st.Layers++
+						st.LayerBytes += fi.Size()
+					}
 				}
 				return nil
 			}
@@ -658,6 +689,34 @@ func (ns *Namespace) Stats(roots ...string) (Stats, error) {
 		return nil
 	})
 	return st, err
+}
+
+// Check reports whether the layer that the reference file at path stands
+// for can be rebuilt from the namespace: the file parses and every chunk
+// it names is there, at the length the layer's index gives (contents are
+// checked by Materialize, which reads them). Before a cache is dropped.
+func (ns *Namespace) Check(path string) error {
+	r, err := ns.ReadRef(path)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if r.Keyed != ns.Keyed() {
+		return fmt.Errorf("pagestore: %s: its chunks are not in %s/%s", path, ns.tenant, ns.name)
+	}
+	for i, n := range r.Names {
+		fi, err := os.Stat(ns.chunkPath(n))
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("pagestore: %s: chunk %d (%s): %w", path, i, n, ErrMissing)
+		}
+		if err != nil {
+			return fmt.Errorf("pagestore: %s: %w", path, err)
+		}
+		if fi.Size() != ns.chunkFileSize(r.Chunks[i].Length) {
+			return fmt.Errorf("pagestore: %s: chunk %d (%s): %d bytes: %w", path, i, n, fi.Size(), ErrCorrupt)
+		}
+	}
+	return nil
 }
 
 // IsRefFile reports whether the file at path is a plaintext reference

@@ -12,3 +12,12 @@ func fileUID(st fs.FileInfo) (int, bool) {
 	}
 	return 0, false
 }
+
+// allocated is the bytes fi's file takes on disk (a flattened image is
+// sparse: its zero pages are holes).
+func allocated(fi fs.FileInfo) int64 {
+	if s, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return s.Blocks * 512
+	}
+	return fi.Size()
+}

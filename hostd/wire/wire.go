@@ -350,9 +350,13 @@ type StoreStats struct {
 	// LogicalBytes is what the tenant's snapshot layers would take as
 	// plain layer files (each one holding all its pages); StoredBytes is
 	// what they take: the store's chunks, the reference files and the
-	// layers not in the store (templates', a running sandbox's newest).
+	// layers not in the store (a running sandbox's newest). CacheBytes is
+	// what the caches rebuilt from the store take besides (templates'
+	// layers and their flattened images, which the daemon drops when the
+	// template has been idle: warren-hostd --template-cache-idle).
 	LogicalBytes int64            `json:"logical_bytes"`
 	StoredBytes  int64            `json:"stored_bytes"`
+	CacheBytes   int64            `json:"cache_bytes"`
 	Namespaces   []StoreNamespace `json:"namespaces"`
 }
 
@@ -362,15 +366,16 @@ type StoreStats struct {
 // read (warren store stats --state without --keys).
 type StoreNamespace = pagestore.Stats
 
-// Sum sets s's totals from its namespaces. Plain layers are counted once
-// (every namespace's scan finds the same ones).
+// Sum sets s's totals from its namespaces. Plain layers and caches are
+// counted once (every namespace's scan finds the same ones).
 func (s *StoreStats) Sum() {
-	s.LogicalBytes, s.StoredBytes = 0, 0
+	s.LogicalBytes, s.StoredBytes, s.CacheBytes = 0, 0, 0
 	var layers int64
 	for _, n := range s.Namespaces {
 		s.LogicalBytes += n.LogicalBytes
 		s.StoredBytes += n.ChunkBytes + n.RefBytes
 		layers = max(layers, n.LayerBytes)
+		s.CacheBytes = max(s.CacheBytes, n.CacheBytes)
 	}
 	s.LogicalBytes += layers
 	s.StoredBytes += layers

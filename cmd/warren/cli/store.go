@@ -122,7 +122,7 @@ func storeStatsOffline(ctx context.Context, state, keyDir string) ([]wire.StoreS
 // printStoreStats prints one row per namespace and one per tenant.
 func printStoreStats(w io.Writer, all []wire.StoreStats) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tNAMESPACE\tLAYERS IN STORE\tLOGICAL\tSTORED\tCHUNKS\tUNREFERENCED\tPLAIN LAYERS\tRATIO")
+	fmt.Fprintln(tw, "TENANT\tNAMESPACE\tLAYERS IN STORE\tLOGICAL\tSTORED\tCHUNKS\tUNREFERENCED\tPLAIN LAYERS\tRATIO\tCACHES")
 	for _, s := range all {
 		for _, n := range s.Namespaces {
 			unref := fmt.Sprint(n.Unreferenced)
@@ -130,10 +130,11 @@ func printStoreStats(w io.Writer, all []wire.StoreStats) {
 			if n.Unreferenced < 0 {
 				unref, logical = "?", "? (sealed; --keys)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%d (%s)\t%s\n", s.Tenant, n.Namespace, n.Refs, logical,
-				mib(n.ChunkBytes+n.RefBytes), n.Chunks, unref, n.Layers, mib(n.LayerBytes), ratio(n.LogicalBytes, n.ChunkBytes+n.RefBytes))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%d (%s)\t%s\t%d (%s)\n", s.Tenant, n.Namespace, n.Refs, logical,
+				mib(n.ChunkBytes+n.RefBytes), n.Chunks, unref, n.Layers, mib(n.LayerBytes), ratio(n.LogicalBytes, n.ChunkBytes+n.RefBytes),
+				n.Caches, mib(n.CacheBytes))
 		}
-		fmt.Fprintf(tw, "%s\t(total)\t\t%s\t%s\t\t\t\t%s\n", s.Tenant, mib(s.LogicalBytes), mib(s.StoredBytes), ratio(s.LogicalBytes, s.StoredBytes))
+		fmt.Fprintf(tw, "%s\t(total)\t\t%s\t%s\t\t\t\t%s\t%s\n", s.Tenant, mib(s.LogicalBytes), mib(s.StoredBytes), ratio(s.LogicalBytes, s.StoredBytes), mib(s.CacheBytes))
 	}
 	tw.Flush()
 }
