@@ -47,8 +47,11 @@ RUN_ARGS ?= --mem 256 --cpus 1 --cmdline "warren.poweroff=1"
 
 all: warren
 
+# warren-vmm: the VMM verbs alone, which warren-hostd starts its VMMs with
+# when it finds it beside itself (cmd/internal/vmmverbs).
 warren:
 	$(call build_bin,bin/warren,./cmd/warren)
+	$(call build_bin,bin/warren-vmm,./cmd/warren-vmm)
 
 kernel:
 	bash kernel/build.sh $(BUILD)

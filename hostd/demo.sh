@@ -14,7 +14,8 @@ ROOT=$(pwd)
 S=$(mktemp -d /tmp/warren-demo-XXXXXX)
 export WARREN_HOST=$S/hostd.sock WARREN_TENANT=demo
 W=$ROOT/bin/warren
-"$ROOT/bin/warren-hostd" --state "$S/state" --socket "$WARREN_HOST" --warren "$W" --stop-on-exit \
+# Its VMMs run bin/warren-vmm, which it finds beside itself.
+"$ROOT/bin/warren-hostd" --state "$S/state" --socket "$WARREN_HOST" --stop-on-exit \
 	--guest-dir "$ROOT/build" --guest-kernel vmlinux --guest-initramfs initramfs.cpio 2>"$S/hostd.log" &
 HOSTD=$!
 cleanup() {

@@ -18,7 +18,8 @@ SUITES=("$@")
 [ ${#SUITES[@]} -gt 0 ] || SUITES=(python js mcp)
 S=$(mktemp -d /tmp/warren-sdk-XXXXXX)
 export WARREN_HOST=$S/hostd.sock WARREN_TENANT=sdk WARREN_BIN=$ROOT/bin/warren
-"$ROOT/bin/warren-hostd" --state "$S/state" --socket "$WARREN_HOST" --warren "$WARREN_BIN" --stop-on-exit \
+# Its VMMs run bin/warren-vmm, which it finds beside itself.
+"$ROOT/bin/warren-hostd" --state "$S/state" --socket "$WARREN_HOST" --stop-on-exit \
 	--guest-dir "$ROOT/build" --guest-kernel vmlinux --guest-initramfs initramfs.cpio 2>"$S/hostd.log" &
 HOSTD=$!
 cleanup() {

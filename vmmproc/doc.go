@@ -7,8 +7,9 @@
 // forks it (fork.go), runs its egress services (egress.go) and enters
 // its jail (jail.go); for jail-init it is the family's helper
 // (familyhelper.go, nethelper.go). Its entry points are Run, Restore,
-// ForkChild and JailInit (process.go); the warren command
-// (cmd/warren/cli) parses their flags and prints what they return.
+// ForkChild and JailInit (process.go); the warren and warren-vmm
+// commands (cmd/internal/vmmverbs) parse their flags and print what they
+// return.
 //
 // Its sub-packages: vmmproc/jail (the VMM's hardening: namespaces,
 // pivot_root, uid, capabilities, seccomp; jail-init and its privileged

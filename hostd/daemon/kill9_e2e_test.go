@@ -77,11 +77,13 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// e2ePaths returns the warren binary the end-to-end tests run and the
+// e2ePaths returns the binary the end-to-end tests' VMMs run and the
 // names of the kernel and initramfs their templates boot (files of
 // build/, the guest directory startDaemon gives a daemon with a real
 // launcher); without /dev/kvm the test skips, without one of the files
-// product.Missing ends it.
+// product.Missing ends it. The VMMs' binary is warren-vmm beside warren
+// ($WARREN_BIN, else bin/warren), as warren-hostd finds it beside itself,
+// else warren.
 func e2ePaths(t *testing.T) (warren, kernel, initrd string) {
 	t.Helper()
 	kvmtest.Require(t)
@@ -89,6 +91,9 @@ func e2ePaths(t *testing.T) (warren, kernel, initrd string) {
 	warren = os.Getenv("WARREN_BIN")
 	if warren == "" {
 		warren = filepath.Join(root, "bin", "warren")
+	}
+	if vmm := filepath.Join(filepath.Dir(warren), "warren-vmm"); func() bool { fi, err := os.Stat(vmm); return err == nil && fi.Mode().IsRegular() }() {
+		warren = vmm
 	}
 	kernel, initrd = filepath.Join(root, "build", "vmlinux"), filepath.Join(root, "build", "initramfs.cpio")
 	for _, p := range []string{warren, kernel, initrd} {

@@ -38,7 +38,7 @@ func Main(args []string, stderr io.Writer) int {
 	sock := fs.String("socket", "/run/warren/hostd.sock", "the API's unix socket (tenant from the X-Warren-Tenant header, for uids --tenant-uid allows)")
 	var tenantUIDs stringList
 	fs.Var(&tenantUIDs, "tenant-uid", "UID=tenant[,tenant...] (repeatable): on the unix socket, processes of local user UID (SO_PEERCRED) act for these tenants (* for any); root and this daemon's uid act for any, every other uid is refused (403)")
-	warren := fs.String("warren", "", "the warren binary the VMMs run (default: warren beside this executable, else in PATH)")
+	warren := fs.String("warren", "", "the binary the VMMs run: warren-vmm, or warren (default: warren-vmm beside this executable, else warren beside it, else either in PATH)")
 	listen := fs.String("listen", "", "also serve the API on this TCP address (needs --tokens)")
 	tokens := fs.String("tokens", "", "JSON file {\"token\": \"tenant\"} (mode 0600) for --listen")
 	tlsCert := fs.String("tls-cert", "", "--listen serves HTTPS with this PEM certificate (chain) of the operator's")
@@ -283,22 +283,36 @@ func Main(args []string, stderr io.Writer) int {
 	return 0
 }
 
-// findWarren resolves the warren binary: flag, beside this executable, PATH.
+// findWarren resolves the binary the VMMs run: the flag; else warren-vmm
+// (the VMM verbs alone: a smaller VMM process), then warren, beside this
+// executable; else the same two in PATH.
 func findWarren(flagVal string) (string, error) {
 	if flagVal != "" {
 		return filepath.Abs(flagVal)
 	}
+	exeDir := ""
 	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), "warren")
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+		exeDir = filepath.Dir(exe)
+	}
+	return findWarrenIn(exeDir, exec.LookPath)
+}
+
+// findWarrenIn is findWarren's search: in dir ("" for none), then by
+// lookPath.
+func findWarrenIn(dir string, lookPath func(string) (string, error)) (string, error) {
+	names := []string{"warren-vmm", "warren"}
+	for _, n := range names {
+		p := filepath.Join(dir, n)
+		if fi, err := os.Stat(p); dir != "" && err == nil && fi.Mode().IsRegular() {
 			return p, nil
 		}
 	}
-	p, err := exec.LookPath("warren")
-	if err != nil {
-		return "", fmt.Errorf("no warren binary: use --warren")
+	for _, n := range names {
+		if p, err := lookPath(n); err == nil {
+			return filepath.Abs(p)
+		}
 	}
-	return filepath.Abs(p)
+	return "", fmt.Errorf("no warren-vmm or warren binary: use --warren")
 }
 
 // stringList is a repeatable string flag.

@@ -1,6 +1,6 @@
 // Package cli is the warren command's flag parsing, output and wiring:
 // the verbs that run the VMM process (run, restore, fork-child, jail-init,
-// jail-spawn: process.go) hand their parsed flags to vmmproc; the others
+// jail-spawn) are cmd/internal/vmmverbs's, shared with warren-vmm; the others
 // talk to warren-hostd (daemon.go, sandboxes.go, images.go, through
 // hostd/client), to a running VMM's control API (control.go, through
 // vmmctl) or to its guest agent (agent.go, through agentclient). The
@@ -13,8 +13,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/warrenvm/warren/vmmproc"
-	"github.com/warrenvm/warren/vmmproc/jail"
+	"github.com/warrenvm/warren/cmd/internal/vmmverbs"
 )
 
 const usage = `VM-level commands (warren [vm] <command> [flags]):
@@ -71,18 +70,10 @@ func (a *app) vmMain(args []string) int {
 	if v, ok := vmVerbs[verb]; ok {
 		return a.runVM(verb, v, rest)
 	}
+	if code, ok := vmmverbs.Run(verb, rest, a.stdin, a.stdout, a.stderr); ok {
+		return code
+	}
 	switch verb {
-	case "run":
-		return run(rest, a.stdin, a.stdout, a.stderr)
-	case "restore":
-		return restoreCmd(rest, a.stdin, a.stdout, a.stderr)
-	case "fork-child":
-		return vmmproc.ForkChild(rest, a.stdout, a.stderr)
-	case jail.InitVerb:
-		return jailInitCmd(rest, a.stderr)
-	case jail.SpawnVerb:
-		// a fork child on its way from jail-init's helper (vmmproc/jail.Spawner)
-		return jail.RunSpawn(rest, a.stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(a.stdout, usage)
 		return 0

@@ -1,9 +1,14 @@
-package cli
-
-// The verbs that run the VMM process (run, restore, jail-init): their
-// command lines parsed and turned into specs by vmmproc (ParseRunArgs
-// and RunArgs.Spec, ...), then run. fork-child and jail-spawn take no
-// flags of a user's (cli.go hands them over as they are).
+// Package vmmverbs runs the verbs that are a VMM process (run, restore,
+// fork-child, jail-init and jail-spawn) for the two binaries that have
+// them: warren, with every other verb, and warren-vmm, with only these.
+// warren-hostd starts its VMMs from warren-vmm when it finds one, so that
+// no VMM process links, initialises and keeps the CLI's packages (its
+// daemon client, MCP server, image and registry code): every VMM's private
+// memory is smaller (bench/results/2026-12-05-vmm-binary). Their command
+// lines are parsed and turned into specs by vmmproc (ParseRunArgs and
+// RunArgs.Spec, ...), then run. fork-child and jail-spawn take no flags of
+// a user's: they are handed over as they are.
+package vmmverbs
 
 import (
 	"errors"
@@ -13,7 +18,27 @@ import (
 	"github.com/warrenvm/warren/hostd/cgroup"
 	"github.com/warrenvm/warren/vmmctl"
 	"github.com/warrenvm/warren/vmmproc"
+	"github.com/warrenvm/warren/vmmproc/jail"
 )
+
+// Run runs verb with args as the VMM process; ok is false when verb is
+// not one of the VMM's.
+func Run(verb string, args []string, stdin io.Reader, stdout, stderr io.Writer) (code int, ok bool) {
+	switch verb {
+	case "run":
+		return run(args, stdin, stdout, stderr), true
+	case "restore":
+		return restoreCmd(args, stdin, stdout, stderr), true
+	case "fork-child":
+		return vmmproc.ForkChild(args, stdout, stderr), true
+	case jail.InitVerb:
+		return jailInitCmd(args, stderr), true
+	case jail.SpawnVerb:
+		// a fork child on its way from jail-init's helper (vmmproc/jail.Spawner)
+		return jail.RunSpawn(args, stderr), true
+	}
+	return 0, false
+}
 
 // restoreCmd is `warren restore [--lazy] [--api PATH] [--vsock PATH] [--console FILE] DIR/NAME`:
 // it rebuilds the VM of a snapshot, with the devices of the `warren run`
