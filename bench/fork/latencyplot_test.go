@@ -205,8 +205,12 @@ func TestReplotDensity(t *testing.T) {
 	if err := replot(config{densityPNG: density}, []string{"trimmed=../results/2026-12-05-density/density-no-balloon.json"}); err != nil {
 		t.Fatal(err)
 	}
-	if img, err := benchplot.ReadPNG(density); err != nil || img.Bounds().Dx() != 960 || img.Bounds().Dy() != 336 {
-		t.Fatalf("density PNG: %v %v", err, img)
+	img, err := benchplot.ReadPNG(density)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := img.Bounds(); b.Dx() != 3*480 || b.Dy() != 336 {
+		t.Fatalf("density PNG %v: want three panels, 1440x336", b)
 	}
 	os.Remove(density)
 	if err := replot(config{densityPNG: density, latencyPNG: latency}, []string{"../results/2026-12-05-density/density-compacted.json"}); err != nil {

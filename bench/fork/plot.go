@@ -9,6 +9,8 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 
 	"github.com/warrenvm/warren/bench/benchplot"
 )
@@ -62,7 +64,56 @@ func writeDensityPlot(path string, all []*densityResult) error {
 		return err
 	}
 	drop.Legend.Top, per.Legend.Top = true, true
-	return benchplot.SaveGrid(path, [][]*plot.Plot{{drop, per}}, 480, 336)
+	split, err := splitPlot(all)
+	if err != nil {
+		return err
+	}
+	return benchplot.SaveGrid(path, [][]*plot.Plot{{drop, per, split}}, 480, 336)
+}
+
+// splitPlot draws each run's children's mean private memory at its last
+// point, guest RAM and the rest of the VMM process, as bars side by side.
+func splitPlot(all []*densityResult) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "a child's private memory (mean, last point)"
+	p.Y.Label.Text = "MiB"
+	var guest, vmm plotter.Values
+	var names []string
+	for i, d := range all {
+		if len(d.Points) == 0 {
+			continue
+		}
+		last := d.Points[len(d.Points)-1]
+		guest = append(guest, mib(float64(last.Split.GuestPrivate)))
+		vmm = append(vmm, mib(float64(last.Split.VMMPrivate)))
+		name := fmt.Sprint(i + 1)
+		if d.Label != "" {
+			name = d.Label
+		}
+		names = append(names, fmt.Sprintf("%s (%d)", name, last.Children))
+	}
+	if len(names) == 0 {
+		return p, nil
+	}
+	w := vg.Points(12)
+	gb, err := plotter.NewBarChart(guest, w)
+	if err != nil {
+		return nil, err
+	}
+	vb, err := plotter.NewBarChart(vmm, w)
+	if err != nil {
+		return nil, err
+	}
+	gb.Color, vb.Color = plotutil.Color(0), plotutil.Color(1)
+	gb.Offset, vb.Offset = -w/2, w/2
+	p.Add(gb, vb)
+	p.Legend.Add("guest RAM", gb)
+	p.Legend.Add("VMM process", vb)
+	p.Legend.Top = true
+	p.NominalX(names...)
+	p.X.Tick.Label.Rotation = 0.5
+	p.X.Tick.Label.XAlign, p.X.Tick.Label.YAlign = draw.XRight, draw.YCenter
+	return p, nil
 }
 
 // replotDensity reads the JSON files earlier runs wrote (--json) and
