@@ -19,11 +19,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -564,14 +566,11 @@ func (d *Daemon) monitor() {
 	}
 }
 
+// allSandboxes returns the daemon's sandboxes.
 func (d *Daemon) allSandboxes() []*sbState {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make([]*sbState, 0, len(d.sandboxes))
-	for _, s := range d.sandboxes {
-		out = append(out, s)
-	}
-	return out
+	return slices.Collect(maps.Values(d.sandboxes))
 }
 
 // Serve serves the API on l until Close; auth names the tenant of each

@@ -107,7 +107,19 @@ func (d *Daemon) postKey(w http.ResponseWriter, r *http.Request, tenant string) 
 	for _, s := range sbs {
 		s.mu.Lock()
 	}
+	// Nor may a template's cache be dropped while its reference file is
+	// dealt with (templatepages.go).
+	var tpls []*tplState
+	for _, ts := range d.templateStates() {
+		if t := ts.view.Load(); t != nil && t.Tenant == tenant {
+			ts.warm.Lock()
+			tpls = append(tpls, ts)
+		}
+	}
 	err = d.atRest.sealTenant(tenant, d.tenantDir(tenant))
+	for _, ts := range tpls {
+		ts.warm.Unlock()
+	}
 	d.sealIdleDisks(tenant)
 	d.secretsMu.Lock()
 	err = errors.Join(err, d.sealSecrets(tenant))

@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -45,10 +47,11 @@ import (
 // names the layer by hash, which the rebuilt layer has).
 //
 // Locks: the cache is dropped holding the template's mu (no build, no
-// delete) and warm (no first restore), and only while no create is in
-// flight (tplState.creating, counted before warm is taken); a drop sets
-// warmed false, so the next create is a first one and rebuilds and
-// flattens again under warm.
+// delete) and warm (no first restore, and no sealing of the tenant's files
+// by postKey, which takes its templates' warm), and only while no create
+// is in flight (tplState.creating, counted before warm is taken) and the
+// tenant has no key; a drop sets warmed false, so the next create is a
+// first one and rebuilds and flattens again under warm.
 
 // templateLayer returns the memory layer file of the template snapshot
 // snap (DIR/NAME): a template's snapshot is full, one layer.
@@ -171,11 +174,7 @@ func (d *Daemon) ensureTemplateLayer(t *store.Template) error {
 func (d *Daemon) templateStates() []*tplState {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make([]*tplState, 0, len(d.templates))
-	for _, ts := range d.templates {
-		out = append(out, ts)
-	}
-	return out
+	return slices.Collect(maps.Values(d.templates))
 }
 
 // evictTemplateCaches drops the caches of the plain templates idle since
@@ -208,7 +207,9 @@ func (d *Daemon) evictTemplateCache(ts *tplState, now time.Time, idle time.Durat
 		return false
 	}
 	defer ts.warm.Unlock()
-	if ts.creating.Load() > 0 {
+	if ts.creating.Load() > 0 || d.encrypts(t.Tenant) {
+		// (A key is created before postKey takes warm to seal the
+		// tenant's files, which drops the reference file.)
 		return false
 	}
 	for _, s := range d.allSandboxes() {

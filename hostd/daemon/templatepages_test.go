@@ -236,3 +236,30 @@ func TestTemplatePagesExport(t *testing.T) {
 		t.Fatalf("the layer the export rebuilt differs from the one it had (%v)", err)
 	}
 }
+
+// TestTemplatePagesKeyAfterDrop: a plain tenant whose template's cache was
+// dropped gets a key: the layer is rebuilt from the store and sealed whole,
+// its reference file goes, and creates restore it.
+func TestTemplatePagesKeyAfterDrop(t *testing.T) {
+	fl := newFakeLauncher(t)
+	keys := newProvider(t)
+	td := startDaemon(t, t.TempDir(), fl, withKeys(t, keys, filepath.Join(t.TempDir(), "decrypted")))
+	a := td.client(t, "acme")
+	tp := a.template(fakeKernel(t))
+	layer, err := templateLayer(tp.Snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := td.evictTemplateCaches(time.Now().Add(2*time.Hour), time.Hour); got != 1 {
+		t.Fatalf("dropped %d caches, want 1", got)
+	}
+	a.ok(201, "POST", "/v1/keys", nil, nil)
+	sealedAll(t, filepath.Dir(tp.Snapshot))
+	if sealed, err := isSealed(layer); err != nil || !sealed {
+		t.Fatalf("the template's layer after the key: %v", err)
+	}
+	if got := td.evictTemplateCaches(time.Now().Add(4*time.Hour), time.Hour); got != 0 {
+		t.Fatalf("dropped %d caches of a tenant with a key", got)
+	}
+	a.create(tp.ID)
+}
