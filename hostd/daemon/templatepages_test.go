@@ -263,3 +263,48 @@ func TestTemplatePagesKeyAfterDrop(t *testing.T) {
 	}
 	a.create(tp.ID)
 }
+
+// TestTemplatePagesKeyedBundle: a template imported by a tenant with a key
+// has its layer in place in the keyed namespace (a sealed reference file),
+// and exporting it again gives back the memory that was imported.
+func TestTemplatePagesKeyedBundle(t *testing.T) {
+	f := newTemplateBundleFixture(t)
+	b := f.export(t)
+	td := startDaemon(t, t.TempDir(), newFakeLauncher(t), withKeys(t, newProvider(t), ""))
+	c := td.client(t, "alice")
+	c.ok(201, "POST", "/v1/keys", nil, nil)
+	var rec store.Template
+	c.ok(201, "POST", "/v1/templates/import", b, &rec)
+	layers, _ := filepath.Glob(filepath.Join(filepath.Dir(rec.Snapshot), "*"+memsnap.Ext))
+	if len(layers) != 1 {
+		t.Fatalf("imported template's layers %v", layers)
+	}
+	ns, err := td.pageNS("alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sealed, err := isSealed(layers[0]); err != nil || !sealed {
+		t.Fatalf("the imported layer is not sealed: %v", err)
+	}
+	if r, err := ns.ReadRef(layers[0]); err != nil {
+		t.Fatalf("the imported layer is not a reference file of the keyed namespace: %v", err)
+	} else {
+		r.Close()
+	}
+	st, again := c.do("GET", "/v1/templates/"+rec.ID+"/bundle", nil)
+	if st != 200 {
+		t.Fatalf("export of the imported template: %d %.300s", st, again)
+	}
+	var back store.Template
+	td.client(t, "bob").ok(201, "POST", "/v1/templates/import", again, &back)
+	use, done, err := td.cfg.Hooks.BeforeRestore("bob", back.Snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done != nil {
+		defer done()
+	}
+	if !bytes.Equal(restoredMemory(t, use), f.mem) {
+		t.Fatal("the memory exported from the store differs from the imported")
+	}
+}
