@@ -123,7 +123,10 @@ build weed github.com/seaweedfs/seaweedfs/weed
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$ldflags_k8s"
 
 "$tmp/entry/bin/kube-apiserver" --version >&2
-"$tmp/entry/bin/etcd" --version | head -1 >&2
+# (Not `| head -1`: head exits after the first line, etcd's next write
+# gets SIGPIPE, and pipefail failed the build: make's "Error 141".)
+etcd_version=$("$tmp/entry/bin/etcd" --version)
+echo "${etcd_version%%$'\n'*}" >&2
 "$tmp/entry/bin/weed" version >&2
 sync -f "$tmp/entry/bin/kube-apiserver"
 mv -T "$tmp/entry" "$dest"
