@@ -361,6 +361,19 @@ func TestWarmPoolAndClaim(t *testing.T) {
 	if err := e.c.Status().Patch(e.ctx, readyOne, client.MergeFrom(orig)); err != nil {
 		t.Fatal(err)
 	}
+	// Claim once the controller has seen it ready (the pool counts it),
+	// as a user would: a claim that comes while the controller's cache
+	// still holds it not ready takes the oldest member instead (claim.go
+	// take: ready ones first, as the cache has them). Without this wait
+	// the test lost that race under load (CI: "claim got the ready
+	// sandbox: not within 20s", the claim holding the other member).
+	e.eventually(20*time.Second, "the pool counts the ready sandbox", func() (bool, string) {
+		var p v1.SandboxWarmPool
+		if err := e.c.Get(e.ctx, types.NamespacedName{Namespace: "team-a", Name: "pool"}, &p); err != nil {
+			return false, err.Error()
+		}
+		return p.Status.ReadyReplicas == 1, fmt.Sprintf("%+v", p.Status)
+	})
 	e.create(&v1.SandboxClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "claim-1"},
 		Spec: v1.SandboxClaimSpec{SandboxTemplateRef: v1.TemplateRef{Name: "py"}}})
 	e.eventually(20*time.Second, "claim got the ready sandbox", func() (bool, string) {
@@ -369,7 +382,7 @@ func TestWarmPoolAndClaim(t *testing.T) {
 			return false, err.Error()
 		}
 		return cl.Status.Sandbox.Name == readyOne.Name && meta.IsStatusConditionTrue(cl.Status.Conditions, v1.ConditionReady),
-			fmt.Sprintf("%+v", cl.Status)
+			fmt.Sprintf("want %s, ready; %+v", readyOne.Name, cl.Status)
 	})
 	sb := e.get(readyOne.Name)
 	if _, ok := sb.Labels[v1.LabelPool]; ok || len(sb.OwnerReferences) != 1 || sb.OwnerReferences[0].Kind != "SandboxClaim" {
