@@ -121,7 +121,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	g.wait(readyLine, 10*time.Minute)
+	g.waitOr(readyLine, bootDeadline, bootStalled)
 
 	t.Run("rng", func(t *testing.T) {
 		log := g.con.String()

@@ -137,7 +137,7 @@ func TestEgressEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stopAPI()
-	g.wait(readyLine, 10*time.Minute)
+	g.waitOr(readyLine, bootDeadline, bootStalled)
 	mustRun(t, "health", "--wait", "3m", sock)
 
 	// exec runs argv in the guest, killed after timeout, and returns its
