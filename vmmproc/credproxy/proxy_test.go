@@ -647,10 +647,16 @@ func TestCloseFreesAddress(t *testing.T) {
 		done := make(chan error, 1)
 		if serving {
 			go func() { done <- p.Serve(l, false) }()
-			for { // until it answers
-				c, err := net.Dial("tcp", addr)
+			// Until Serve answers: an HTTP answer, not a connection (the
+			// kernel accepts those into the listener's backlog before Serve
+			// runs; Close before Serve has the listener closes it only
+			// when Serve comes, which lost a race to the Listen below
+			// under CI's load).
+			hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+			for {
+				res, err := hc.Get("http://" + addr + "/")
 				if err == nil {
-					c.Close()
+					res.Body.Close()
 					break
 				}
 				time.Sleep(time.Millisecond)
